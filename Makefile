@@ -1,0 +1,36 @@
+# One place for set-up and checks; .ci/run calls `make check`, as the README says.
+PYTHON ?= python3
+VENV ?= .venv
+BIN := $(VENV)/bin
+# PyTorch is installed first, pinned, so that nothing later pulls another build.
+# On a CPU-only machine elsewhere, TORCH_PIP_ARGS="--index-url https://download.pytorch.org/whl/cpu"
+# avoids the CUDA packages.
+TORCH_VERSION ?= 2.13.0
+TORCH_PIP_ARGS ?=
+
+.PHONY: install demo test lint check clean
+
+$(BIN)/asyncstream: pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet --upgrade pip
+	$(BIN)/python -m pip install --quiet torch==$(TORCH_VERSION) $(TORCH_PIP_ARGS)
+	$(BIN)/python -m pip install --quiet -e '.[test]'
+	touch $@
+
+install: $(BIN)/asyncstream
+
+demo: install
+	$(BIN)/asyncstream demo
+
+lint: install
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+	$(BIN)/mypy
+
+test: install
+	$(BIN)/python -m pytest
+
+check: lint test
+
+clean:
+	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache *.egg-info

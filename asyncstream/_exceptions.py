@@ -1,0 +1,121 @@
+"""The one exception tree of asyncstream.
+
+Everything the library raises on purpose derives from :class:`AsyncStreamError`;
+argument mistakes are additionally ``ValueError`` / ``TypeError`` so that plain
+``except ValueError`` keeps working::
+
+    AsyncStreamError
+    ├── ShardURLError (ValueError)       a URL that cannot be parsed or expands to nothing
+    ├── FetchError                       reading a shard from storage failed
+    │   ├── TransientFetchError          retryable cause; raised once retries are exhausted
+    │   └── PermanentFetchError          not retryable (400, 403, 404, ...)
+    │       ├── AccessDeniedError        403, bad or missing credentials
+    │       └── NotFoundError            404: NoSuchBucket, NoSuchKey, empty prefix
+    ├── DataError                        the bytes arrived but are not what they claim
+    │   ├── CorruptTarError              a tar header that does not parse
+    │   └── DecodeError                  an image that does not decode
+    ├── EngineError                      the fetch engine died or stopped answering
+    └── StateError (ValueError)          a state_dict that does not fit this stream
+
+Third-party errors (botocore, aiohttp, OSError) are mapped once, at the edge, and chained
+with ``raise ... from exc`` so the original traceback is kept.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+__all__ = [
+    "AccessDeniedError",
+    "AsyncStreamError",
+    "CorruptTarError",
+    "DataError",
+    "DecodeError",
+    "EngineError",
+    "FetchError",
+    "NotFoundError",
+    "PermanentFetchError",
+    "ShardURLError",
+    "StateError",
+    "TransientFetchError",
+]
+
+
+class AsyncStreamError(Exception):
+    """Base class of every error asyncstream raises on purpose."""
+
+
+class ShardURLError(AsyncStreamError, ValueError):
+    """A shard URL is malformed, or a pattern or prefix expands to no shard."""
+
+
+class FetchError(AsyncStreamError):
+    """Reading from object storage failed.
+
+    Attributes:
+        url: the shard (``s3://bucket/key``) or prefix the request was for.
+    """
+
+    def __init__(self, message: str, *, url: str) -> None:
+        super().__init__(message)
+        self.url = url
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        # Keyword-only fields survive pickling (the engine sends errors across processes).
+        return (_rebuild, (type(self), self.args, self.__dict__))
+
+
+class TransientFetchError(FetchError):
+    """A retryable failure (throttling, 5xx, reset, stall) that outlasted the retry policy."""
+
+
+class PermanentFetchError(FetchError):
+    """A failure that retrying cannot fix (400, 403, 404, ...)."""
+
+
+class AccessDeniedError(PermanentFetchError):
+    """403: the credentials are wrong, missing or lack permission."""
+
+
+class NotFoundError(PermanentFetchError):
+    """404: the bucket or key does not exist, or a prefix holds no shard."""
+
+
+class DataError(AsyncStreamError):
+    """The bytes arrived but are not what they claim to be."""
+
+
+class CorruptTarError(DataError):
+    """A tar header does not parse.
+
+    Attributes:
+        url: the shard.
+        offset: byte offset of the bad header within the shard.
+    """
+
+    def __init__(self, message: str, *, url: str, offset: int) -> None:
+        super().__init__(message)
+        self.url = url
+        self.offset = offset
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (_rebuild, (type(self), self.args, self.__dict__))
+
+
+class DecodeError(DataError):
+    """An image does not decode."""
+
+
+class EngineError(AsyncStreamError):
+    """The fetch engine died, or stopped answering within its timeout."""
+
+
+class StateError(AsyncStreamError, ValueError):
+    """A ``state_dict`` that does not belong to this stream or is corrupted."""
+
+
+def _rebuild(cls: type[BaseException], args: tuple[Any, ...], state: dict[str, Any]) -> Any:
+    error = cls.__new__(cls)
+    error.args = args
+    error.__dict__.update(state)
+    return error

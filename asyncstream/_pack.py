@@ -1,0 +1,320 @@
+"""Pack an ImageFolder tree into webdataset-layout tar shards, locally or on S3.
+
+``SRC/<class>/<image>`` becomes shards of ``KEY.jpg`` + ``KEY.cls`` (the class index as
+ASCII digits), with ``classes.json`` beside them mapping class names to indices. Classes
+are numbered in sorted folder order, as torchvision's ImageFolder does. Shards are
+deterministic: same input, same options, same bytes (mtime 0, no owner names).
+
+Symbolic links are followed only while they stay inside ``SRC``; one that points outside
+is refused, so packing cannot leak files from elsewhere on the machine.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import random
+import shutil
+import tarfile
+import tempfile
+import threading
+from collections.abc import Callable, Iterator, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import IO, Any
+
+from ._exceptions import ShardURLError
+from ._s3 import S3Options, fetch_error_from, sync_client
+from ._urls import parse_s3_url
+
+__all__ = ["IMAGE_EXTENSIONS", "PackResult", "PackedShard", "pack"]
+
+IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png", ".webp", ".bmp", ".gif", ".tif", ".tiff")
+_HEADER = 512
+_MULTIPART_THRESHOLD = 64 << 20
+_PART_BYTES = 16 << 20
+
+
+@dataclass(frozen=True)
+class PackedShard:
+    """One written shard: where, how many samples, how many bytes."""
+
+    url: str
+    samples: int
+    size: int
+
+
+@dataclass(frozen=True)
+class PackResult:
+    """What :func:`pack` wrote."""
+
+    classes: list[str]
+    shards: list[PackedShard] = field(default_factory=list)
+
+    @property
+    def samples(self) -> int:
+        """Total samples over all shards."""
+        return sum(s.samples for s in self.shards)
+
+    @property
+    def size(self) -> int:
+        """Total bytes over all shards."""
+        return sum(s.size for s in self.shards)
+
+
+@dataclass(frozen=True)
+class _Sample:
+    path: Path
+    label: int
+    ext: str
+    size: int
+
+
+def _inside(path: Path, root: Path) -> bool:
+    return path == root or root in path.parents
+
+
+def _scan(src: Path) -> tuple[list[str], list[_Sample]]:
+    if not src.is_dir():
+        raise ValueError(f"pack source {src} is not a folder (expected SRC/<class>/<image>)")
+    root = src.resolve()
+    classes = sorted(p.name for p in src.iterdir() if not p.name.startswith(".") and p.is_dir())
+    samples: list[_Sample] = []
+    for label, name in enumerate(classes):
+        class_dir = src / name
+        if not _inside(class_dir.resolve(), root):
+            raise ValueError(f"refusing {class_dir}: a symbolic link pointing outside {src}")
+        for dirpath, dirnames, filenames in os.walk(class_dir, followlinks=True):
+            here = Path(dirpath)
+            dirnames.sort()
+            for d in list(dirnames):
+                if not _inside((here / d).resolve(), root):
+                    raise ValueError(f"refusing {here / d}: a symbolic link pointing outside {src}")
+            for fname in sorted(filenames):
+                path = here / fname
+                ext = path.suffix.lower()
+                if fname.startswith(".") or ext not in IMAGE_EXTENSIONS:
+                    continue
+                real = path.resolve()
+                if not _inside(real, root):
+                    raise ValueError(f"refusing {path}: a symbolic link pointing outside {src}")
+                ext = "jpg" if ext in (".jpg", ".jpeg") else ext[1:]
+                samples.append(_Sample(path, label, ext, real.stat().st_size))
+    if not samples:
+        raise ValueError(f"pack source {src} holds no image in any class folder")
+    return classes, samples
+
+
+def _group(
+    samples: Sequence[_Sample], shard_bytes: int | None, shard_samples: int | None
+) -> Iterator[list[tuple[int, _Sample]]]:
+    group: list[tuple[int, _Sample]] = []
+    size = 0
+    for index, sample in enumerate(samples):
+        cost = 4 * _HEADER + sample.size
+        full_by_count = shard_samples is not None and len(group) >= shard_samples
+        full_by_bytes = shard_bytes is not None and group and size + cost > shard_bytes
+        if full_by_count or full_by_bytes:
+            yield group
+            group, size = [], 0
+        group.append((index, sample))
+        size += cost
+    if group:
+        yield group
+
+
+def _add(archive: tarfile.TarFile, name: str, data: bytes | IO[bytes], size: int) -> None:
+    info = tarfile.TarInfo(name)
+    info.size = size
+    info.mode = 0o644
+    info.mtime = 0
+    fileobj = io.BytesIO(data) if isinstance(data, bytes) else data
+    archive.addfile(info, fileobj)
+
+
+def _write_shard(out: IO[bytes], members: list[tuple[int, _Sample]], width: int) -> None:
+    with tarfile.open(fileobj=out, mode="w", format=tarfile.USTAR_FORMAT) as archive:
+        for index, sample in members:
+            key = f"{index:0{width}d}"
+            with sample.path.open("rb") as image:
+                _add(archive, f"{key}.{sample.ext}", image, sample.size)
+            _add(archive, f"{key}.cls", str(sample.label).encode("ascii"), len(str(sample.label)))
+
+
+class _Sink:
+    """Where shards go: a local folder or an S3 prefix."""
+
+    def __init__(self, dest: str, options: S3Options | None, part_workers: int) -> None:
+        self.dest = dest
+        self.s3 = dest.startswith("s3://")
+        self._pool = ThreadPoolExecutor(part_workers) if self.s3 else None
+        if self.s3:
+            self.bucket, prefix = parse_s3_url(dest)
+            self.prefix = prefix if not prefix or prefix.endswith("/") else prefix + "/"
+            self.client = sync_client((options or S3Options()).resolve())
+            try:
+                self.client.head_bucket(Bucket=self.bucket)
+            except Exception as exc:
+                raise fetch_error_from(exc, dest) from exc
+        else:
+            if dest.startswith("file://"):
+                dest = dest[len("file://") :]
+            elif "://" in dest:
+                raise ShardURLError(f"{dest!r}: pack writes to a local folder or an s3:// prefix")
+            self.folder = Path(dest)
+            self.folder.mkdir(parents=True, exist_ok=True)
+
+    def url(self, name: str) -> str:
+        if self.s3:
+            return f"s3://{self.bucket}/{self.prefix}{name}"
+        return (self.folder / name).absolute().as_uri()
+
+    def put_file(self, name: str, path: Path) -> None:
+        if not self.s3:
+            shutil.move(path, self.folder / name)
+            return
+        size = path.stat().st_size
+        key = self.prefix + name
+        try:
+            if size < _MULTIPART_THRESHOLD:
+                with path.open("rb") as body:
+                    self.client.put_object(Bucket=self.bucket, Key=key, Body=body)
+            else:
+                self._multipart(key, path, size)
+        except Exception as exc:
+            raise fetch_error_from(exc, self.url(name)) from exc
+
+    def put_bytes(self, name: str, data: bytes) -> None:
+        if self.s3:
+            self.client.put_object(Bucket=self.bucket, Key=self.prefix + name, Body=data)
+        else:
+            (self.folder / name).write_bytes(data)
+
+    def _multipart(self, key: str, path: Path, size: int) -> None:
+        assert self._pool is not None
+        upload = self.client.create_multipart_upload(Bucket=self.bucket, Key=key)
+        upload_id = upload["UploadId"]
+
+        def part(number: int, offset: int) -> dict[str, Any]:
+            with path.open("rb") as f:
+                f.seek(offset)
+                body = f.read(_PART_BYTES)
+            answer = self.client.upload_part(
+                Bucket=self.bucket, Key=key, UploadId=upload_id, PartNumber=number, Body=body
+            )
+            return {"PartNumber": number, "ETag": answer["ETag"]}
+
+        try:
+            offsets = range(0, size, _PART_BYTES)
+            parts = list(self._pool.map(part, range(1, len(offsets) + 1), offsets))
+            self.client.complete_multipart_upload(
+                Bucket=self.bucket, Key=key, UploadId=upload_id, MultipartUpload={"Parts": parts}
+            )
+        except BaseException:
+            self.client.abort_multipart_upload(Bucket=self.bucket, Key=key, UploadId=upload_id)
+            raise
+
+    def close(self) -> None:
+        if self._pool is not None:
+            self._pool.shutdown(wait=True)
+
+
+def pack(
+    src: str | os.PathLike[str],
+    dest: str,
+    *,
+    shard_bytes: int | None = 256 << 20,
+    shard_samples: int | None = None,
+    shuffle_seed: int | None = None,
+    name_prefix: str = "shard-",
+    options: S3Options | None = None,
+    workers: int = 8,
+    progress: Callable[[int, int, int], None] | None = None,
+) -> PackResult:
+    """Pack an ImageFolder tree into tar shards.
+
+    Args:
+        src: the folder, one subfolder per class.
+        dest: a local folder (or ``file://`` URL) or an ``s3://bucket/prefix/``.
+        shard_bytes: close a shard before it would pass this many bytes (``None``: no limit).
+        shard_samples: close a shard at this many samples (``None``: no limit). With both
+            set, whichever comes first.
+        shuffle_seed: shuffle the samples with this seed before sharding (``None``: keep
+            class-sorted order).
+        name_prefix: shard names are ``{name_prefix}{index:06d}.tar``.
+        options: how to reach S3.
+        workers: shards built and uploaded in parallel.
+        progress: called as ``progress(samples_done, bytes_done, samples_total)`` after
+            each shard.
+
+    Returns:
+        The shards written, in order, and the class names.
+
+    Raises:
+        ValueError: a bad argument, an empty source, a symlink out of ``src``.
+        FetchError: the destination bucket is missing or not writable.
+    """
+    if shard_bytes is None and shard_samples is None:
+        raise ValueError("give shard_bytes, shard_samples or both")
+    if shard_bytes is not None and shard_bytes < 1:
+        raise ValueError(f"shard_bytes must be >= 1, got {shard_bytes}")
+    if shard_samples is not None and shard_samples < 1:
+        raise ValueError(f"shard_samples must be >= 1, got {shard_samples}")
+    if workers < 1:
+        raise ValueError(f"workers must be >= 1, got {workers}")
+    if "/" in name_prefix:
+        raise ValueError(f"name_prefix must not contain '/', got {name_prefix!r}")
+    classes, samples = _scan(Path(src))
+    if shuffle_seed is not None:
+        random.Random(shuffle_seed).shuffle(samples)
+    width = max(6, len(str(len(samples) - 1)))
+    groups = list(_group(samples, shard_bytes, shard_samples))
+    sink = _Sink(str(dest), options, part_workers=workers)
+    lock = threading.Lock()
+    done = [0, 0]
+    results: list[PackedShard | None] = [None] * len(groups)
+
+    def build(number: int, members: list[tuple[int, _Sample]], tmp: Path) -> None:
+        name = f"{name_prefix}{number:06d}.tar"
+        path = tmp / name
+        with path.open("wb") as out:
+            _write_shard(out, members, width)
+        size = path.stat().st_size
+        sink.put_file(name, path)
+        path.unlink(missing_ok=True)
+        results[number] = PackedShard(sink.url(name), len(members), size)
+        with lock:
+            done[0] += len(members)
+            done[1] += size
+            if progress is not None:
+                progress(done[0], done[1], len(samples))
+
+    tmp_root = Path(dest) if not sink.s3 else None
+    try:
+        with (
+            tempfile.TemporaryDirectory(prefix=".asyncstream-pack-", dir=tmp_root) as tmp,
+            ThreadPoolExecutor(workers) as pool,
+        ):
+            futures: list[Future[None]] = [
+                pool.submit(build, i, g, Path(tmp)) for i, g in enumerate(groups)
+            ]
+            try:
+                for fut in futures:
+                    fut.result()
+            except BaseException:
+                for fut in futures:
+                    fut.cancel()
+                raise
+        shards = [r for r in results if r is not None]
+        class_map = {
+            "classes": classes,
+            "class_to_index": {name: i for i, name in enumerate(classes)},
+            "samples": sum(s.samples for s in shards),
+            "shards": [{"url": s.url, "samples": s.samples, "size": s.size} for s in shards],
+        }
+        sink.put_bytes("classes.json", json.dumps(class_map, indent=1).encode())
+    finally:
+        sink.close()
+    return PackResult(classes=classes, shards=shards)

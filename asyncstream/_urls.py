@@ -1,0 +1,342 @@
+"""Shard URLs: parsing, brace expansion, prefix listing, sizes.
+
+Accepted forms, alone or in a list:
+
+* ``s3://bucket/path/shard.tar``: one object.
+* ``s3://bucket/train-{0000..0099}.tar``: a brace range; zero padding is kept, and
+  ``{a,b}`` alternatives and several braces in one URL are allowed.
+* ``s3://bucket/prefix/``: every ``.tar`` under the prefix (recursively), sorted.
+* ``file:///abs/path/shard.tar``, ``/abs/path/shard.tar``, ``relative/shard.tar``, or a
+  local folder: local shards (a folder means every ``.tar`` in it, sorted).
+
+Everything is resolved once, when a stream or command is opened, so that a typo, a
+missing object or bad credentials fail before the first training step.
+"""
+
+from __future__ import annotations
+
+import itertools
+import posixpath
+import re
+from collections.abc import Iterable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+from urllib.parse import unquote, urlparse
+
+from ._exceptions import FetchError, NotFoundError, ShardURLError
+from ._s3 import S3Options, fetch_error_from, sync_client
+
+__all__ = ["Shard", "expand_braces", "parse_s3_url", "resolve_shards"]
+
+_BUCKET_RE = re.compile(r"^[a-z0-9][a-z0-9.\-]{1,61}[a-z0-9]$")
+_RANGE_RE = re.compile(r"^(-?\d+)\.\.(-?\d+)(?:\.\.(\d+))?$")
+_MAX_EXPANSION = 1_000_000
+# Below this many keys in one folder, HEAD each; from it on, one listing is cheaper.
+_LIST_THRESHOLD = 16
+
+
+@dataclass(frozen=True)
+class Shard:
+    """One resolved shard.
+
+    Attributes:
+        url: canonical URL, ``s3://bucket/key`` or ``file:///abs/path``.
+        size: size in bytes.
+        etag: the object's ETag where the store gives one (``None`` for local files).
+    """
+
+    url: str
+    size: int
+    etag: str | None = None
+
+    @property
+    def is_local(self) -> bool:
+        """Whether the shard is a local file."""
+        return self.url.startswith("file://")
+
+    @property
+    def bucket(self) -> str:
+        """The S3 bucket (``ValueError`` for a local shard)."""
+        return parse_s3_url(self.url)[0]
+
+    @property
+    def key(self) -> str:
+        """The S3 key (``ValueError`` for a local shard)."""
+        return parse_s3_url(self.url)[1]
+
+    @property
+    def path(self) -> Path:
+        """The local path (``ValueError`` for an S3 shard)."""
+        if not self.is_local:
+            raise ValueError(f"{self.url} is not a local shard")
+        return Path(unquote(urlparse(self.url).path))
+
+
+def _split_braces(pattern: str) -> list[str | list[str]]:
+    """Split ``pattern`` into literal text and lists of brace alternatives."""
+    parts: list[str | list[str]] = []
+    pos = 0
+    while True:
+        start = pattern.find("{", pos)
+        close = pattern.find("}", pos)
+        if start < 0:
+            if close >= 0:
+                raise ShardURLError(f"{pattern!r}: unbalanced '}}' at position {close}")
+            parts.append(pattern[pos:])
+            return parts
+        if 0 <= close < start:
+            raise ShardURLError(f"{pattern!r}: unbalanced '}}' at position {close}")
+        end = pattern.find("}", start)
+        if end < 0:
+            raise ShardURLError(f"{pattern!r}: unbalanced '{{' at position {start}")
+        body = pattern[start + 1 : end]
+        if "{" in body:
+            raise ShardURLError(f"{pattern!r}: nested braces are not supported")
+        parts.append(pattern[pos:start])
+        parts.append(_alternatives(pattern, body))
+        pos = end + 1
+
+
+def _alternatives(pattern: str, body: str) -> list[str]:
+    match = _RANGE_RE.match(body)
+    if match:
+        first, last, step_text = match.groups()
+        step = int(step_text) if step_text else 1
+        lo, hi = int(first), int(last)
+        if step < 1:
+            raise ShardURLError(f"{pattern!r}: step in {{{body}}} must be >= 1")
+        if hi < lo:
+            raise ShardURLError(f"{pattern!r}: range {{{body}}} runs backwards")
+        if (hi - lo) // step + 1 > _MAX_EXPANSION:
+            raise ShardURLError(f"{pattern!r}: range {{{body}}} is too large")
+        padded = first.lstrip("-").startswith("0") and len(first.lstrip("-")) > 1
+        width = len(first) if padded else 0
+        return [str(i).zfill(width) for i in range(lo, hi + 1, step)]
+    if "," in body:
+        return body.split(",")
+    raise ShardURLError(
+        f"{pattern!r}: cannot read {{{body}}}: expected a range like {{0000..0099}} "
+        "or alternatives like {a,b}"
+    )
+
+
+def expand_braces(pattern: str) -> list[str]:
+    """Expand brace ranges and alternatives in a URL.
+
+    Args:
+        pattern: e.g. ``"s3://b/train-{0000..0002}.tar"``.
+
+    Returns:
+        The expanded URLs in order, e.g. ``[".../train-0000.tar", ..., ".../train-0002.tar"]``.
+
+    Raises:
+        ShardURLError: unbalanced or nested braces, a backwards or oversized range.
+    """
+    parts = _split_braces(pattern)
+    choices = [[p] if isinstance(p, str) else p for p in parts]
+    total = 1
+    for c in choices:
+        total *= len(c)
+    if total > _MAX_EXPANSION:
+        raise ShardURLError(f"{pattern!r}: expands to {total} URLs, more than {_MAX_EXPANSION}")
+    return ["".join(combo) for combo in itertools.product(*choices)]
+
+
+def parse_s3_url(url: str) -> tuple[str, str]:
+    """Split ``s3://bucket/key`` into ``(bucket, key)``; the key may be empty or a prefix.
+
+    Raises:
+        ShardURLError: not an ``s3://`` URL, or a missing or invalid bucket name.
+    """
+    if not url.startswith("s3://"):
+        raise ShardURLError(f"{url!r} is not an s3:// URL")
+    rest = url[len("s3://") :]
+    bucket, _, key = rest.partition("/")
+    if not bucket:
+        raise ShardURLError(f"{url!r}: no bucket name after s3://")
+    if not _BUCKET_RE.match(bucket) or ".." in bucket:
+        raise ShardURLError(
+            f"{url!r}: {bucket!r} is not a valid bucket name "
+            "(3 to 63 lowercase letters, digits, '.' and '-')"
+        )
+    return bucket, key
+
+
+def _local_path(url: str) -> Path:
+    if url.startswith("file://"):
+        parsed = urlparse(url)
+        if parsed.netloc not in ("", "localhost"):
+            raise ShardURLError(f"{url!r}: file:// URLs must name a local path (file:///...)")
+        return Path(unquote(parsed.path))
+    return Path(url)
+
+
+def _check_scheme(url: str) -> None:
+    if not url:
+        raise ShardURLError("an empty string is not a shard URL")
+    scheme = urlparse(url).scheme
+    if scheme not in ("", "s3", "file") and not (len(scheme) == 1 and url[1:3] in (":\\", ":/")):
+        raise ShardURLError(
+            f"{url!r}: unsupported scheme {scheme!r}; expected s3://, file:// or a local path"
+        )
+
+
+def _resolve_local(url: str) -> list[Shard]:
+    path = _local_path(url).expanduser().absolute()
+    if path.is_dir():
+        found = sorted(p for p in path.rglob("*.tar") if p.is_file())
+        if not found:
+            raise NotFoundError(f"{url}: no .tar file in folder {path}", url=url)
+        return [Shard(p.as_uri(), p.stat().st_size) for p in found]
+    if not path.exists():
+        raise NotFoundError(f"{url}: no such file {path}", url=url)
+    if not path.is_file():
+        raise ShardURLError(f"{url!r}: {path} is neither a file nor a folder")
+    return [Shard(path.as_uri(), path.stat().st_size)]
+
+
+def _list_prefix(client: Any, bucket: str, prefix: str, url: str) -> list[Shard]:
+    """Every object under ``prefix``, sorted by key (all objects, not only .tar)."""
+    shards: list[Shard] = []
+    try:
+        paginator = client.get_paginator("list_objects_v2")
+        for page in paginator.paginate(Bucket=bucket, Prefix=prefix):
+            for obj in page.get("Contents", []):
+                shards.append(
+                    Shard(f"s3://{bucket}/{obj['Key']}", int(obj["Size"]), obj.get("ETag"))
+                )
+    except Exception as exc:
+        raise fetch_error_from(exc, url) from exc
+    return sorted(shards, key=lambda s: s.url)
+
+
+def _head(client: Any, url: str) -> Shard:
+    bucket, key = parse_s3_url(url)
+    try:
+        head = client.head_object(Bucket=bucket, Key=key)
+    except Exception as exc:
+        error = fetch_error_from(exc, url)
+        if isinstance(error, NotFoundError):
+            # HEAD has no body, so S3 cannot say whether the bucket or the key is missing.
+            error = _which_missing(client, bucket, url, error)
+        raise error from exc
+    return Shard(url, int(head["ContentLength"]), head.get("ETag"))
+
+
+def _which_missing(client: Any, bucket: str, url: str, error: FetchError) -> FetchError:
+    try:
+        client.head_bucket(Bucket=bucket)
+    except Exception as exc:
+        bucket_error = fetch_error_from(exc, url)
+        if isinstance(bucket_error, NotFoundError):
+            return NotFoundError(f"{url}: no such bucket {bucket!r}", url=url)
+        return bucket_error
+    return NotFoundError(f"{url}: no such key in bucket {bucket!r}", url=url)
+
+
+def _resolve_s3_keys(client: Any, urls: Sequence[str]) -> list[Shard]:
+    """Sizes of many named objects: HEAD for a few, one listing per folder for many."""
+    by_folder: dict[tuple[str, str], list[str]] = {}
+    for url in urls:
+        bucket, key = parse_s3_url(url)
+        by_folder.setdefault((bucket, posixpath.dirname(key)), []).append(url)
+    found: dict[str, Shard] = {}
+    heads: list[str] = []
+    for (bucket, folder), members in by_folder.items():
+        if len(members) < _LIST_THRESHOLD:
+            heads.extend(members)
+            continue
+        prefix = f"{folder}/" if folder else ""
+        listed = {s.url: s for s in _list_prefix(client, bucket, prefix, f"s3://{bucket}/{prefix}")}
+        for url in members:
+            if url in listed:
+                found[url] = listed[url]
+            else:
+                heads.append(url)  # a HEAD gives the precise reason
+    if heads:
+        with ThreadPoolExecutor(max_workers=min(16, len(heads))) as pool:
+            for shard in pool.map(lambda u: _head(client, u), heads):
+                found[shard.url] = shard
+    return [found[u] for u in urls]
+
+
+def resolve_shards(
+    urls: str | Sequence[str], options: S3Options | None = None, *, client: Any = None
+) -> list[Shard]:
+    """Resolve shard URLs to a list of shards with sizes, in the order given.
+
+    Args:
+        urls: one URL or pattern, or a list of them (see the module docstring).
+        options: how to reach S3; resolved from the environment if not already.
+        client: a synchronous botocore S3 client to reuse (made from ``options`` if
+            ``None``).
+
+    Returns:
+        The shards, in the order of ``urls`` (expansions and listings in sorted order).
+
+    Raises:
+        ShardURLError: a malformed URL, an empty list or expansion, a shard named twice.
+        NotFoundError: a missing bucket, key, file or an empty prefix or folder.
+        AccessDeniedError: bad or missing credentials, no permission.
+        TransientFetchError: the store could not be reached.
+    """
+    items = [urls] if isinstance(urls, str) else list(urls)
+    if not items:
+        raise ShardURLError("no shard URL given")
+    for item in items:
+        if not isinstance(item, str):
+            raise TypeError(f"shard URLs must be strings, got {type(item).__name__}: {item!r}")
+    shards: list[Shard] = []
+    pending_keys: list[str] = []
+
+    def flush() -> None:
+        nonlocal client
+        if pending_keys:
+            client = client or sync_client((options or S3Options()).resolve())
+            shards.extend(_resolve_s3_keys(client, pending_keys))
+            pending_keys.clear()
+
+    for item in items:
+        _check_scheme(item)
+        expanded = expand_braces(item)
+        for url in expanded:
+            if not url.startswith("s3://"):
+                flush()
+                shards.extend(_resolve_local(url))
+                continue
+            bucket, key = parse_s3_url(url)
+            if key and not key.endswith("/"):
+                pending_keys.append(url)
+                continue
+            flush()
+            client = client or sync_client((options or S3Options()).resolve())
+            listed = [s for s in _list_prefix(client, bucket, key, url) if s.url.endswith(".tar")]
+            if not listed:
+                _check_bucket(client, bucket, url)
+                raise NotFoundError(f"{url}: no .tar object under this prefix", url=url)
+            shards.extend(listed)
+    flush()
+    _reject_duplicates(shards)
+    return shards
+
+
+def _check_bucket(client: Any, bucket: str, url: str) -> None:
+    try:
+        client.head_bucket(Bucket=bucket)
+    except Exception as exc:
+        error = fetch_error_from(exc, url)
+        if isinstance(error, NotFoundError):
+            error = NotFoundError(f"{url}: no such bucket {bucket!r}", url=url)
+        raise error from exc
+
+
+def _reject_duplicates(shards: Iterable[Shard]) -> None:
+    seen: set[str] = set()
+    for shard in shards:
+        if shard.url in seen:
+            raise ShardURLError(
+                f"{shard.url} is named more than once; each shard may appear once per dataset"
+            )
+        seen.add(shard.url)

@@ -1,0 +1,69 @@
+"""Shared fixtures: a real S3 server on loopback and an isolated AWS environment."""
+
+from __future__ import annotations
+
+import itertools
+import os
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+from asyncstream._local import LocalS3
+
+_FAKE_ENV = {
+    "AWS_ACCESS_KEY_ID": "asyncstream-test-key",
+    "AWS_SECRET_ACCESS_KEY": "asyncstream-test-secret",
+    "AWS_DEFAULT_REGION": "us-east-1",
+    "AWS_CONFIG_FILE": os.devnull,
+    "AWS_SHARED_CREDENTIALS_FILE": os.devnull,
+    "AWS_EC2_METADATA_DISABLED": "true",
+}
+_CLEARED = (
+    "AWS_PROFILE",
+    "AWS_DEFAULT_PROFILE",
+    "AWS_SESSION_TOKEN",
+    "AWS_SECURITY_TOKEN",
+    "AWS_ENDPOINT_URL",
+    "AWS_ENDPOINT_URL_S3",
+    "AWS_REGION",
+    "AWS_ROLE_ARN",
+    "AWS_WEB_IDENTITY_TOKEN_FILE",
+    "AWS_CONTAINER_CREDENTIALS_FULL_URI",
+    "AWS_CONTAINER_CREDENTIALS_RELATIVE_URI",
+)
+
+
+@pytest.fixture(scope="session", autouse=True)
+def aws_env() -> Iterator[dict[str, str]]:
+    """Fake credentials; the user's ~/.aws and real AWS are never read."""
+    with pytest.MonkeyPatch.context() as mp:
+        for name in _CLEARED:
+            mp.delenv(name, raising=False)
+        for name, value in _FAKE_ENV.items():
+            mp.setenv(name, value)
+        yield dict(_FAKE_ENV)
+
+
+@pytest.fixture(scope="session")
+def s3_server(aws_env: dict[str, str]) -> Iterator[LocalS3]:
+    """A real moto S3 server on a free loopback port, for the whole session."""
+    with LocalS3() as server:
+        yield server
+
+
+_bucket_numbers = itertools.count()
+
+
+@pytest.fixture
+def s3_client(s3_server: LocalS3) -> Any:
+    """A botocore client for the session's server."""
+    return s3_server.client()
+
+
+@pytest.fixture
+def bucket(s3_client: Any) -> str:
+    """A fresh, empty bucket for one test."""
+    name = f"test-bucket-{os.getpid()}-{next(_bucket_numbers)}"
+    s3_client.create_bucket(Bucket=name)
+    return name

@@ -1,0 +1,87 @@
+"""The asyncstream command: generate, pack, ls and demo, run in-process."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import pytest
+
+from asyncstream import LocalS3
+from asyncstream._cli import human, main, parse_size
+
+
+def test_parse_size_units() -> None:
+    assert parse_size("4096") == 4096
+    assert parse_size("256MiB") == 256 << 20
+    assert parse_size("64M") == 64 << 20
+    assert parse_size("1.5g") == 3 << 29
+    assert human(2048) == "2.0 KiB"
+    with pytest.raises(Exception, match="not a size"):
+        parse_size("lots")
+
+
+def test_pack_2000_images_into_20_shards_then_ls(
+    tmp_path: Path, s3_server: LocalS3, bucket: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    images = tmp_path / "images"
+    assert main(["generate", str(images), "--images", "2000", "--classes", "10"]) == 0
+    dest = f"s3://{bucket}/train/"
+    endpoint = ["--endpoint-url", s3_server.endpoint_url]
+    assert (
+        main(["pack", str(images), dest, "--shard-samples", "100", "--no-progress", *endpoint]) == 0
+    )
+    capsys.readouterr()
+    assert main(["ls", dest, "--samples", "--json", *endpoint]) == 0
+    listing = json.loads(capsys.readouterr().out)
+    shards = listing["shards"]
+    assert len(shards) == 20
+    assert [s["samples"] for s in shards] == [100] * 20
+    client = s3_server.client()
+    for shard in shards:
+        key = shard["url"].removeprefix(f"s3://{bucket}/")
+        assert shard["size"] == client.head_object(Bucket=bucket, Key=key)["ContentLength"]
+    assert listing["total_size"] == sum(s["size"] for s in shards)
+    source_bytes = sum(p.stat().st_size for p in images.rglob("*.jpg"))
+    assert source_bytes < listing["total_size"] < source_bytes * 1.1
+
+    assert main(["ls", dest, "--samples", *endpoint]) == 0
+    text = capsys.readouterr().out
+    assert "20 shards" in text
+    assert "2,000 samples" in text
+
+
+def test_pack_by_bytes_on_the_command_line(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    images = tmp_path / "images"
+    assert main(["generate", str(images), "--images", "40", "--classes", "4"]) == 0
+    out = tmp_path / "shards"
+    assert main(["pack", str(images), str(out), "--shard-bytes", "1MiB", "--no-progress"]) == 0
+    sizes = [p.stat().st_size for p in sorted(out.glob("*.tar"))]
+    assert len(sizes) >= math.ceil(sum(sizes) / (1 << 20))
+    assert all(size <= (1 << 20) for size in sizes)
+    assert main(["ls", str(out), "--samples"]) == 0
+    assert "40 samples" in capsys.readouterr().out
+
+
+def test_errors_are_one_line_naming_the_culprit(
+    tmp_path: Path, s3_server: LocalS3, capsys: pytest.CaptureFixture[str]
+) -> None:
+    endpoint = ["--endpoint-url", s3_server.endpoint_url]
+    assert main(["ls", "s3://no-such-bucket-cli/x/", *endpoint]) == 1
+    err = capsys.readouterr().err
+    assert err.startswith("asyncstream: error: ")
+    assert "s3://no-such-bucket-cli/x/" in err
+    assert main(["ls", "s3://b/x-{1..0}.tar", *endpoint]) == 1
+    assert "backwards" in capsys.readouterr().err
+    assert main(["pack", str(tmp_path / "nothing"), str(tmp_path / "out")]) == 1
+    assert "nothing" in capsys.readouterr().err
+
+
+def test_corrupt_shard_is_named_by_ls(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    bad = tmp_path / "bad.tar"
+    bad.write_bytes(b"this is not a tar archive at all" * 40)
+    assert main(["ls", str(bad), "--samples"]) == 1
+    assert bad.as_uri() in capsys.readouterr().err
