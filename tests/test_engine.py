@@ -1,0 +1,336 @@
+"""The fetch engine against the real S3 server, through the fault-injecting proxy."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from asyncstream import (
+    AccessDeniedError,
+    EngineError,
+    LocalS3,
+    NotFoundError,
+    PermanentFetchError,
+    S3Options,
+    TransientFetchError,
+    resolve_shards,
+)
+from asyncstream._engine import Engine, EngineConfig
+from asyncstream._fetch import ChunkRequest
+from asyncstream._retry import RetryPolicy, Timeouts
+from asyncstream._urls import Shard
+from asyncstream.testing import FaultPlan, FaultProxy
+
+FAST_RETRY = RetryPolicy(max_attempts=12, base_delay=0.005, max_delay=0.05, deadline=60)
+SHORT = Timeouts(connect=5, first_byte=5, stall=0.5, chunk=20)
+
+
+def chunks_of(shards: list[Shard], chunk: int) -> list[ChunkRequest]:
+    return [
+        ChunkRequest(s.url, o, min(chunk, s.size - o), s.etag, o + chunk >= s.size)
+        for s in shards
+        for o in range(0, s.size, chunk)
+    ]
+
+
+def drain(engine: Engine, requests: list[ChunkRequest]) -> dict[str, bytes]:
+    """Submit everything, read every chunk in order, return the bytes per shard."""
+    engine.submit(requests)
+    got: dict[str, bytearray] = {}
+    for expected in requests:
+        ready = engine.next()
+        assert ready.request == expected
+        got.setdefault(ready.request.url, bytearray()).extend(engine.view(ready))
+        engine.release(ready.slot)
+    return {url: bytes(data) for url, data in got.items()}
+
+
+def shm_names() -> set[str]:
+    return {n for n in os.listdir("/dev/shm") if n.startswith("asyncstream")}
+
+
+@pytest.fixture(scope="module")
+def dataset(s3_server: LocalS3) -> dict[str, Any]:
+    """100 shards of 200 to 330 KB in one bucket."""
+    client = s3_server.client()
+    bucket = "engine-dataset"
+    client.create_bucket(Bucket=bucket)
+    rng = __import__("random").Random(5)
+    blobs = {}
+    for i in range(100):
+        data = rng.randbytes(200_000 + rng.randrange(130_000))
+        key = f"shard-{i:03d}.tar"
+        client.put_object(Bucket=bucket, Key=key, Body=data)
+        blobs[f"s3://{bucket}/{key}"] = data
+    return {"bucket": bucket, "blobs": blobs}
+
+
+@pytest.fixture
+def proxy(s3_server: LocalS3) -> Iterator[FaultProxy]:
+    with FaultProxy(s3_server.endpoint_url) as p:
+        yield p
+
+
+def config(endpoint: str, **kwargs: Any) -> EngineConfig:
+    base: dict[str, Any] = {
+        "inflight": 8,
+        "retry": FAST_RETRY,
+        "timeouts": SHORT,
+        "s3": S3Options(endpoint_url=endpoint).resolve(),
+    }
+    base.update(kwargs)
+    return EngineConfig(**base)
+
+
+def test_every_byte_once_in_order_under_10_percent_faults(
+    s3_server: LocalS3, dataset: dict[str, Any]
+) -> None:
+    plan = FaultPlan(
+        slowdown=0.02,
+        internal_error=0.02,
+        reset=0.02,
+        truncate=0.02,
+        stall=0.01,
+        latency=0.01,
+        latency_seconds=0.05,
+        match=".tar",
+    )
+    with FaultProxy(s3_server.endpoint_url, faults=plan, seed=11) as proxy:
+        options = S3Options(endpoint_url=proxy.endpoint_url).resolve()
+        shards = resolve_shards(f"s3://{dataset['bucket']}/", options)
+        requests = chunks_of(shards, 64 << 10)
+        assert len(requests) > 400
+        with Engine(config(proxy.endpoint_url), n_slots=12, slot_bytes=64 << 10) as engine:
+            got = drain(engine, requests)
+            stats = engine.stats()
+        injected = proxy.stats()
+    assert got == dataset["blobs"]
+    assert stats["chunks"] == len(requests)
+    assert stats["shards"] == 100
+    assert stats["bytes"] == sum(len(b) for b in dataset["blobs"].values())
+    faults = sum(injected[k] for k in ("slowdown", "internal_error", "reset", "truncate", "stall"))
+    assert faults >= 0.05 * len(requests)
+    for kind in ("slowdown", "internal_error", "reset", "truncate", "stall"):
+        assert injected[kind] > 0, kind
+    assert stats["retries"]["slowdown"] >= 1
+    assert stats["retries"]["server_error"] >= 1
+    assert stats["retries"]["stall"] >= 1
+    assert stats["retries_total"] >= faults
+    assert stats["inflight_peak"] <= 8
+    assert stats["first_byte_s"]["p50"] > 0
+
+
+@pytest.mark.parametrize("mode", ["process", "thread"])
+def test_modes_and_backpressure(proxy: FaultProxy, dataset: dict[str, Any], mode: str) -> None:
+    options = S3Options(endpoint_url=proxy.endpoint_url).resolve()
+    shards = resolve_shards(f"s3://{dataset['bucket']}/shard-{{000..009}}.tar", options)
+    requests = chunks_of(shards, 100_000)
+    with Engine(
+        config(proxy.endpoint_url, inflight=8),
+        n_slots=3,
+        slot_bytes=100_000,
+        mode=mode,  # type: ignore[arg-type]
+    ) as engine:
+        got = drain(engine, requests)
+        stats = engine.stats()
+    assert got == {s.url: dataset["blobs"][s.url] for s in shards}
+    assert stats["inflight_peak"] <= 3  # no download without a free slot
+    assert stats["retries_total"] == 0
+
+
+def test_local_files(tmp_path: Path) -> None:
+    blobs = {}
+    for i in range(3):
+        path = tmp_path / f"s{i}.tar"
+        path.write_bytes(os.urandom(50_000 + i))
+        blobs[path.as_uri()] = path.read_bytes()
+    shards = resolve_shards(str(tmp_path))
+    with Engine(EngineConfig(inflight=2), n_slots=3, slot_bytes=16_384) as engine:
+        assert drain(engine, chunks_of(shards, 16_384)) == blobs
+
+
+def test_404_fails_fast_naming_the_key(proxy: FaultProxy, dataset: dict[str, Any]) -> None:
+    url = f"s3://{dataset['bucket']}/missing.tar"
+    with Engine(config(proxy.endpoint_url), n_slots=2, slot_bytes=1024) as engine:
+        engine.submit([ChunkRequest(url, 0, 100)])
+        with pytest.raises(NotFoundError) as info:
+            engine.next()
+        assert url in str(info.value)
+        assert engine.stats()["retries_total"] == 0
+
+
+def test_403_fails_fast_naming_the_key(proxy: FaultProxy, dataset: dict[str, Any]) -> None:
+    url = f"s3://{dataset['bucket']}/shard-000.tar"
+    proxy.inject("status", status=403, match="shard-000.tar")
+    with Engine(config(proxy.endpoint_url), n_slots=2, slot_bytes=1024) as engine:
+        engine.submit([ChunkRequest(url, 0, 100)])
+        with pytest.raises(AccessDeniedError) as info:
+            engine.next()
+        assert url in str(info.value)
+        assert engine.stats()["retries_total"] == 0
+
+
+def test_bad_credentials_fail_fast(aws_env: dict[str, str]) -> None:
+    with LocalS3(mode="process", require_auth=True) as server:
+        url = "s3://some-bucket/shard.tar"
+        with Engine(config(server.endpoint_url), n_slots=2, slot_bytes=1024) as engine:
+            engine.submit([ChunkRequest(url, 0, 100)])
+            with pytest.raises(AccessDeniedError) as info:
+                engine.next()
+            assert url in str(info.value)
+            assert aws_env["AWS_SECRET_ACCESS_KEY"] not in str(info.value)
+            assert engine.stats()["retries_total"] == 0
+
+
+def test_stall_is_abandoned_and_retried(proxy: FaultProxy, dataset: dict[str, Any]) -> None:
+    url = f"s3://{dataset['bucket']}/shard-001.tar"
+    proxy.inject("stall", match="shard-001.tar")  # one hour, unless abandoned
+    size = len(dataset["blobs"][url])
+    with Engine(config(proxy.endpoint_url), n_slots=2, slot_bytes=size) as engine:
+        started = time.monotonic()
+        got = drain(engine, [ChunkRequest(url, 0, size)])
+        elapsed = time.monotonic() - started
+        stats = engine.stats()
+    assert got[url] == dataset["blobs"][url]
+    assert stats["retries"] == {"stall": 1}
+    assert elapsed < 10  # the stall timeout is 0.5 s; the injected stall lasts an hour
+
+
+def test_retries_run_out_with_a_clear_error(proxy: FaultProxy, dataset: dict[str, Any]) -> None:
+    url = f"s3://{dataset['bucket']}/shard-002.tar"
+    proxy.inject("slowdown", count=3, match="shard-002.tar")
+    policy = RetryPolicy(max_attempts=3, base_delay=0.001, max_delay=0.01)
+    with Engine(config(proxy.endpoint_url, retry=policy), n_slots=2, slot_bytes=1024) as engine:
+        engine.submit([ChunkRequest(url, 0, 100)])
+        with pytest.raises(TransientFetchError) as info:
+            engine.next()
+    message = str(info.value)
+    assert url in message
+    assert "3 failed attempts" in message
+    assert "slowdown" in message
+
+
+def test_object_replaced_mid_epoch(s3_server: LocalS3, bucket: str, s3_client: Any) -> None:
+    s3_client.put_object(Bucket=bucket, Key="x.tar", Body=b"a" * 5000)
+    options = S3Options(endpoint_url=s3_server.endpoint_url).resolve()
+    (shard,) = resolve_shards(f"s3://{bucket}/x.tar", options)
+    s3_client.put_object(Bucket=bucket, Key="x.tar", Body=b"b" * 5000)
+    with Engine(config(s3_server.endpoint_url), n_slots=2, slot_bytes=4096) as engine:
+        engine.submit(chunks_of([shard], 4096))
+        with pytest.raises(PermanentFetchError, match="changed since it was listed") as info:
+            engine.next()
+    assert shard.url in str(info.value)
+
+
+def test_chunk_larger_than_slot_is_refused(proxy: FaultProxy, dataset: dict[str, Any]) -> None:
+    url = f"s3://{dataset['bucket']}/shard-003.tar"
+    with Engine(config(proxy.endpoint_url), n_slots=2, slot_bytes=1024) as engine:
+        engine.submit([ChunkRequest(url, 0, 5000)])
+        with pytest.raises(EngineError, match="does not fit a slot"):
+            engine.next()
+
+
+def test_sigkill_of_the_engine_is_noticed_within_5_s(
+    proxy: FaultProxy, dataset: dict[str, Any]
+) -> None:
+    url = f"s3://{dataset['bucket']}/shard-004.tar"
+    proxy.inject("stall", match="shard-004.tar")
+    engine = Engine(
+        config(proxy.endpoint_url, timeouts=Timeouts(stall=600)), n_slots=2, slot_bytes=1 << 20
+    )
+    try:
+        engine.submit([ChunkRequest(url, 0, 1000)])
+        assert engine.pid is not None
+        os.kill(engine.pid, signal.SIGKILL)
+        started = time.monotonic()
+        with pytest.raises(EngineError, match="killed by signal 9"):
+            engine.next()
+        assert time.monotonic() - started < 5
+    finally:
+        engine.close()
+    assert engine.ring.name not in shm_names()
+
+
+_CONSUMER = textwrap.dedent(
+    """
+    import sys, time
+    from asyncstream._engine import Engine, EngineConfig
+    from asyncstream._fetch import ChunkRequest
+    if __name__ == "__main__":
+        engine = Engine(EngineConfig(), n_slots=2, slot_bytes=4096)
+        print(engine.ring.name, engine.pid, flush=True)
+        time.sleep(600)
+    """
+)
+
+
+def test_sigkill_of_the_consumer_stops_the_engine_and_frees_shm(tmp_path: Path) -> None:
+    script = tmp_path / "consumer.py"
+    script.write_text(_CONSUMER)
+    proc = subprocess.Popen(
+        [sys.executable, str(script)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    )
+    try:
+        assert proc.stdout is not None
+        name, pid_text = proc.stdout.readline().split()
+        engine_pid = int(pid_text)
+        assert name in shm_names()
+        proc.kill()
+        proc.wait()
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline and (_alive(engine_pid) or name in shm_names()):
+            time.sleep(0.05)
+        assert not _alive(engine_pid)
+        assert name not in shm_names()
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        proc.wait()
+        assert proc.stdout is not None
+        assert proc.stderr is not None
+        proc.stdout.close()
+        proc.stderr.close()
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    # A zombie is dead for our purposes.
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().split()[2] != "Z"
+    except FileNotFoundError:
+        return False
+
+
+def test_close_is_idempotent_and_refuses_reuse(tmp_path: Path) -> None:
+    engine = Engine(EngineConfig(), n_slots=1, slot_bytes=1024, mode="thread")
+    name = engine.ring.name
+    engine.close()
+    engine.close()
+    assert name not in shm_names()
+    with pytest.raises(EngineError, match="closed"):
+        engine.submit([])
+
+
+def test_bytes_checksum_matches(proxy: FaultProxy, dataset: dict[str, Any]) -> None:
+    """The digest of the streamed bytes equals the source's (large single chunks)."""
+    options = S3Options(endpoint_url=proxy.endpoint_url).resolve()
+    shards = resolve_shards(f"s3://{dataset['bucket']}/shard-{{010..013}}.tar", options)
+    biggest = max(s.size for s in shards)
+    with Engine(config(proxy.endpoint_url), n_slots=2, slot_bytes=biggest) as engine:
+        got = drain(engine, chunks_of(shards, biggest))
+    for url, data in got.items():
+        assert hashlib.sha256(data).digest() == hashlib.sha256(dataset["blobs"][url]).digest()
