@@ -1,7 +1,11 @@
 """asyncstream: stream webdataset-style tar shards from S3 into training.
 
 The public API is what this module exports; every other module is private.
+:class:`ShardStream` is loaded on first use, because it imports PyTorch and the fetch
+engine's process, which imports this package too, has no use for it.
 """
+
+from typing import TYPE_CHECKING, Any
 
 from ._exceptions import (
     AccessDeniedError,
@@ -19,8 +23,13 @@ from ._exceptions import (
 )
 from ._local import LocalS3
 from ._pack import PackedShard, PackResult, pack
-from ._s3 import S3Options
+from ._retry import RetryPolicy, Timeouts
+from ._s3 import S3Credentials, S3Options
+from ._shuffle import ShuffleQuality, shuffle_quality
 from ._urls import Shard, expand_braces, resolve_shards
+
+if TYPE_CHECKING:
+    from ._stream import ShardStream
 
 __version__ = "0.1.0"
 
@@ -37,13 +46,27 @@ __all__ = [
     "PackResult",
     "PackedShard",
     "PermanentFetchError",
+    "RetryPolicy",
+    "S3Credentials",
     "S3Options",
     "Shard",
+    "ShardStream",
     "ShardURLError",
+    "ShuffleQuality",
     "StateError",
+    "Timeouts",
     "TransientFetchError",
     "__version__",
     "expand_braces",
     "pack",
     "resolve_shards",
+    "shuffle_quality",
 ]
+
+
+def __getattr__(name: str) -> Any:
+    if name == "ShardStream":
+        from ._stream import ShardStream
+
+        return ShardStream
+    raise AttributeError(f"module 'asyncstream' has no attribute {name!r}")

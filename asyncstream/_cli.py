@@ -18,9 +18,9 @@ from typing import Any
 from tqdm import tqdm
 
 from ._exceptions import AsyncStreamError
-from ._s3 import S3Options, fetch_error_from, sync_client
-from ._tar import count_samples
-from ._urls import Shard, resolve_shards
+from ._manifest import count_shard
+from ._s3 import S3Options, sync_client
+from ._urls import resolve_shards
 
 __all__ = ["main"]
 
@@ -50,18 +50,6 @@ def _options(args: argparse.Namespace) -> S3Options:
     return S3Options(endpoint_url=args.endpoint_url, profile=args.profile).resolve()
 
 
-def _count(shard: Shard, options: S3Options, client: Any) -> int:
-    if shard.is_local:
-        with shard.path.open("rb") as f:
-            return count_samples(f, shard.url)
-    try:
-        body = client.get_object(Bucket=shard.bucket, Key=shard.key)["Body"]
-    except Exception as exc:
-        raise fetch_error_from(exc, shard.url) from exc
-    with contextlib.closing(body):
-        return count_samples(body, shard.url)
-
-
 def list_shards(
     urls: Sequence[str], options: S3Options, *, samples: bool, show_progress: bool = False
 ) -> list[dict[str, Any]]:
@@ -78,7 +66,7 @@ def list_shards(
             ) as bar,
         ):
             for row, count in zip(
-                rows, pool.map(lambda s: _count(s, options, client), shards), strict=True
+                rows, pool.map(lambda s: count_shard(s, client), shards), strict=True
             ):
                 row["samples"] = count
                 bar.update()

@@ -9,15 +9,16 @@ not start children (PyTorch DataLoader workers are daemonic), in a thread of the
                          ("release", slot)                      a slot went back to FREE
                          ("stats",)                             ask for statistics
                          ("stop",)                              finish and exit
-    engine -> consumer   ("ready", id, slot, nbytes)            in submission order
-                         ("error", id, exception, traceback)    in submission order
+    engine -> consumer   ("ready", id, slot, nbytes)            as each chunk completes
+                         ("error", id, exception, traceback)    at the chunk's place
                          ("stats", dict)
                          ("started",)                           once, when it can fetch
                          ("fatal", exception, traceback)        the engine itself broke
 
 Backpressure is the ring: a download starts only when a slot is FREE and fewer than
-``inflight`` downloads run. Downloads may finish in any order; the engine reports them in
-the order they were submitted, so what the consumer sees never depends on network timing.
+``inflight`` downloads run. Downloads start in submission order (the order the consumer
+will need them) and are reported as they finish; the consumer takes each chunk by id when
+it needs it (:meth:`Engine.wait`), so what it sees never depends on network timing.
 
 Failure and death: a chunk that fails permanently or outlasts its retries is reported
 with an ``error`` message at its place in the order. A killed engine process is seen by
@@ -169,7 +170,6 @@ class _Core:
         self.rng = random.Random(config.seed)
         self.pending: collections.deque[tuple[int, ChunkRequest]] = collections.deque()
         self.results: dict[int, tuple[Any, ...]] = {}
-        self.next_report = 0
         self.tasks: set[asyncio.Task[None]] = set()
         self.orphaned = False
 
@@ -312,12 +312,10 @@ class _Core:
         finally:
             stats.inflight -= 1
             self.slots.release()
-        self._report()
+        self._report(rid)
 
-    def _report(self) -> None:
-        while self.next_report in self.results:
-            self._send(self.results.pop(self.next_report))
-            self.next_report += 1
+    def _report(self, rid: int) -> None:
+        self._send(self.results.pop(rid))
 
 
 def _run_core(conn: Connection, ring_name: str, config: EngineConfig) -> None:
@@ -367,7 +365,6 @@ class Engine:
         self._thread: threading.Thread | None = None
         self._next_id = 0
         self._arrived: dict[int, tuple[Any, ...]] = {}
-        self._next_out = 0
         self._requests: dict[int, ChunkRequest] = {}
         self._stats: dict[str, Any] | None = None
         self._starved = 0.0
@@ -426,7 +423,15 @@ class Engine:
         return ids
 
     def next(self, timeout: float | None = None) -> Ready:
-        """The next submitted chunk, resident and IN_USE; blocks until it is.
+        """The earliest submitted chunk not yet taken; see :meth:`wait`."""
+        if not self._requests:
+            raise EngineError("next() called with no chunk submitted")
+        return self.wait(min(self._requests), timeout)
+
+    def wait(self, rid: int, timeout: float | None = None) -> Ready:
+        """Chunk ``rid``, resident and IN_USE; blocks until it is.
+
+        Chunks may be taken in any order; the others stay READY in the ring meanwhile.
 
         Raises:
             FetchError: the chunk could not be fetched (names the shard and cause).
@@ -434,9 +439,8 @@ class Engine:
                 :attr:`EngineConfig.wait_timeout`).
         """
         self._check_open()
-        rid = self._next_out
         if rid not in self._requests:
-            raise EngineError("next() called with no chunk submitted")
+            raise EngineError(f"chunk {rid} was not submitted, or was already taken")
         limit = self.config.wait_timeout if timeout is None else timeout
         began = time.monotonic()
         while rid not in self._arrived:
@@ -444,7 +448,6 @@ class Engine:
         self._starved += time.monotonic() - began
         message = self._arrived.pop(rid)
         request = self._requests.pop(rid)
-        self._next_out += 1
         if message[0] == "error":
             raise _with_remote_cause(message[2], message[3])
         _, _, slot, nbytes = message

@@ -1,0 +1,254 @@
+"""ShardStream: the public stream of samples.
+
+It imports PyTorch (it is an ``IterableDataset``), so :mod:`asyncstream` loads it lazily:
+the engine process, which imports the package too, never pays for torch.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import replace
+from typing import Any, Literal
+
+from torch.utils.data import IterableDataset
+
+from ._exceptions import StateError
+from ._manifest import sample_counts
+from ._plan import Topology
+from ._retry import RetryPolicy, Timeouts
+from ._run import (
+    EpochRun,
+    StreamSettings,
+    check_state,
+    default_topology,
+    json_state,
+    worker_topology,
+)
+from ._s3 import S3Options
+from ._urls import resolve_shards
+
+__all__ = ["ShardStream"]
+
+
+class ShardStream(IterableDataset[dict[str, Any]]):
+    """Samples of webdataset-style tar shards, streamed from S3 or local files.
+
+    Iterating yields one dict per sample: ``{"__key__": "000017", "__url__": shard URL,
+    "jpg": bytes, "cls": bytes, ...}`` (one entry per member extension; the bytes are the
+    stream's own copies, safe to keep).
+
+    The order is a pure function of (``seed``, epoch, rank, world size, worker): a seeded
+    shard permutation per epoch, split exactly across ranks and DataLoader workers, then
+    a window shuffle over ``window`` open shards with one chunk each resident. Call
+    :meth:`set_epoch` before each epoch for a new order. :meth:`state_dict` taken after
+    any sample resumes, in a new process, with exactly the samples that would have come
+    next.
+
+    Memory: the ring holds ``(window + inflight) x chunk_bytes`` (chunk_bytes capped at the
+    largest shard), per reader: each DataLoader worker runs its own engine and ring.
+
+    Args:
+        urls: shard URLs: ``s3://bucket/train-{0000..0099}.tar``, an ``s3://`` prefix,
+            local files or folders, or a list of these.
+        endpoint_url: an S3-compatible endpoint; default from ``AWS_ENDPOINT_URL`` or AWS.
+        inflight: K, chunk downloads in flight (and chunks prefetched).
+        window: shards open at once for the window shuffle.
+        chunk_bytes: bytes per ranged GET and per ring slot.
+        shuffle: ``False`` reads shards in order and samples in shard order.
+        seed: the run's seed.
+        rank: this process's rank; default torch.distributed, else ``RANK``, else 0.
+        world_size: number of ranks; default torch.distributed, else ``WORLD_SIZE``, else 1.
+        samples_per_shard: samples in each shard (one number or a list); default: the
+            manifest written by ``asyncstream pack``, else counted once.
+        shuffle_mode: pick the next sample uniformly over resident samples
+            (``"samples"``) or over open shards (``"shards"``).
+        remainder: when the total does not divide by ``world_size``: ``"drop"`` the last
+            few samples of the epoch, or ``"pad"`` by repeating the first few.
+        s3: full S3 options (credentials, timeouts, profile); ``endpoint_url`` overrides.
+        retry: the chunk download retry policy.
+        timeouts: the chunk download timeouts.
+        check_etag: require every chunk to come from the object version that was listed.
+
+    Raises:
+        ShardURLError, NotFoundError, AccessDeniedError: at construction, for bad URLs,
+            missing objects or credentials.
+        ValueError: bad arguments.
+    """
+
+    def __init__(
+        self,
+        urls: str | Sequence[str],
+        *,
+        endpoint_url: str | None = None,
+        inflight: int = 8,
+        window: int = 64,
+        chunk_bytes: int = 16 << 20,
+        shuffle: bool = True,
+        seed: int = 0,
+        rank: int | None = None,
+        world_size: int | None = None,
+        samples_per_shard: int | Sequence[int] | None = None,
+        shuffle_mode: Literal["samples", "shards"] = "shards",
+        remainder: Literal["drop", "pad"] = "drop",
+        s3: S3Options | None = None,
+        retry: RetryPolicy | None = None,
+        timeouts: Timeouts | None = None,
+        check_etag: bool = True,
+    ) -> None:
+        for name, value in (
+            ("inflight", inflight),
+            ("window", window),
+            ("chunk_bytes", chunk_bytes),
+        ):
+            if not isinstance(value, int) or value < 1:
+                raise ValueError(f"{name} must be an integer >= 1, got {value!r}")
+        if shuffle_mode not in ("samples", "shards"):
+            raise ValueError(f"shuffle_mode must be 'samples' or 'shards', got {shuffle_mode!r}")
+        if remainder not in ("drop", "pad"):
+            raise ValueError(f"remainder must be 'drop' or 'pad', got {remainder!r}")
+        options = s3 or S3Options()
+        if endpoint_url is not None:
+            options = replace(options, endpoint_url=endpoint_url)
+        options = options.resolve()
+        self._rank, self._world_size = default_topology(rank, world_size)
+        Topology(self._rank, self._world_size)  # validates
+        shards = resolve_shards(urls, options)
+        counts = sample_counts(shards, samples_per_shard, options)
+        self._settings = StreamSettings(
+            shards=tuple(shards),
+            counts=tuple(counts),
+            window=window,
+            inflight=inflight,
+            chunk_bytes=chunk_bytes,
+            shuffle=shuffle,
+            seed=seed,
+            mode=shuffle_mode,
+            remainder=remainder,
+            s3=options,
+            retry=retry or RetryPolicy(),
+            timeouts=timeouts or Timeouts(),
+            check_etag=check_etag,
+        )
+        self._epoch = 0
+        self._run: EpochRun | None = None
+        self._pending: dict[str, Any] | None = None
+        self._closed = False
+
+    def __repr__(self) -> str:
+        s = self._settings
+        return (
+            f"ShardStream({len(s.shards)} shards, {sum(s.counts)} samples, epoch={self._epoch}, "
+            f"window={s.window}, inflight={s.inflight}, chunk_bytes={s.slot_bytes}, "
+            f"shuffle={s.shuffle}, rank={self._rank}/{self._world_size})"
+        )
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = self.__dict__.copy()
+        state["_run"] = None  # a DataLoader worker starts its own engine
+        return state
+
+    @property
+    def epoch(self) -> int:
+        """The epoch the next iteration reads."""
+        return self._epoch
+
+    @property
+    def num_samples(self) -> int:
+        """Samples in the dataset (all shards)."""
+        return sum(self._settings.counts)
+
+    def set_epoch(self, epoch: int) -> None:
+        """Choose the epoch (and so the order) of the next iteration."""
+        if not isinstance(epoch, int) or epoch < 0:
+            raise ValueError(f"epoch must be an integer >= 0, got {epoch!r}")
+        self._check_open()
+        self._stop_run()
+        self._epoch = epoch
+        self._pending = None
+
+    def __iter__(self) -> EpochRun:
+        self._check_open()
+        self._stop_run()
+        topology = worker_topology(self._rank, self._world_size)
+        position = None
+        if self._pending is not None:
+            saved = Topology(*self._pending["topology"])
+            if saved != topology:
+                raise StateError(
+                    f"state_dict was saved by reader {saved}, this one is {topology}: "
+                    "resume with the same ranks and workers"
+                )
+            position = self._pending["position"]
+            self._pending = None
+        self._run = EpochRun(self._settings, epoch=self._epoch, topology=topology, state=position)
+        return self._run
+
+    def state_dict(self) -> dict[str, Any]:
+        """The exact position: plain JSON-able data.
+
+        Taken after any sample (or before the first), it makes :meth:`load_state_dict`
+        resume with exactly the samples that would have come next.
+        """
+        self._check_open()
+        if self._pending is not None:
+            return self._pending
+        topology = (
+            self._run.topology if self._run else worker_topology(self._rank, self._world_size)
+        )
+        position = (
+            self._run.state()
+            if self._run is not None
+            else {"draws": 0, "next_piece": 0, "emitted": 0, "lanes": []}
+        )
+        return json_state(self._settings, self._epoch, topology, position)
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Resume from :meth:`state_dict`; the next iteration continues where it was.
+
+        Raises:
+            StateError: the state belongs to another dataset or configuration, or is
+                corrupted.
+        """
+        self._check_open()
+        check_state(state, self._settings)
+        topology = state.get("topology")
+        if not (isinstance(topology, list) and len(topology) == 4):
+            raise StateError("state_dict topology is corrupted")
+        epoch = state.get("epoch")
+        if not isinstance(epoch, int) or epoch < 0:
+            raise StateError("state_dict epoch is corrupted")
+        self._stop_run()
+        self._epoch = epoch
+        self._pending = state
+
+    def stats(self) -> dict[str, Any]:
+        """Statistics of the current epoch: samples, shuffle radius, remainder, fetch."""
+        self._check_open()
+        if self._run is None:
+            return {
+                "epoch": self._epoch,
+                "samples": 0,
+                "remainder_policy": self._settings.remainder,
+            }
+        return self._run.stats()
+
+    def _stop_run(self) -> None:
+        if self._run is not None:
+            self._run.close()
+            self._run = None
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise RuntimeError("this ShardStream is closed")
+
+    def close(self) -> None:
+        """Stop the engine and free the ring; the stream cannot be used afterwards."""
+        if not self._closed:
+            self._stop_run()
+            self._closed = True
+
+    def __enter__(self) -> ShardStream:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()

@@ -1,0 +1,154 @@
+"""ShardStream without decode against raw fetch of the same shards, same server, same run.
+
+Run: ``python -m bench.stream`` (``--quick`` for a small run). Generates a realistic JPEG
+dataset, packs it into shards on the embedded S3 server (moto, in a child process) and on
+local disk, then measures, interleaved and best of ``--repeat``:
+
+* raw fetch: the engine streaming every chunk of every shard into the ring (MB/s);
+* ShardStream: samples/s and MB/s of sample bytes, with indexing, the window shuffle and
+  the copy of each sample out of the ring; its overhead is ``1 - stream / raw`` in MB/s.
+  Both are timed from the engine's start to the last byte or sample (the engine's
+  start-up, about half a second, is in both; its shutdown in neither);
+* peak RSS of the consumer and engine processes against the ring size.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import resource
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from asyncstream import LocalS3, S3Options, ShardStream, pack, resolve_shards
+from asyncstream._datagen import generate_imagefolder
+from asyncstream._engine import Engine, EngineConfig
+from asyncstream._fetch import ChunkRequest
+
+MB = 1e6
+
+
+def raw_fetch(
+    url: str, options: S3Options, chunk: int, inflight: int, window: int
+) -> dict[str, Any]:
+    shards = resolve_shards(url, options)
+    requests = [
+        ChunkRequest(s.url, o, min(chunk, s.size - o), s.etag, o + chunk >= s.size)
+        for s in shards
+        for o in range(0, s.size, chunk)
+    ]
+    total = sum(r.length for r in requests)
+    config = EngineConfig(inflight=inflight, s3=options)
+    cpu0 = time.process_time()
+    start = time.perf_counter()  # both sides are timed from engine start to the last byte
+    with Engine(config, n_slots=window + inflight, slot_bytes=chunk) as engine:
+        engine.submit(requests)
+        for _ in requests:
+            engine.release(engine.next().slot)
+        elapsed = time.perf_counter() - start
+        cpu = time.process_time() - cpu0
+    return {"MB/s": total / elapsed / MB, "seconds": elapsed, "consumer_cpu_s": cpu}
+
+
+def stream(url: str, options: S3Options, chunk: int, inflight: int, window: int) -> dict[str, Any]:
+    with ShardStream(url, s3=options, chunk_bytes=chunk, inflight=inflight, window=window) as s:
+        cpu0 = time.process_time()
+        start = time.perf_counter()
+        it = iter(s)
+        nbytes, count, total = 0, 0, s.num_samples
+        while count < total:  # stop the clock at the last sample, before the engine stops
+            sample = next(it)
+            nbytes += len(sample["jpg"]) + len(sample["cls"])
+            count += 1
+        elapsed = time.perf_counter() - start
+        cpu = time.process_time() - cpu0
+        stats = s.stats()
+    return {
+        "samples/s": count / elapsed,
+        "MB/s": nbytes / elapsed / MB,
+        "seconds": elapsed,
+        "samples": count,
+        "consumer_cpu_s": cpu,
+        "consumer_cpu_us_per_sample": cpu / count * 1e6,
+        "ring_bytes": (window + inflight) * chunk,
+        "peak_rss_consumer": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
+        "engine_peak_rss": stats.get("fetch", {}).get("max_rss_bytes"),
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true")
+    parser.add_argument("--repeat", type=int, default=3)
+    parser.add_argument("--json", help="write the figures to this file")
+    args = parser.parse_args()
+    images, shards = (400, 8) if args.quick else (3000, 24)
+    chunk, inflight, window = 4 << 20, 8, 8
+    out: dict[str, Any] = {
+        "date": time.strftime("%Y-%m-%d"),
+        "machine": f"{platform.machine()}, {os.cpu_count()} cores, "
+        f"Python {platform.python_version()}",
+        "settings": f"chunk 4 MiB, inflight {inflight}, window {window}",
+    }
+    with tempfile.TemporaryDirectory() as tmp, LocalS3(mode="process") as server:
+        src = Path(tmp) / "images"
+        generate_imagefolder(src, images, 100, seed=0)
+        local_dir = Path(tmp) / "shards"
+        per = -(-images // shards)
+        pack(src, str(local_dir), shard_samples=per, shard_bytes=None, shuffle_seed=0)
+        options = server.options()
+        server.client().create_bucket(Bucket="bench")
+        pack(
+            src,
+            "s3://bench/s/",
+            shard_samples=per,
+            shard_bytes=None,
+            shuffle_seed=0,
+            options=options,
+        )
+        data_mb = sum(p.stat().st_size for p in local_dir.glob("*.tar")) / MB
+        out["dataset"] = f"{images} JPEGs, {shards} shards, {data_mb:.0f} MB"
+        for name, url in (("embedded S3", "s3://bench/s/"), ("local files", str(local_dir))):
+            raws, streams = [], []
+            for _ in range(args.repeat):
+                raws.append(raw_fetch(url, options, chunk, inflight, window))
+                streams.append(stream(url, options, chunk, inflight, window))
+            raw = max(raws, key=lambda r: r["MB/s"])
+            best = max(streams, key=lambda r: r["MB/s"])
+            out[name] = {"raw": raw, "stream": best, "ratio": best["MB/s"] / raw["MB/s"]}
+            print(
+                f"{name}: raw {raw['MB/s']:.0f} MB/s, stream {best['MB/s']:.0f} MB/s "
+                f"({best['samples/s']:.0f} samples/s), ratio {out[name]['ratio']:.2f}",
+                flush=True,
+            )
+    print(render(out))
+    if args.json:
+        Path(args.json).write_text(json.dumps(out, indent=1))
+
+
+def render(out: dict[str, Any]) -> str:
+    lines = [
+        f"{out['machine']}; {out['dataset']}; {out['settings']}; {out['date']}.",
+        "",
+        "| source | raw fetch MB/s | ShardStream MB/s | samples/s | stream / raw | "
+        "consumer CPU µs/sample | ring | peak RSS consumer + engine |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for name in ("embedded S3", "local files"):
+        r, s = out[name]["raw"], out[name]["stream"]
+        engine_rss = s["engine_peak_rss"] or 0
+        lines.append(
+            f"| {name} | {r['MB/s']:.0f} | {s['MB/s']:.0f} | {s['samples/s']:.0f} | "
+            f"{out[name]['ratio']:.2f} | {s['consumer_cpu_us_per_sample']:.0f} | "
+            f"{s['ring_bytes'] / 2**20:.0f} MiB | "
+            f"{s['peak_rss_consumer'] / 2**20:.0f} + {engine_rss / 2**20:.0f} MiB |"
+        )
+    return "\n".join(lines)
+
+
+if __name__ == "__main__":
+    main()

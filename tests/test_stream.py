@@ -1,0 +1,360 @@
+"""ShardStream against the real S3 server: exactly once, determinism, exact resume."""
+
+from __future__ import annotations
+
+import json
+import multiprocessing
+import random
+from collections import Counter
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from torch.utils.data import DataLoader
+
+from asyncstream import (
+    CorruptTarError,
+    DataError,
+    LocalS3,
+    S3Options,
+    ShardStream,
+    StateError,
+    pack,
+)
+from asyncstream.testing import FaultPlan, FaultProxy
+
+CHUNK = 4096  # small chunks: many per shard, samples straddling their ends
+
+
+def make_tree(root: Path, n: int, classes: int, seed: int) -> None:
+    rng = random.Random(seed)
+    for i in range(n):
+        folder = root / f"c{i % classes}"
+        folder.mkdir(parents=True, exist_ok=True)
+        size = rng.choice([60, 300, 900, 2500, 5000, 9000])  # some bigger than a chunk
+        (folder / f"img{i:04d}.jpg").write_bytes(rng.randbytes(size))
+
+
+@pytest.fixture(scope="module")
+def dataset(s3_server: LocalS3, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    """120 samples (divisible by 1, 2, 3, 4, 6) in 11 shards of uneven sample counts."""
+    root = tmp_path_factory.mktemp("stream")
+    make_tree(root / "src", 120, 5, seed=1)
+    client = s3_server.client()
+    client.create_bucket(Bucket="stream-data")
+    options = s3_server.options()
+    result = pack(
+        root / "src",
+        "s3://stream-data/train/",
+        shard_bytes=40_000,
+        shuffle_seed=3,
+        options=options,
+    )
+    assert len(result.shards) >= 8
+    assert len({s.samples for s in result.shards}) > 1  # uneven
+    keys = {f"{i:06d}" for i in range(120)}
+    return {"url": "s3://stream-data/train/", "options": options, "keys": keys, "root": root}
+
+
+def stream(dataset: dict[str, Any], **kwargs: Any) -> ShardStream:
+    base: dict[str, Any] = {
+        "s3": dataset["options"],
+        "chunk_bytes": CHUNK,
+        "window": 4,
+        "inflight": 3,
+    }
+    base.update(kwargs)
+    return ShardStream(dataset["url"], **base)
+
+
+def keys_of(samples: Any) -> list[str]:
+    return [s["__key__"] for s in samples]
+
+
+@pytest.mark.parametrize("world_size", [1, 2, 3])
+@pytest.mark.parametrize("num_workers", [0, 2])
+def test_exactly_once_over_three_epochs(
+    dataset: dict[str, Any], world_size: int, num_workers: int
+) -> None:
+    orders = []
+    for epoch in range(3):
+        seen: list[str] = []
+        per_rank = []
+        for rank in range(world_size):
+            with stream(dataset, rank=rank, world_size=world_size) as s:
+                s.set_epoch(epoch)
+                loader = DataLoader(s, batch_size=None, num_workers=num_workers)
+                got = keys_of(loader)
+            per_rank.append(len(got))
+            seen.extend(got)
+        assert Counter(seen) == Counter(dataset["keys"])  # the union, no duplicates
+        assert per_rank == [120 // world_size] * world_size  # equal steps on every rank
+        orders.append(seen)
+    assert orders[0] != orders[1] != orders[2]
+
+
+def test_samples_carry_their_bytes_and_shard(dataset: dict[str, Any]) -> None:
+    src = dataset["root"] / "src"
+    files = sorted(p for p in src.rglob("*.jpg"))
+    by_bytes = {p.read_bytes(): p for p in files}
+    with stream(dataset) as s:
+        samples = list(s)
+    assert len(samples) == 120
+    for sample in samples:
+        assert set(sample) == {"__key__", "__url__", "jpg", "cls"}
+        assert sample["__url__"].startswith("s3://stream-data/train/shard-")
+        source = by_bytes[sample["jpg"]]
+        assert int(sample["cls"]) == int(source.parent.name[1:])
+
+
+def test_no_shuffle_is_plan_and_shard_order(dataset: dict[str, Any]) -> None:
+    with stream(dataset, shuffle=False) as s:
+        keys = keys_of(s)
+    assert keys == sorted(dataset["keys"])
+
+
+def test_same_order_whatever_the_network_timing(
+    s3_server: LocalS3, dataset: dict[str, Any]
+) -> None:
+    orders = []
+    for proxy_seed in (1, 2):
+        plan = FaultPlan(latency=0.3, latency_seconds=0.02, match=".tar")
+        with FaultProxy(s3_server.endpoint_url, faults=plan, seed=proxy_seed) as proxy:
+            options = S3Options(
+                endpoint_url=proxy.endpoint_url, credentials=dataset["options"].credentials
+            )
+            with stream(dataset, s3=options, seed=7, inflight=6) as s:
+                orders.append(keys_of(s))
+            assert proxy.stats()["latency"] > 0
+    assert orders[0] == orders[1]
+    with stream(dataset, seed=7, inflight=1) as s:
+        assert keys_of(s) == orders[0]
+
+
+def _resume_in_fresh_process(
+    args: tuple[dict[str, Any], dict[str, Any], dict[str, Any]],
+) -> list[str]:
+    kwargs, options, state = args
+    from asyncstream import S3Credentials, S3Options, ShardStream
+
+    creds = S3Credentials(**options.pop("credentials"))
+    s3 = S3Options(credentials=creds, **options)
+    with ShardStream(kwargs.pop("url"), s3=s3, **kwargs) as s:
+        s.load_state_dict(json.loads(json.dumps(state)))
+        return [sample["__key__"] for sample in s]
+
+
+@pytest.mark.parametrize("shuffle", [True, False])
+def test_resume_in_a_fresh_process(dataset: dict[str, Any], shuffle: bool) -> None:
+    kwargs = {
+        "url": dataset["url"],
+        "chunk_bytes": CHUNK,
+        "window": 4,
+        "inflight": 3,
+        "shuffle": shuffle,
+        "seed": 5,
+    }
+    s3 = dataset["options"]
+    plain_options = {
+        "endpoint_url": s3.endpoint_url,
+        "credentials": {
+            "access_key_id": s3.credentials.access_key_id,
+            "secret_access_key": s3.credentials.secret_access_key,
+        },
+    }
+    with stream(dataset, shuffle=shuffle, seed=5) as s:
+        s.set_epoch(2)
+        reference = keys_of(s)
+    points = [0, 1, 13, 57, 119, 120]
+    states = {}
+    with stream(dataset, shuffle=shuffle, seed=5) as s:
+        s.set_epoch(2)
+        it = iter(s)
+        if 0 in points:
+            states[0] = s.state_dict()
+        for n in range(1, 121):
+            next(it)
+            if n in points:
+                states[n] = s.state_dict()
+    ctx = multiprocessing.get_context("spawn")
+    with ctx.Pool(2) as pool:
+        jobs = [(dict(kwargs), json.loads(json.dumps(plain_options)), states[n]) for n in points]
+        results = pool.map(_resume_in_fresh_process, jobs)
+    for n, rest in zip(points, results, strict=True):
+        assert rest == reference[n:], f"resume after {n} samples"
+
+
+def test_resume_at_shard_boundaries_in_order(dataset: dict[str, Any]) -> None:
+    with stream(dataset, shuffle=False) as s:
+        samples = list(s)
+    urls = [x["__url__"] for x in samples]
+    boundaries = [i for i in range(1, len(urls)) if urls[i] != urls[i - 1]][:3]
+    assert boundaries
+    for n in boundaries:
+        with stream(dataset, shuffle=False) as s:
+            it = iter(s)
+            for _ in range(n):
+                next(it)
+            state = s.state_dict()
+        with stream(dataset, shuffle=False) as s:
+            s.load_state_dict(state)
+            assert keys_of(s) == keys_of(samples[n:])
+
+
+@pytest.fixture
+def saved_state(dataset: dict[str, Any]) -> Iterator[dict[str, Any]]:
+    with stream(dataset, seed=5) as s:
+        it = iter(s)
+        for _ in range(10):
+            next(it)
+        yield s.state_dict()
+
+
+@pytest.mark.parametrize(
+    ("change", "message"),
+    [
+        ({"seed": 6}, "seed"),
+        ({"window": 5}, "window"),
+        ({"shuffle": False}, "shuffle"),
+        ({"chunk_bytes": 8192}, "chunk_bytes"),
+    ],
+)
+def test_state_of_another_configuration_is_refused(
+    dataset: dict[str, Any], saved_state: dict[str, Any], change: dict[str, Any], message: str
+) -> None:
+    kwargs = {"seed": 5, **change}
+    with stream(dataset, **kwargs) as s, pytest.raises(StateError, match=message):
+        s.load_state_dict(saved_state)
+
+
+def test_state_of_another_dataset_is_refused(
+    dataset: dict[str, Any], saved_state: dict[str, Any], tmp_path: Path
+) -> None:
+    make_tree(tmp_path / "src", 30, 3, seed=9)
+    pack(tmp_path / "src", str(tmp_path / "shards"), shard_samples=10, shard_bytes=None)
+    with (
+        ShardStream(str(tmp_path / "shards"), chunk_bytes=CHUNK, window=4, inflight=3, seed=5) as s,
+        pytest.raises(StateError, match="another dataset"),
+    ):
+        s.load_state_dict(saved_state)
+
+
+@pytest.mark.parametrize(
+    "corrupt",
+    [
+        lambda st: st.pop("dataset"),
+        lambda st: st.update(version=99),
+        lambda st: st["position"].update(draws=-1),
+        lambda st: st["position"]["lanes"].append({"piece": "x"}),
+        lambda st: st["position"].update(lanes="nope"),
+        lambda st: st["position"]["lanes"][0].update(remaining=[10_000]),
+        lambda st: st.update(topology=[0, 1]),
+    ],
+)
+def test_corrupted_state_is_refused(
+    dataset: dict[str, Any], saved_state: dict[str, Any], corrupt: Any
+) -> None:
+    state = json.loads(json.dumps(saved_state))
+    corrupt(state)
+
+    def load_and_read(s: ShardStream) -> list[dict[str, Any]]:
+        s.load_state_dict(state)  # most corruptions are caught here, some on reading
+        return list(s)
+
+    with stream(dataset, seed=5) as s, pytest.raises(StateError):
+        load_and_read(s)
+
+
+def test_state_of_another_topology_is_refused(
+    dataset: dict[str, Any], saved_state: dict[str, Any]
+) -> None:
+    with stream(dataset, seed=5, rank=1, world_size=2) as s:
+        s.load_state_dict(saved_state)
+        with pytest.raises(StateError, match="same ranks"):
+            iter(s)
+
+
+def test_remainder_is_dropped_and_reported(dataset: dict[str, Any]) -> None:
+    seen: list[str] = []
+    dropped = 0
+    for rank in range(7):
+        with stream(dataset, rank=rank, world_size=7) as s:
+            got = keys_of(s)
+            assert len(got) == 120 // 7
+            stats = s.stats()
+            assert stats["remainder_policy"] == "drop"
+            dropped += stats["remainder_samples"]
+        seen.extend(got)
+    assert dropped == 120 % 7
+    assert len(set(seen)) == len(seen) == 120 - dropped
+
+
+def test_stats_report_the_shuffle_radius(dataset: dict[str, Any]) -> None:
+    with stream(dataset, window=4, inflight=3) as s:
+        it = iter(s)
+        for _ in range(30):
+            next(it)
+        stats = s.stats()
+    assert stats["samples"] == 30
+    assert stats["open_shards"] == 4
+    assert 0 < stats["shuffle_radius"] <= 120
+    assert stats["fetch"]["chunks"] > 0
+
+
+def test_local_shards(tmp_path: Path) -> None:
+    make_tree(tmp_path / "src", 40, 4, seed=2)
+    pack(tmp_path / "src", str(tmp_path / "shards"), shard_samples=7, shard_bytes=None)
+    with ShardStream(str(tmp_path / "shards"), chunk_bytes=CHUNK, window=3, inflight=2) as s:
+        assert sorted(keys_of(s)) == [f"{i:06d}" for i in range(40)]
+
+
+def test_corrupt_shard_names_shard_and_offset(tmp_path: Path) -> None:
+    make_tree(tmp_path / "src", 20, 2, seed=4)
+    pack(tmp_path / "src", str(tmp_path / "shards"), shard_samples=10, shard_bytes=None)
+    shard = tmp_path / "shards" / "shard-000001.tar"
+    data = bytearray(shard.read_bytes())
+    offset = 0  # walk to the third member's header and corrupt it
+    for _ in range(2):
+        size = int(data[offset + 124 : offset + 136].strip(b"\0 ") or b"0", 8)
+        offset += 512 + -(-size // 512) * 512
+    data[offset + 10] ^= 0xFF
+    shard.write_bytes(bytes(data))
+    with (
+        ShardStream(
+            str(tmp_path / "shards"), chunk_bytes=CHUNK, window=2, inflight=2, shuffle=False
+        ) as s,
+        pytest.raises(CorruptTarError) as info,
+    ):
+        list(s)
+    assert shard.as_uri() in str(info.value)
+    assert info.value.offset == offset
+
+
+def test_wrong_sample_count_is_a_data_error(tmp_path: Path) -> None:
+    make_tree(tmp_path / "src", 20, 2, seed=4)
+    pack(tmp_path / "src", str(tmp_path / "shards"), shard_samples=10, shard_bytes=None)
+    with (
+        ShardStream(
+            str(tmp_path / "shards"),
+            samples_per_shard=[10, 9],
+            chunk_bytes=CHUNK,
+            window=2,
+            inflight=2,
+        ) as s,
+        pytest.raises(DataError, match="holds 10 samples, but 9"),
+    ):
+        list(s)
+
+
+def test_arguments_are_checked(dataset: dict[str, Any]) -> None:
+    for kwargs, message in (
+        ({"window": 0}, "window"),
+        ({"inflight": -1}, "inflight"),
+        ({"chunk_bytes": 0}, "chunk_bytes"),
+        ({"shuffle_mode": "random"}, "shuffle_mode"),
+        ({"remainder": "repeat"}, "remainder"),
+        ({"rank": 2, "world_size": 2}, "rank"),
+    ):
+        with pytest.raises(ValueError, match=message):
+            stream(dataset, **kwargs)
