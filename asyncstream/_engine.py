@@ -1,9 +1,11 @@
 """The fetch engine: K chunk downloads in flight into the shared-memory ring.
 
 The engine runs an asyncio loop (uvloop where installed) with one reused aiobotocore
-client, in its own process (``mode="process"``, spawn context) or, where a process may
-not start children (PyTorch DataLoader workers are daemonic), in a thread of the consumer
-(``mode="thread"``). Either way the two sides talk over one duplex pipe:
+client, in its own process (``mode="process"``: a fresh ``python -m asyncstream._engine``,
+which imports neither torch nor the training script) or, where a process may not start
+children (PyTorch DataLoader workers are daemonic), in a thread of the consumer
+(``mode="thread"``). Either way the two sides talk over one duplex pipe (the process
+first receives the ring's name and its :class:`EngineConfig`):
 
     consumer -> engine   ("fetch", [(id, ChunkRequest), ...])   more work, in need order
                          ("release", slot)                      a slot went back to FREE
@@ -23,7 +25,8 @@ it needs it (:meth:`Engine.wait`), so what it sees never depends on network timi
 Failure and death: a chunk that fails permanently or outlasts its retries is reported
 with an ``error`` message at its place in the order. A killed engine process is seen by
 the consumer at once (the process sentinel), a killed consumer by the engine (end of file
-on the pipe): the engine then unlinks the ring and exits.
+on the pipe): the engine then unlinks the ring and exits. The ring belongs to the
+consumer's resource tracker, which also removes it if the consumer is killed.
 """
 
 from __future__ import annotations
@@ -33,8 +36,12 @@ import collections
 import contextlib
 import multiprocessing
 import multiprocessing.connection
+import os
 import random
 import resource
+import socket
+import subprocess
+import sys
 import threading
 import time
 import traceback
@@ -162,14 +169,16 @@ def _summary(values: Sequence[float]) -> dict[str, float]:
 class _Core:
     """The engine side: runs inside the engine's own event loop."""
 
-    def __init__(self, conn: Connection, ring_name: str, config: EngineConfig) -> None:
+    def __init__(
+        self, conn: Connection, ring_name: str, config: EngineConfig, foreign: bool
+    ) -> None:
         self.conn = conn
+        self.foreign = foreign
         self.ring_name = ring_name
         self.config = config
         self.stats = _Stats()
         self.rng = random.Random(config.seed)
         self.pending: collections.deque[tuple[int, ChunkRequest]] = collections.deque()
-        self.results: dict[int, tuple[Any, ...]] = {}
         self.tasks: set[asyncio.Task[None]] = set()
         self.orphaned = False
 
@@ -179,20 +188,22 @@ class _Core:
         self.slot_freed = asyncio.Event()
         self.stop = asyncio.Event()
         self.slots = asyncio.Semaphore(self.config.inflight)
-        self.ring = Ring.attach(self.ring_name)
+        self.ring = Ring.attach(self.ring_name, foreign=self.foreign)
         try:
-            loop.add_reader(self.conn.fileno(), self._on_control)
-            try:
-                async with self._client() as client:
-                    self._send(("started",))
-                    scheduler = asyncio.create_task(self._schedule(client))
-                    await self.stop.wait()
-                    scheduler.cancel()
-                    for task in list(self.tasks):
-                        task.cancel()
-                    await asyncio.gather(scheduler, *self.tasks, return_exceptions=True)
-            finally:
-                loop.remove_reader(self.conn.fileno())
+            # A blocking reader thread, not loop.add_reader: the event loop would make the
+            # pipe non-blocking, and a large message could then be read half-way.
+            reader = threading.Thread(
+                target=self._read_control, args=(loop,), name="asyncstream-control", daemon=True
+            )
+            reader.start()
+            async with self._client() as client:
+                self._send(("started",))
+                scheduler = asyncio.create_task(self._schedule(client))
+                await self.stop.wait()
+                scheduler.cancel()
+                for task in list(self.tasks):
+                    task.cancel()
+                await asyncio.gather(scheduler, *self.tasks, return_exceptions=True)
         finally:
             if self.orphaned:
                 self.ring.unlink()  # the consumer died: nobody else will
@@ -213,13 +224,19 @@ class _Core:
             "s3", **options.client_kwargs(retries=False)
         )
 
-    def _on_control(self) -> None:
-        try:
-            while self.conn.poll():
-                self._handle(self.conn.recv())
-        except (EOFError, OSError):
-            self.orphaned = True
-            self.stop.set()
+    def _read_control(self, loop: asyncio.AbstractEventLoop) -> None:
+        """Reader thread: hand each control message to the loop; stop at "stop" or EOF."""
+        while True:
+            try:
+                message = self.conn.recv()
+            except (EOFError, OSError):
+                message = ("orphaned",)
+            try:
+                loop.call_soon_threadsafe(self._handle, message)
+            except RuntimeError:  # the loop is closed: the engine has finished
+                return
+            if message[0] in ("stop", "orphaned"):
+                return
 
     def _handle(self, message: tuple[Any, ...]) -> None:
         kind = message[0]
@@ -231,6 +248,9 @@ class _Core:
         elif kind == "stats":
             self._send(("stats", self.stats.as_dict()))
         elif kind == "stop":
+            self.stop.set()
+        elif kind == "orphaned":  # the consumer is gone
+            self.orphaned = True
             self.stop.set()
 
     def _send(self, message: tuple[Any, ...]) -> None:
@@ -300,7 +320,7 @@ class _Core:
             error = (
                 exc if isinstance(exc, AsyncStreamError) else EngineError(f"{request.url}: {exc!r}")
             )
-            self.results[rid] = ("error", rid, error, traceback.format_exc())
+            self._send(("error", rid, error, traceback.format_exc()))
         else:
             self.ring.publish(slot)
             stats.bytes += request.length
@@ -308,19 +328,15 @@ class _Core:
             stats.shards += request.final
             stats.first_byte.append(timing.first_byte)
             stats.total.append(timing.total)
-            self.results[rid] = ("ready", rid, slot, request.length)
+            self._send(("ready", rid, slot, request.length))
         finally:
             stats.inflight -= 1
             self.slots.release()
-        self._report(rid)
-
-    def _report(self, rid: int) -> None:
-        self._send(self.results.pop(rid))
 
 
-def _run_core(conn: Connection, ring_name: str, config: EngineConfig) -> None:
+def _run_core(conn: Connection, ring_name: str, config: EngineConfig, foreign: bool) -> None:
     """Engine entry point, in the engine's process or thread."""
-    core = _Core(conn, ring_name, config)
+    core = _Core(conn, ring_name, config, foreign)
     try:
         try:
             import uvloop
@@ -382,18 +398,33 @@ class Engine:
         )
 
     def _start(self) -> None:
-        ctx = multiprocessing.get_context("spawn")
-        ours, theirs = ctx.Pipe(duplex=True)
-        self._conn = ours
-        args = (theirs, self.ring.name, self.config)
         if self.mode == "process":
-            self._proc = ctx.Process(target=_run_core, args=args, name="asyncstream-engine")
-            self._proc.daemon = True
-            self._proc.start()
-            theirs.close()
+            # A fresh interpreter running only the engine (not multiprocessing's spawn, which
+            # re-imports the caller's __main__ and with it torch and the training script).
+            ours_sock, theirs_sock = socket.socketpair()
+            self._conn = Connection(ours_sock.detach())
+            fd = theirs_sock.detach()
+            try:
+                env = dict(os.environ)
+                root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+                env["PYTHONPATH"] = os.pathsep.join(filter(None, [root, env.get("PYTHONPATH")]))
+                self._proc = subprocess.Popen(
+                    [sys.executable, "-m", "asyncstream._engine", str(fd)],
+                    pass_fds=[fd],
+                    env=env,
+                    stdin=subprocess.DEVNULL,
+                )
+            finally:
+                os.close(fd)
+            self._conn.send((self.ring.name, self.config))
         else:
+            ours, theirs = multiprocessing.Pipe(duplex=True)
+            self._conn = ours
             self._thread = threading.Thread(
-                target=_run_core, args=args, name="asyncstream-engine", daemon=True
+                target=_run_core,
+                args=(theirs, self.ring.name, self.config, False),
+                name="asyncstream-engine",
+                daemon=True,
             )
             self._thread.start()
         # Wait until the engine has its client: a broken set-up fails here, not mid-epoch.
@@ -476,11 +507,9 @@ class Engine:
 
     def _receive(self, deadline: float) -> None:
         assert self._conn is not None
-        waitables: list[Any] = [self._conn]
-        if self._proc is not None:
-            waitables.append(self._proc.sentinel)
+        # The engine's death closes its end of the pipe: EOF here, at once.
         remaining = deadline - time.monotonic()
-        ready = multiprocessing.connection.wait(waitables, timeout=max(0.0, remaining))
+        ready = multiprocessing.connection.wait([self._conn], timeout=max(0.0, remaining))
         if self._conn in ready:
             try:
                 message = self._conn.recv()
@@ -498,17 +527,17 @@ class Engine:
                     message[2]
                 )
             return
-        if ready:
-            raise self._died()
         raise EngineError(
             f"the fetch engine sent nothing in time (waited {remaining:.0f} s); it may be stuck"
         )
 
     def _died(self) -> EngineError:
         if self._proc is not None:
-            self._proc.join(1.0)
-            code = self._proc.exitcode
-            how = f"was killed by signal {-code}" if code and code < 0 else f"exited with {code}"
+            try:
+                code = self._proc.wait(timeout=2.0)
+            except subprocess.TimeoutExpired:
+                return EngineError("the fetch engine process closed its pipe")
+            how = f"was killed by signal {-code}" if code < 0 else f"exited with {code}"
             return EngineError(f"the fetch engine process {how}")
         return EngineError("the fetch engine thread stopped")
 
@@ -533,11 +562,11 @@ class Engine:
                 with contextlib.suppress(OSError):
                     self._conn.send(("stop",))
             if self._proc is not None:
-                self._proc.join(_STOP_TIMEOUT)
-                if self._proc.is_alive():
+                try:
+                    self._proc.wait(_STOP_TIMEOUT)
+                except subprocess.TimeoutExpired:
                     self._proc.kill()
-                    self._proc.join()
-                self._proc.close()
+                    self._proc.wait()
             if self._thread is not None:
                 self._thread.join(_STOP_TIMEOUT)
         finally:
@@ -551,3 +580,17 @@ class Engine:
 
     def __exit__(self, *exc_info: object) -> None:
         self.close()
+
+
+def _main(fd: int) -> None:
+    """``python -m asyncstream._engine FD``: the engine process."""
+    conn = Connection(fd)
+    try:
+        ring_name, config = conn.recv()
+    except (EOFError, OSError):
+        return  # the consumer died before it sent anything
+    _run_core(conn, ring_name, config, True)
+
+
+if __name__ == "__main__":
+    _main(int(sys.argv[1]))

@@ -34,6 +34,7 @@ import re
 import secrets
 import struct
 import weakref
+from multiprocessing import resource_tracker
 from multiprocessing.shared_memory import SharedMemory
 from types import TracebackType
 
@@ -72,6 +73,7 @@ class _Segment(SharedMemory):
 
     _mmap: mmap.mmap | None  # CPython internals (3.8-3.13), declared for the type checker
     _fd: int
+    _name: str
 
     def detach(self) -> None:
         try:
@@ -147,8 +149,14 @@ class Ring:
         return cls(shm, n_slots, slot_bytes, owner=True)
 
     @classmethod
-    def attach(cls, name: str) -> Ring:
+    def attach(cls, name: str, *, foreign: bool = False) -> Ring:
         """Attach to the ring named ``name``, created by another process or thread.
+
+        Args:
+            name: the segment name.
+            foreign: the caller is a process that does not share the owner's resource
+                tracker (not a multiprocessing child): the segment is then dropped from the
+                caller's own tracker, so that its exit does not remove the owner's segment.
 
         Raises:
             RingError: no segment has this name, or it does not hold a ring of this version.
@@ -158,6 +166,9 @@ class Ring:
         except FileNotFoundError as exc:
             msg = f"no ring named {name!r}: the segment is gone or was never created"
             raise RingError(msg) from exc
+        if foreign:
+            # Python < 3.13 registers attached segments too; this tracker is ours alone.
+            resource_tracker.unregister(shm._name, "shared_memory")
         assert shm.buf is not None
         magic, version, n_slots, slot_bytes = b"", 0, 0, 0
         if shm.size >= _STATES_AT:
