@@ -1,18 +1,20 @@
-"""The ``asyncstream`` command: ``pack``, ``ls``, ``generate`` and ``demo``."""
+"""The ``asyncstream`` command: ``pack``, ``ls``, ``generate`` and ``demo``.
+
+``demo``, the end-to-end run, is registered by ``dali_ops`` (it needs DALI, which
+asyncstream never imports) through the ``asyncstream.commands`` entry point group.
+"""
 
 from __future__ import annotations
 
 import argparse
 import contextlib
+import importlib.metadata
 import json
-import math
 import re
 import sys
-import tempfile
 import time
 from collections.abc import Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from pathlib import Path
 from typing import Any
 
 from tqdm import tqdm
@@ -152,59 +154,6 @@ def _cmd_generate(args: argparse.Namespace) -> int:
     return 0
 
 
-def _cmd_demo(args: argparse.Namespace) -> int:
-    from ._datagen import generate_imagefolder
-    from ._local import LocalS3
-    from ._pack import pack
-
-    server: contextlib.AbstractContextManager[Any]
-    if args.endpoint_url:
-        server = contextlib.nullcontext()
-        endpoint = args.endpoint_url
-        print(f"using the S3 endpoint {endpoint}, bucket {args.bucket}")
-    else:
-        server = LocalS3(mode="process")
-    with server as local, tempfile.TemporaryDirectory(prefix="asyncstream-demo-") as tmp:
-        if local is not None:
-            endpoint = local.endpoint_url
-            print(f"started an embedded S3 server at {endpoint}")
-        if local is not None:
-            options = local.options()
-        else:
-            options = S3Options(endpoint_url=endpoint, profile=args.profile).resolve()
-        client = sync_client(options)
-        if local is not None:
-            client.create_bucket(Bucket=args.bucket)
-        start = time.perf_counter()
-        paths = generate_imagefolder(Path(tmp) / "images", args.images, args.classes, seed=0)
-        size = sum(p.stat().st_size for p in paths)
-        print(
-            f"generated {len(paths):,} JPEGs in {args.classes} classes "
-            f"({human(size)}, {human(size / len(paths))} each) "
-            f"in {time.perf_counter() - start:.1f} s"
-        )
-        dest = f"s3://{args.bucket}/train/"
-        per_shard = math.ceil(args.images / args.shards)
-        with _pack_bar(not args.no_progress) as update:
-            result = pack(
-                Path(tmp) / "images",
-                dest,
-                shard_bytes=None,
-                shard_samples=per_shard,
-                shuffle_seed=0,
-                options=options,
-                progress=update,
-            )
-        print(f"packed {result.samples:,} samples into {len(result.shards)} shards at {dest}")
-        rows = list_shards([dest], options, samples=True)
-        _print_listing(rows, as_json=False)
-    print(
-        "\nNot there yet: streaming these shards through the fetch engine (ShardStream), "
-        "GPU decode with DALI and the training loop arrive with the next issues."
-    )
-    return 0
-
-
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="asyncstream", description="Stream tar shards of images from S3 into training."
@@ -248,15 +197,14 @@ def _parser() -> argparse.ArgumentParser:
     gen.add_argument("--seed", type=int, default=0)
     gen.set_defaults(func=_cmd_generate)
 
-    demo = sub.add_parser("demo", help="the whole pipeline on an embedded S3 server")
-    demo.add_argument("--images", type=int, default=2000)
-    demo.add_argument("--classes", type=int, default=10)
-    demo.add_argument("--shards", type=int, default=20)
-    demo.add_argument("--bucket", default="asyncstream-demo")
-    demo.add_argument("--no-progress", action="store_true", help="no progress bar")
-    s3_flags(demo)
-    demo.set_defaults(func=_cmd_demo)
+    _plugins(sub)
     return parser
+
+
+def _plugins(sub: Any) -> None:
+    """Add the subcommands other packages register (``dali_ops`` registers ``demo``)."""
+    for entry in importlib.metadata.entry_points(group="asyncstream.commands"):
+        entry.load()(sub)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

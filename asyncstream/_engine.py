@@ -60,7 +60,6 @@ __all__ = ["Engine", "EngineConfig", "Ready"]
 
 _LATENCY_WINDOW = 4096
 _STOP_TIMEOUT = 10.0
-_START_TIMEOUT = 60.0
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -145,8 +144,24 @@ class _Stats:
             "seconds": time.monotonic() - self.started,
             # CPU and peak RSS of the engine's process (the whole process in thread mode).
             "cpu_s": time.process_time(),
-            "max_rss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
+            "max_rss_bytes": _peak_rss(),
         }
+
+
+def _peak_rss() -> int:
+    """Peak RSS of this process in bytes.
+
+    ``/proc/self/status`` where there is one: Linux's ``ru_maxrss`` survives ``exec``, so
+    in the engine process it would report the forked consumer's peak.
+    """
+    try:
+        with open("/proc/self/status") as status:
+            for line in status:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
 
 
 def _summary(values: Sequence[float]) -> dict[str, float]:
@@ -427,16 +442,21 @@ class Engine:
                 daemon=True,
             )
             self._thread.start()
-        # Wait until the engine has its client: a broken set-up fails here, not mid-epoch.
+        # Not waiting for "started" here lets the engine boot (about half a second) while
+        # the caller sets up; a broken set-up still fails at the first wait, before any data.
         self._started = False
-        deadline = time.monotonic() + _START_TIMEOUT
-        while not self._started:
-            self._receive(deadline)
 
     @property
     def pid(self) -> int | None:
         """The engine process's id (``None`` in thread mode)."""
         return None if self._proc is None else int(self._proc.pid)
+
+    @property
+    def idle(self) -> bool:
+        """Nothing submitted and untaken, every slot FREE: ready to serve another epoch."""
+        return (
+            not self._closed and not self._requests and self.ring.free_count() == self.ring.n_slots
+        )
 
     def submit(self, requests: Sequence[ChunkRequest]) -> list[int]:
         """Queue chunk downloads, in the order the consumer will need them.
@@ -552,8 +572,13 @@ class Engine:
         if self._closed:
             raise EngineError("this engine is closed")
 
-    def close(self) -> None:
-        """Stop the engine, wait for it (bounded), and remove the ring. Idempotent."""
+    def close(self, *, wait: bool = False) -> None:
+        """Stop the engine and remove the ring. Idempotent.
+
+        Args:
+            wait: wait (at most 10 s, then kill) for the engine process to exit. Without
+                it a reaper thread does that wait, so closing costs the caller nothing.
+        """
         if self._closed:
             return
         self._closed = True
@@ -562,11 +587,12 @@ class Engine:
                 with contextlib.suppress(OSError):
                     self._conn.send(("stop",))
             if self._proc is not None:
-                try:
-                    self._proc.wait(_STOP_TIMEOUT)
-                except subprocess.TimeoutExpired:
-                    self._proc.kill()
-                    self._proc.wait()
+                if wait:
+                    _reap(self._proc)
+                else:
+                    threading.Thread(
+                        target=_reap, args=(self._proc,), name="asyncstream-reaper", daemon=True
+                    ).start()
             if self._thread is not None:
                 self._thread.join(_STOP_TIMEOUT)
         finally:
@@ -580,6 +606,15 @@ class Engine:
 
     def __exit__(self, *exc_info: object) -> None:
         self.close()
+
+
+def _reap(proc: subprocess.Popen[bytes]) -> None:
+    """Wait for a stopping engine process; kill it if it outstays ``_STOP_TIMEOUT``."""
+    try:
+        proc.wait(_STOP_TIMEOUT)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
 
 
 def _main(fd: int) -> None:

@@ -135,6 +135,7 @@ class EpochRun(Iterator[dict[str, Any]]):
         epoch: int,
         topology: Topology,
         state: dict[str, Any] | None = None,
+        engine: Engine | None = None,
     ) -> None:
         self.settings = settings
         self.epoch = epoch
@@ -156,9 +157,10 @@ class EpochRun(Iterator[dict[str, Any]]):
         )
         self.emitted = 0
         self.requested: dict[tuple[int, int], int] = {}  # (piece position, chunk) -> id
-        self.engine: Engine | None = None
+        self.engine = engine  # an idle engine of the previous epoch, reused
         self.closed = False
         self._state = state
+        self._engine()  # boots while the caller sets up (a DALI pipeline, say)
 
     # -- engine -------------------------------------------------------------------------
 
@@ -273,7 +275,7 @@ class EpochRun(Iterator[dict[str, Any]]):
                 self._state = None
             return self._next()
         except StopIteration:
-            self.close()
+            self.closed = True  # the engine is idle again: finish() hands it back
             raise
         except BaseException:
             self.close()
@@ -377,20 +379,30 @@ class EpochRun(Iterator[dict[str, Any]]):
             "remainder_policy": self.settings.remainder,
             "remainder_samples": self.remainder_samples,
         }
-        if self.engine is not None and not self.closed:
+        if self.engine is not None:
             out["fetch"] = self.engine.stats()
         return out
 
     def __del__(self) -> None:
-        self.close()  # last resort; ShardStream closes runs explicitly
+        if "closed" in self.__dict__:  # not when __init__ failed
+            self.close()  # last resort; ShardStream closes runs explicitly
+
+    def finish(self) -> Engine | None:
+        """End the run; return its engine if it is idle (all chunks taken, all slots free)."""
+        self.closed = True
+        engine, self.engine = self.engine, None
+        if engine is not None and engine.idle:
+            return engine
+        if engine is not None:
+            engine.close()
+        return None
 
     def close(self) -> None:
         """Stop the engine and free the ring. Idempotent."""
-        if self.closed:
-            return
         self.closed = True
         if self.engine is not None:
             self.engine.close()
+            self.engine = None
 
 
 def json_state(

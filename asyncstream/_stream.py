@@ -12,6 +12,7 @@ from typing import Any, Literal
 
 from torch.utils.data import IterableDataset
 
+from ._engine import Engine
 from ._exceptions import StateError
 from ._manifest import sample_counts
 from ._plan import Topology
@@ -131,6 +132,7 @@ class ShardStream(IterableDataset[dict[str, Any]]):
         )
         self._epoch = 0
         self._run: EpochRun | None = None
+        self._engine: Engine | None = None  # kept from one epoch to the next when idle
         self._pending: dict[str, Any] | None = None
         self._closed = False
 
@@ -145,6 +147,7 @@ class ShardStream(IterableDataset[dict[str, Any]]):
     def __getstate__(self) -> dict[str, Any]:
         state = self.__dict__.copy()
         state["_run"] = None  # a DataLoader worker starts its own engine
+        state["_engine"] = None
         return state
 
     @property
@@ -180,7 +183,10 @@ class ShardStream(IterableDataset[dict[str, Any]]):
                 )
             position = self._pending["position"]
             self._pending = None
-        self._run = EpochRun(self._settings, epoch=self._epoch, topology=topology, state=position)
+        engine, self._engine = self._engine, None
+        self._run = EpochRun(
+            self._settings, epoch=self._epoch, topology=topology, state=position, engine=engine
+        )
         return self._run
 
     def state_dict(self) -> dict[str, Any]:
@@ -234,7 +240,7 @@ class ShardStream(IterableDataset[dict[str, Any]]):
 
     def _stop_run(self) -> None:
         if self._run is not None:
-            self._run.close()
+            self._engine = self._run.finish()
             self._run = None
 
     def _check_open(self) -> None:
@@ -245,7 +251,14 @@ class ShardStream(IterableDataset[dict[str, Any]]):
         """Stop the engine and free the ring; the stream cannot be used afterwards."""
         if not self._closed:
             self._stop_run()
+            if self._engine is not None:
+                self._engine.close()
+                self._engine = None
             self._closed = True
+
+    def __del__(self) -> None:
+        if "_closed" in self.__dict__:  # not when __init__ failed
+            self.close()  # last resort: the engine process must not outlive its stream
 
     def __enter__(self) -> ShardStream:
         return self

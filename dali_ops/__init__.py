@@ -1,8 +1,15 @@
 """GPU (or CPU) JPEG decode of asyncstream samples with NVIDIA DALI.
 
-This package imports :mod:`asyncstream`; asyncstream never imports it. The DALI
-pipeline and the PyTorch loader arrive with the dali_ops issue; until then this
-package exports nothing.
+:class:`DALIImageLoader` turns a :class:`~asyncstream.ShardStream` into batches of
+decoded, augmented ``(images, labels)`` torch tensors; :func:`build_pipeline` is the DALI
+graph it runs, usable on its own with any source of encoded images and labels, and
+:class:`PipelineSettings` says what that graph computes. The module docstrings of
+``_loader`` and ``_pipeline`` give the design: copies, exact resume, undecodable images.
+
+This package imports :mod:`asyncstream`; asyncstream never imports it.
 """
 
-__all__: list[str] = []
+from ._loader import DALIImageLoader
+from ._pipeline import PipelineSettings, build_pipeline
+
+__all__ = ["DALIImageLoader", "PipelineSettings", "build_pipeline"]

@@ -358,3 +358,31 @@ def test_arguments_are_checked(dataset: dict[str, Any]) -> None:
     ):
         with pytest.raises(ValueError, match=message):
             stream(dataset, **kwargs)
+
+
+def test_engine_is_kept_between_clean_epochs(dataset: dict[str, Any]) -> None:
+    with stream(dataset) as s:
+        first = keys_of(s)
+        run = s._run
+        assert run is not None
+        engine = run.engine
+        assert engine is not None
+        assert engine.idle  # every chunk taken, every slot free
+        s.set_epoch(1)
+        assert s._engine is engine  # handed back to the stream
+        second = keys_of(s)
+        assert s._run is not None
+        assert s._run.engine is engine  # the same process served the second epoch
+        assert sorted(first) == sorted(second)
+        assert first != second
+        s.set_epoch(2)
+        it = iter(s)  # abandoned mid-epoch: chunks in flight, slots held
+        for _ in range(5):
+            next(it)
+        s.set_epoch(3)
+        assert s._engine is None
+        assert engine._closed  # not idle, so it was stopped rather than reused
+        assert len(keys_of(s)) == 120
+        last = s._run.engine if s._run is not None else None
+    assert last is not None
+    assert last._closed  # closed with the stream
