@@ -53,23 +53,26 @@ def end_to_end(
     stream = ShardStream(url, s3=options, window=16, inflight=8, chunk_bytes=chunk, seed=0)
     rates = []
     with DALIImageLoader(stream, batch, settings=settings, device=device) as loader:  # type: ignore[arg-type]
+        engine_cpu = 0.0
         for epoch in range(2):
             loader.set_epoch(epoch)
+            engine = stream._engine  # None in the first epoch: it boots with the run
+            engine0 = engine.stats()["cpu_s"] if engine is not None else 0.0
             server0 = cpu_seconds(server_pid)
             start = time.perf_counter()
             images = sum(int(labels.shape[0]) for _, labels in loader)
             elapsed = time.perf_counter() - start
             rates.append(images / elapsed)
             server = cpu_seconds(server_pid) - server0
-            engine = stream._run.engine if stream._run is not None else None
-            engine_cpu = engine.stats()["cpu_s"] if engine is not None else 0.0
+            if engine is not None:
+                engine_cpu = engine.stats()["cpu_s"] - engine0
     return {
         "images/s": rates[1],
         "cold images/s": rates[0],
         "images": images,
         "epoch_s": elapsed,
         "server_cpu_s": server,
-        "engine_cpu_s_total": engine_cpu,
+        "engine_cpu_s": engine_cpu,
     }
 
 
@@ -176,7 +179,7 @@ def render(out: dict[str, Any]) -> str:
         f"{out['machine']}; {out['dataset']}; {out['settings']}; {out['date']}.",
         "",
         "| pipeline | images/s | ratio | first epoch (engine boots) | ratio "
-        "| S3 server CPU s per epoch |",
+        "| CPU s of S3 server + fetch engine in epoch 2 |",
         "|---|---|---|---|---|---|",
         f"| DALI over the same bytes preloaded in memory | {out['preloaded']['images/s']:.0f} "
         "| 1.00 | - | - | - |",
@@ -185,7 +188,7 @@ def render(out: dict[str, Any]) -> str:
         lines.append(
             f"| ShardStream -> DALIImageLoader, {name} | {r['images/s']:.0f} | {r['ratio']:.2f} "
             f"| {r['cold images/s']:.0f} | {r['cold_ratio']:.2f} "
-            f"| {r['server_cpu_s']:.2f} of {r['epoch_s']:.2f} s |"
+            f"| {r['server_cpu_s']:.2f} + {r['engine_cpu_s']:.2f} in {r['epoch_s']:.2f} s |"
         )
     return "\n".join(lines)
 

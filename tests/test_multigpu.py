@@ -1,0 +1,86 @@
+"""One process per device under torchrun: ranks partition the shards (world size 2, CPU)."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from asyncstream import pack
+from asyncstream._datagen import generate_imagefolder
+
+# What a training script does under torchrun: the stream takes its rank and world size from
+# torch.distributed, and every rank takes the same number of steps.
+TRAIN = textwrap.dedent(
+    """
+    import json, sys
+    import torch
+    import torch.distributed as dist
+    from asyncstream import ShardStream
+    from dali_ops import DALIImageLoader, PipelineSettings
+
+    if __name__ == "__main__":
+        shards, out = sys.argv[1], sys.argv[2]
+        dist.init_process_group("gloo")
+        rank = dist.get_rank()
+        stream = ShardStream(shards, window=3, inflight=2, seed=1)
+        settings = PipelineSettings(image_size=32, num_threads=1)
+        keys, steps = [], 0
+        with DALIImageLoader(stream, 8, settings=settings, device="cpu", drop_last=True) as loader:
+            for images, labels in loader:
+                keys.extend(key for _, key in loader.last_keys)
+                steps += 1
+        counts = torch.tensor([steps])
+        everyone = [torch.zeros(1, dtype=torch.long) for _ in range(dist.get_world_size())]
+        dist.all_gather(everyone, counts)
+        with open(f"{out}/rank{rank}.json", "w") as f:
+            json.dump({"keys": keys, "steps": [int(t) for t in everyone]}, f)
+        dist.destroy_process_group()
+    """
+)
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+@pytest.mark.slow
+def test_torchrun_world_size_2_partitions_the_shards(tmp_path: Path) -> None:
+    generate_imagefolder(tmp_path / "images", 64, 4, seed=0, workers=1)
+    pack(tmp_path / "images", str(tmp_path / "shards"), shard_samples=10, shard_bytes=None)
+    script = tmp_path / "train.py"
+    script.write_text(TRAIN)
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    result = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--nproc_per_node=2",
+            f"--master_port={free_port()}",
+            "--master_addr=127.0.0.1",
+            str(script),
+            str(tmp_path / "shards"),
+            str(tmp_path),
+        ],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=240,
+        check=False,
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    ranks = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(2)]
+    keys = [set(r["keys"]) for r in ranks]
+    assert keys[0].isdisjoint(keys[1])  # the ranks read different samples
+    assert len(keys[0]) == len(keys[1]) == 32  # 64 samples, 32 per rank: 4 steps of 8
+    assert keys[0] | keys[1] == {f"{i:06d}" for i in range(64)}
+    assert ranks[0]["steps"] == ranks[1]["steps"] == [4, 4]
