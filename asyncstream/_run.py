@@ -199,7 +199,13 @@ class EpochRun(Iterator[dict[str, Any]]):
         return engine.wait(rid)
 
     def _prefetch(self) -> None:
-        """Request the chunks likely needed next, up to ``inflight`` outstanding."""
+        """Request the chunks likely needed next, up to ``inflight`` outstanding.
+
+        In need order as far as it can be told: first chunks of pieces still to open, then
+        for the lanes with the fewest samples left their next chunk (or, where the shard is
+        done, the next piece's first), then, while there is room, chunks further ahead
+        (covering the fetch latency when ``inflight`` exceeds the lanes' demand).
+        """
         room = self.settings.inflight - len(self.requested)
         if room <= 0:
             return
@@ -210,13 +216,22 @@ class EpochRun(Iterator[dict[str, Any]]):
             if upcoming < len(self.pieces):
                 wanted.append((upcoming, 0))
                 upcoming += 1
-        for lane in sorted(lanes, key=lambda lane: lane.remaining):
+        by_need = sorted(lanes, key=lambda lane: lane.remaining)
+        for lane in by_need:
             meta: _LaneState = lane.meta["state"]
             if meta.wants_more:
                 wanted.append((lane.piece, meta.chunk + 1))
             elif upcoming < len(self.pieces):
                 wanted.append((upcoming, 0))
                 upcoming += 1
+        ahead = 2
+        while len(wanted) < room + len(self.requested) and ahead <= 8:
+            for lane in by_need:
+                meta = lane.meta["state"]
+                # Only where the rest of the shard is surely needed (the piece runs to its end).
+                if meta.piece.stop == meta.count and meta.chunk + ahead < meta.n_chunks:
+                    wanted.append((lane.piece, meta.chunk + ahead))
+            ahead += 1
         fresh = [w for w in wanted if w not in self.requested][:room]
         if fresh:
             ids = self._engine().submit([self._request(p, c) for p, c in fresh])

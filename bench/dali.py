@@ -155,7 +155,7 @@ def main() -> None:
             ceilings.append(preloaded(blobs, labels, settings, batch, args.device))
             line = f"preloaded {ceilings[-1]['images/s']:.0f} img/s"
             for name, (url, chunk) in sources.items():
-                pid = server._proc.pid if url.startswith("s3://") else None
+                pid = server._proc.pid if server._proc and url.startswith("s3://") else None
                 runs[name].append(
                     end_to_end(url, options, settings, batch, args.device, chunk, pid)
                 )

@@ -30,7 +30,8 @@ from asyncstream import LocalS3, S3Options, resolve_shards
 from asyncstream._engine import Engine, EngineConfig
 from asyncstream._fetch import ChunkRequest
 from asyncstream._urls import Shard
-from asyncstream.testing import FaultProxy, NetworkProfile
+
+from ._proxy import ProxyProcess
 
 MB = 1e6
 
@@ -152,7 +153,7 @@ def main() -> None:
         loop_rows = [best(theirs), best(ours), best(chunked)]
         out["loopback"] = loop_rows
         out["loopback_ratio"] = best(ours)["MB/s"] / best(theirs)["MB/s"]
-        with FaultProxy(server.endpoint_url, profile=NetworkProfile.s3_like()) as proxy:
+        with ProxyProcess(server.endpoint_url) as proxy:
             k_rows = []
             for k in (1, 2, 4, 8, 16):
                 shaped = replace(local, endpoint_url=proxy.endpoint_url)

@@ -21,6 +21,7 @@ import platform
 import resource
 import tempfile
 import time
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -28,6 +29,8 @@ from asyncstream import LocalS3, S3Options, ShardStream, pack, resolve_shards
 from asyncstream._datagen import generate_imagefolder
 from asyncstream._engine import Engine, EngineConfig
 from asyncstream._fetch import ChunkRequest
+
+from ._proxy import ProxyProcess
 
 MB = 1e6
 
@@ -116,11 +119,18 @@ def main() -> None:
         )
         data_mb = sum(p.stat().st_size for p in local_dir.glob("*.tar")) / MB
         out["dataset"] = f"{images} JPEGs, {shards} shards, {data_mb:.0f} MB"
-        for name, url in (("embedded S3", "s3://bench/s/"), ("local files", str(local_dir))):
+        proxy = ProxyProcess(server.endpoint_url)
+        shaped = replace(options, endpoint_url=proxy.endpoint_url)
+        sources = (
+            ("embedded S3, loopback", "s3://bench/s/", options),
+            ("embedded S3, S3-like network", "s3://bench/s/", shaped),
+            ("local files", str(local_dir), options),
+        )
+        for name, url, opts in sources:
             raws, streams = [], []
             for _ in range(args.repeat):
-                raws.append(raw_fetch(url, options, chunk, inflight, window))
-                streams.append(stream(url, options, chunk, inflight, window))
+                raws.append(raw_fetch(url, opts, chunk, inflight, window))
+                streams.append(stream(url, opts, chunk, inflight, window))
             raw = max(raws, key=lambda r: r["MB/s"])
             best = max(streams, key=lambda r: r["MB/s"])
             out[name] = {"raw": raw, "stream": best, "ratio": best["MB/s"] / raw["MB/s"]}
@@ -129,6 +139,7 @@ def main() -> None:
                 f"({best['samples/s']:.0f} samples/s), ratio {out[name]['ratio']:.2f}",
                 flush=True,
             )
+        proxy.close()
     print(render(out))
     if args.json:
         Path(args.json).write_text(json.dumps(out, indent=1))
@@ -142,7 +153,7 @@ def render(out: dict[str, Any]) -> str:
         "consumer CPU µs/sample | ring | peak RSS consumer + engine |",
         "|---|---|---|---|---|---|---|---|",
     ]
-    for name in ("embedded S3", "local files"):
+    for name in ("embedded S3, loopback", "embedded S3, S3-like network", "local files"):
         r, s = out[name]["raw"], out[name]["stream"]
         engine_rss = s["engine_peak_rss"] or 0
         lines.append(
