@@ -61,13 +61,13 @@ def count_shard(shard: Shard, client: Any) -> int:
     """Count a shard's samples by reading it front to back."""
     if shard.is_local:
         with shard.path.open("rb") as f:
-            return count_samples(f, shard.url)
+            return count_samples(f, shard.url, shard.size)
     try:
         body = client.get_object(Bucket=shard.bucket, Key=shard.key)["Body"]
     except Exception as exc:
         raise fetch_error_from(exc, shard.url) from exc
     with contextlib.closing(body):
-        return count_samples(body, shard.url)
+        return count_samples(body, shard.url, shard.size)
 
 
 def sample_counts(

@@ -30,7 +30,6 @@ a sample does not need (mode, uid, mtime, ...) are not parsed. Any malformation 
 from __future__ import annotations
 
 import posixpath
-import tarfile
 import zlib
 from dataclasses import dataclass
 from typing import IO
@@ -383,37 +382,29 @@ class ShardReader:
         )
 
 
-def count_samples(fileobj: IO[bytes], url: str) -> int:
-    """Count the samples in a tar stream read front to back (no seeking needed).
+def count_samples(fileobj: IO[bytes], url: str, size: int, *, block: int = 8 << 20) -> int:
+    """Count the samples of a shard read front to back, with the same reader as the stream.
 
     Args:
         fileobj: the tar bytes, e.g. an S3 response body.
         url: the shard, named in errors.
+        size: the shard's size in bytes.
+        block: bytes read at a time.
 
     Raises:
-        CorruptTarError: the stream is not a readable tar.
+        CorruptTarError: the bytes are not a well-formed tar (with the offset), or the
+            stream ends before ``size`` bytes.
     """
-    count = 0
-    last_key: str | None = None
-    try:
-        with tarfile.open(fileobj=fileobj, mode="r|") as archive:
-            for member in archive:
-                if not member.isfile():
-                    continue
-                key, _ = split_member_name(member.name)
-                if key != last_key:
-                    count += 1
-                    last_key = key
-    except (tarfile.TarError, EOFError) as exc:
-        offset = _position(fileobj)
-        raise CorruptTarError(
-            f"{url}: not a readable tar (near byte {offset}): {exc}", url=url, offset=offset
-        ) from exc
+    reader = ShardReader(url, size)
+    count = offset = 0
+    while offset < size:
+        data = fileobj.read(min(block, size - offset))
+        if not data:
+            raise CorruptTarError(
+                f"{url}: the shard ended after {offset} of {size} bytes", url=url, offset=offset
+            )
+        count += len(reader.feed(data, offset, final=offset + len(data) == size))
+        offset += len(data)
+        if reader.done:
+            break
     return count
-
-
-def _position(fileobj: IO[bytes]) -> int:
-    try:
-        return int(fileobj.tell())
-    except (OSError, AttributeError, ValueError):
-        return -1

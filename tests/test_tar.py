@@ -616,7 +616,10 @@ def test_fuzz_valid_tars_in_random_chunks(base: int, seed: int) -> None:
 
 def test_count_samples() -> None:
     tar = RICH[tarfile.GNU_FORMAT]
-    assert count_samples(io.BytesIO(tar), URL) == len(reference(tar))
+    assert count_samples(io.BytesIO(tar), URL, len(tar)) == len(reference(tar))
+    assert count_samples(io.BytesIO(tar), URL, len(tar), block=700) == len(reference(tar))
     with pytest.raises(CorruptTarError) as error:
-        count_samples(io.BytesIO(b"not a tar at all" * 80), URL)
+        count_samples(io.BytesIO(b"not a tar at all" * 80), URL, 1280)
     assert error.value.url == URL
+    with pytest.raises(CorruptTarError, match="ended after 1024 of"):
+        count_samples(io.BytesIO(tar[:1024]), URL, len(tar), block=512)
