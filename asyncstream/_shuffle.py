@@ -114,14 +114,18 @@ class WindowShuffle(Generic[T]):
         self.mode = mode
         self.shuffle = shuffle
         self.lanes: list[Lane[T]] = []
+        self._empty: list[Lane[T]] = []  # lanes that may need a refill, checked by need()
         self.next_piece = 0
         self.draws = 0
 
     def need(self) -> Need:
         """What to do next: refill a lane, open a piece, draw, or stop."""
-        for i, lane in enumerate(self.lanes):
-            if lane.remaining == 0:
-                return Need("refill", lane=i)
+        while self._empty:  # lanes that a draw (or an empty chunk) left with nothing
+            lane = self._empty[-1]
+            index = next((i for i, open_ in enumerate(self.lanes) if open_ is lane), None)
+            if index is not None and lane.remaining == 0:
+                return Need("refill", lane=index)
+            self._empty.pop()  # refilled or closed since
         # One more lane per draw until the window is full: the first sample needs one chunk.
         if len(self.lanes) < min(self.window, self.draws + 1) and self.next_piece < self.n_pieces:
             return Need("open", piece=self.next_piece)
@@ -132,6 +136,8 @@ class WindowShuffle(Generic[T]):
         lane = Lane(self.next_piece, items, meta=meta or {})
         self.lanes.append(lane)
         self.next_piece += 1
+        if not items:
+            self._empty.append(lane)
         return lane
 
     def refill(self, lane: int, items: list[T]) -> None:
@@ -150,6 +156,8 @@ class WindowShuffle(Generic[T]):
             item = lane.items[lane.cursor]
             lane.cursor += 1
             self.draws += 1
+            if lane.cursor == len(lane.items):
+                self._empty.append(lane)
             return 0, item
         n = 2 * self.draws
         if self.mode == "shards":
@@ -166,6 +174,8 @@ class WindowShuffle(Generic[T]):
         items[pick] = items[-1]
         items.pop()
         self.draws += 1
+        if not items:
+            self._empty.append(self.lanes[index])
         return index, item
 
     def resident(self) -> int:
