@@ -15,6 +15,7 @@ first receives the ring's name and its :class:`EngineConfig`):
                          ("error", id, exception, traceback)    at the chunk's place
                          ("stats", dict)
                          ("started",)                           once, when it can fetch
+                                                                (informative; not awaited)
                          ("fatal", exception, traceback)        the engine itself broke
 
 Backpressure is the ring: a download starts only when a slot is FREE and fewer than
@@ -442,9 +443,8 @@ class Engine:
                 daemon=True,
             )
             self._thread.start()
-        # Not waiting for "started" here lets the engine boot (about half a second) while
-        # the caller sets up; a broken set-up still fails at the first wait, before any data.
-        self._started = False
+        # Not waiting for "started" lets the engine boot (about half a second) while the
+        # caller sets up; a broken set-up still fails at the first wait, before any data.
 
     @property
     def pid(self) -> int | None:
@@ -540,8 +540,6 @@ class Engine:
                 self._arrived[message[1]] = message
             elif kind == "stats":
                 self._stats = message[1]
-            elif kind == "started":
-                self._started = True
             elif kind == "fatal":
                 raise EngineError(f"the fetch engine failed: {message[1]!r}") from _RemoteTraceback(
                     message[2]

@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import unquote, urlparse
 
-from ._exceptions import FetchError, NotFoundError, ShardURLError
+from ._exceptions import NotFoundError, ShardURLError
 from ._s3 import S3Options, fetch_error_from, sync_client
 
 __all__ = ["Shard", "expand_braces", "parse_s3_url", "resolve_shards"]
@@ -219,21 +219,11 @@ def _head(client: Any, url: str) -> Shard:
     except Exception as exc:
         error = fetch_error_from(exc, url)
         if isinstance(error, NotFoundError):
-            # HEAD has no body, so S3 cannot say whether the bucket or the key is missing.
-            error = _which_missing(client, bucket, url, error)
+            # HEAD has no body to tell a missing bucket from a missing key: ask the bucket.
+            _check_bucket(client, bucket, url)
+            error = NotFoundError(f"{url}: no such key in bucket {bucket!r}", url=url)
         raise error from exc
     return Shard(url, int(head["ContentLength"]), head.get("ETag"))
-
-
-def _which_missing(client: Any, bucket: str, url: str, error: FetchError) -> FetchError:
-    try:
-        client.head_bucket(Bucket=bucket)
-    except Exception as exc:
-        bucket_error = fetch_error_from(exc, url)
-        if isinstance(bucket_error, NotFoundError):
-            return NotFoundError(f"{url}: no such bucket {bucket!r}", url=url)
-        return bucket_error
-    return NotFoundError(f"{url}: no such key in bucket {bucket!r}", url=url)
 
 
 def _resolve_s3_keys(client: Any, urls: Sequence[str]) -> list[Shard]:

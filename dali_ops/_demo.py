@@ -125,7 +125,7 @@ def _train(
         bar = tqdm(total=args.steps, unit="step", disable=args.no_progress, desc="training")
         started = time.perf_counter()
         first_batch = 0.0
-        images = correct = step = epoch = engine_rss = radius = 0
+        images = correct = step = epoch = engine_rss = radius = open_shards = 0
         fetch: dict[str, Any] = {}  # the engine's counters, kept over epochs
         losses: list[float] = []
         while step < args.steps:
@@ -142,17 +142,19 @@ def _train(
                 correct += int((logits.argmax(1) == labels).sum())
                 losses.append(float(loss.detach()))
                 step += 1
-                stats = stream.stats()
-                fetch = stats.get("fetch", fetch)
-                radius = max(radius, stats.get("shuffle_radius", 0))
-                engine_rss = max(engine_rss, fetch.get("max_rss_bytes", 0))
-                elapsed = time.perf_counter() - started
-                bar.set_postfix_str(
-                    f"{images / elapsed:.0f} img/s, "
-                    f"{fetch.get('bytes', 0) / elapsed / 1e6:.1f} MB/s, "
-                    f"retries {fetch.get('retries_total', 0)}, "
-                    f"loss {_mean(losses[-20:]):.2f}"
-                )
+                if step % 10 == 0 or step >= args.steps:  # stats ask the engine process
+                    stats = stream.stats()
+                    fetch = stats.get("fetch", fetch)
+                    radius = max(radius, stats.get("shuffle_radius", 0))
+                    open_shards = max(open_shards, stats.get("open_shards", 0))
+                    engine_rss = max(engine_rss, fetch.get("max_rss_bytes", 0))
+                    elapsed = time.perf_counter() - started
+                    bar.set_postfix_str(
+                        f"{images / elapsed:.0f} img/s, "
+                        f"{fetch.get('bytes', 0) / elapsed / 1e6:.1f} MB/s, "
+                        f"retries {fetch.get('retries_total', 0)}, "
+                        f"loss {_mean(losses[-20:]):.2f}"
+                    )
                 bar.update()
                 if step >= args.steps:
                     break
@@ -169,7 +171,7 @@ def _train(
         f"  throughput          {images / elapsed:.0f} images/s, decode and training "
         f"included ({elapsed:.1f} s)\n"
         f"  first batch after   {first_batch:.2f} s\n"
-        f"  shuffle radius      up to {radius} samples resident, {window} shards open\n"
+        f"  shuffle radius      up to {radius} samples resident, up to {open_shards} shards open\n"
         f"  retries             {fetch.get('retries_total', 0)}\n"
         f"  train accuracy      {correct / max(images, 1):.1%} overall, "
         f"last loss {_mean(losses[-20:]):.3f}\n"
