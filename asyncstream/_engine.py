@@ -18,10 +18,27 @@ first receives the ring's name and its :class:`EngineConfig`):
                                                                 (informative; not awaited)
                          ("fatal", exception, traceback)        the engine itself broke
 
-Backpressure is the ring: a download starts only when a slot is FREE and fewer than
-``inflight`` downloads run. Downloads start in submission order (the order the consumer
+Backpressure is the ring: a download starts only when a slot is FREE and fewer than the
+concurrency limit run. Downloads start in submission order (the order the consumer
 will need them) and are reported as they finish; the consumer takes each chunk by id when
 it needs it (:meth:`Engine.wait`), so what it sees never depends on network timing.
+
+Adaptive concurrency (``adaptive``): the limit starts at ``inflight``. A ``503 SlowDown``
+(or 429) halves it, at most once per recent median chunk time (one cut per round trip,
+not one per rejected request, since a burst of rejections answers one burst of
+requests); each chunk that completes adds ``1 / limit``, so the limit grows back by one
+per ``limit`` completions, to ``inflight``: additive increase, multiplicative decrease,
+as TCP does. Requests already running keep going; the cut only holds back new ones.
+
+Hedged requests (``hedge``): once 20 chunks have completed, a chunk download still
+running after ``hedge_factor`` times what the recent distribution predicts for its
+length (95th percentile of time to first byte, plus its length at the 95th percentile
+of seconds per byte) gets a second request into another FREE slot; the first to finish
+is published and the other is cancelled (its connection closed, its slot FREE again).
+Hedges are at most ``hedge_budget`` of the chunks started, so they raise the number of
+requests by at most that fraction. The ring has one slot more than asked for, kept for
+hedges: the chunk worth hedging is usually the one the consumer waits for, and by the
+time it is late the chunks behind it fill every other slot.
 
 Failure and death: a chunk that fails permanently or outlasts its retries is reported
 with an ``error`` message at its place in the order. A killed engine process is seen by
@@ -52,7 +69,7 @@ from multiprocessing.connection import Connection
 from typing import Any, Literal
 
 from ._exceptions import AsyncStreamError, EngineError
-from ._fetch import ChunkRequest, fetch_local, fetch_s3
+from ._fetch import ChunkRequest, Timing, fetch_local, fetch_s3
 from ._retry import RetryPolicy, Timeouts, retrying
 from ._ring import Ring
 from ._s3 import S3Options
@@ -74,6 +91,10 @@ class EngineConfig:
         check_etag: compare the listed ETag with every response (``If-Match``).
         s3: how to reach the store.
         seed: seeds the backoff jitter.
+        adaptive: cut concurrency on throttling and grow it back (AIMD).
+        hedge: send a second request for a chunk far slower than recent ones.
+        hedge_factor: how many times the predicted time a chunk may take before its hedge.
+        hedge_budget: the most hedges, as a fraction of the chunks started.
     """
 
     inflight: int = 8
@@ -82,10 +103,18 @@ class EngineConfig:
     check_etag: bool = True
     s3: S3Options = field(default_factory=S3Options)
     seed: int = 0
+    adaptive: bool = True
+    hedge: bool = True
+    hedge_factor: float = 2.0
+    hedge_budget: float = 0.05
 
     def __post_init__(self) -> None:
         if self.inflight < 1:
             raise ValueError(f"inflight must be >= 1, got {self.inflight}")
+        if not self.hedge_factor >= 1.0:
+            raise ValueError(f"hedge_factor must be >= 1, got {self.hedge_factor}")
+        if not 0.0 <= self.hedge_budget <= 1.0:
+            raise ValueError(f"hedge_budget must be in [0, 1], got {self.hedge_budget}")
 
     @property
     def wait_timeout(self) -> float:
@@ -118,19 +147,36 @@ def _with_remote_cause(exc: BaseException, tb: str) -> BaseException:
 
 
 class _Stats:
-    def __init__(self) -> None:
+    def __init__(self, limit: int) -> None:
         self.bytes = 0
         self.chunks = 0
+        self.started_chunks = 0
         self.shards = 0
         self.retries: collections.Counter[str] = collections.Counter()
         self.failed = 0
         self.inflight = 0
         self.inflight_peak = 0
+        self.limit = limit
+        self.limit_min = limit
+        self.throttle_cuts = 0
+        self.hedged = 0
+        self.hedge_wins = 0
         self.first_byte: collections.deque[float] = collections.deque(maxlen=_LATENCY_WINDOW)
         self.total: collections.deque[float] = collections.deque(maxlen=_LATENCY_WINDOW)
         self.started = time.monotonic()
+        self._busy = 0.0  # integral of downloads in flight over time
+        self._busy_since = self.started
+
+    def add_inflight(self, n: int) -> None:
+        now = time.monotonic()
+        self._busy += self.inflight * (now - self._busy_since)
+        self._busy_since = now
+        self.inflight += n
+        self.inflight_peak = max(self.inflight_peak, self.inflight)
 
     def as_dict(self) -> dict[str, Any]:
+        self.add_inflight(0)
+        seconds = time.monotonic() - self.started
         return {
             "bytes": self.bytes,
             "chunks": self.chunks,
@@ -140,9 +186,16 @@ class _Stats:
             "failed_chunks": self.failed,
             "inflight": self.inflight,
             "inflight_peak": self.inflight_peak,
+            # Time-weighted mean of downloads in flight since the engine started.
+            "inflight_mean": self._busy / seconds if seconds > 0 else 0.0,
+            "concurrency_limit": self.limit,
+            "concurrency_limit_min": self.limit_min,
+            "throttle_cuts": self.throttle_cuts,
+            "hedged": self.hedged,
+            "hedge_wins": self.hedge_wins,
             "first_byte_s": _summary(self.first_byte),
             "chunk_s": _summary(self.total),
-            "seconds": time.monotonic() - self.started,
+            "seconds": seconds,
             # CPU and peak RSS of the engine's process (the whole process in thread mode).
             "cpu_s": time.process_time(),
             "max_rss_bytes": _peak_rss(),
@@ -192,18 +245,23 @@ class _Core:
         self.foreign = foreign
         self.ring_name = ring_name
         self.config = config
-        self.stats = _Stats()
+        self.stats = _Stats(config.inflight)
         self.rng = random.Random(config.seed)
         self.pending: collections.deque[tuple[int, ChunkRequest]] = collections.deque()
         self.tasks: set[asyncio.Task[None]] = set()
         self.orphaned = False
+        self.limit = float(config.inflight)  # the adaptive concurrency limit
+        self.active = 0  # chunk downloads running (hedges not counted)
+        self.last_cut = -1e9
+        self.predictor = _Predictor()
+        self.hedging = 0  # hedges running
 
     async def run(self) -> None:
         loop = asyncio.get_running_loop()
         self.work = asyncio.Event()
         self.slot_freed = asyncio.Event()
+        self.capacity = asyncio.Event()
         self.stop = asyncio.Event()
-        self.slots = asyncio.Semaphore(self.config.inflight)
         self.ring = Ring.attach(self.ring_name, foreign=self.foreign)
         try:
             # A blocking reader thread, not loop.add_reader: the event loop would make the
@@ -262,7 +320,9 @@ class _Core:
         elif kind == "release":
             self.slot_freed.set()
         elif kind == "stats":
-            self._send(("stats", self.stats.as_dict()))
+            stats = self.stats.as_dict()
+            stats["tasks"] = len(asyncio.all_tasks())
+            self._send(("stats", stats))
         elif kind == "stop":
             self.stop.set()
         elif kind == "orphaned":  # the consumer is gone
@@ -281,9 +341,12 @@ class _Core:
             while not self.pending:
                 self.work.clear()
                 await self.work.wait()
-            await self.slots.acquire()
+            while self.active >= int(self.limit):
+                self.capacity.clear()
+                await self.capacity.wait()
             slot = await self._free_slot()
             rid, request = self.pending.popleft()
+            self.active += 1
             task = asyncio.create_task(self._fetch(client, rid, request, slot))
             self.tasks.add(task)
             task.add_done_callback(self.tasks.discard)
@@ -291,47 +354,55 @@ class _Core:
     async def _free_slot(self) -> int:
         while True:
             self.slot_freed.clear()  # before looking, so a release in between is not lost
-            slot = self.ring.acquire()
-            if slot is not None:
+            # The hedge reserve: slots a hedge may take that new downloads may not.
+            reserve = max(0, _hedge_reserve(self.config) - self.hedging)
+            if self.ring.free_count() > reserve:
+                slot = self.ring.acquire()
+                assert slot is not None
                 return slot
             await self.slot_freed.wait()
 
+    def _abandon(self, slot: int) -> None:
+        self.ring.abandon(slot)
+        self.slot_freed.set()
+
+    # -- adaptive concurrency --------------------------------------------------------
+
+    def _on_retry(self, cause: str) -> None:
+        self.stats.retries.update((cause,))
+        if cause != "slowdown" or not self.config.adaptive:
+            return
+        now = time.monotonic()
+        if now - self.last_cut < self.predictor.median_total():
+            return  # the same burst of rejections: one cut per round trip
+        self.last_cut = now
+        self.limit = max(1.0, self.limit / 2)
+        self.stats.throttle_cuts += 1
+        self.stats.limit = int(self.limit)
+        self.stats.limit_min = min(self.stats.limit_min, int(self.limit))
+
+    def _on_success(self) -> None:
+        if self.limit < self.config.inflight:
+            self.limit = min(float(self.config.inflight), self.limit + 1.0 / self.limit)
+            self.stats.limit = int(self.limit)
+
+    # -- downloads -------------------------------------------------------------------
+
     async def _fetch(self, client: Any, rid: int, request: ChunkRequest, slot: int) -> None:
         stats = self.stats
-        stats.inflight += 1
-        stats.inflight_peak = max(stats.inflight_peak, stats.inflight)
+        stats.add_inflight(1)
+        stats.started_chunks += 1
         try:
             if request.length > self.ring.slot_bytes:
+                self._abandon(slot)
                 raise EngineError(
                     f"{request.url}: a chunk of {request.length} bytes does not fit a slot of "
                     f"{self.ring.slot_bytes}"
                 )
-            out = self.ring.view(slot)
-
-            async def attempt() -> Any:
-                if request.url.startswith("file://"):
-                    return await fetch_local(request, out)
-                return await fetch_s3(
-                    client,
-                    request,
-                    out,
-                    timeouts=self.config.timeouts,
-                    check_etag=self.config.check_etag,
-                )
-
-            timing = await retrying(
-                attempt,
-                url=request.url,
-                policy=self.config.retry,
-                rng=self.rng,
-                on_retry=lambda cause: stats.retries.update((cause,)),
-            )
-            out.release()
+            slot, timing = await self._hedged(client, request, slot)
         except asyncio.CancelledError:
-            self.ring.abandon(slot)
             raise
         except Exception as exc:
-            self.ring.abandon(slot)
             stats.failed += 1
             error = (
                 exc if isinstance(exc, AsyncStreamError) else EngineError(f"{request.url}: {exc!r}")
@@ -344,10 +415,154 @@ class _Core:
             stats.shards += request.final
             stats.first_byte.append(timing.first_byte)
             stats.total.append(timing.total)
+            self.predictor.add(request.length, timing)
+            self._on_success()
             self._send(("ready", rid, slot, request.length))
         finally:
-            stats.inflight -= 1
-            self.slots.release()
+            stats.add_inflight(-1)
+            self.active -= 1
+            self.capacity.set()
+
+    async def _download(self, client: Any, request: ChunkRequest, slot: int) -> Timing:
+        """One chunk into one slot, with retries; the slot stays FILLING either way."""
+        out = self.ring.view(slot)
+        try:
+
+            async def attempt() -> Timing:
+                if request.url.startswith("file://"):
+                    return await fetch_local(request, out)
+                return await fetch_s3(
+                    client,
+                    request,
+                    out,
+                    timeouts=self.config.timeouts,
+                    check_etag=self.config.check_etag,
+                )
+
+            return await retrying(
+                attempt,
+                url=request.url,
+                policy=self.config.retry,
+                rng=self.rng,
+                on_retry=self._on_retry,
+            )
+        finally:
+            out.release()
+
+    def _hedge_after(self, request: ChunkRequest) -> float | None:
+        """Seconds after which this chunk gets a hedge, or None for no hedge."""
+        if not self.config.hedge or request.url.startswith("file://"):
+            return None
+        if self.stats.hedged >= self.config.hedge_budget * self.stats.started_chunks:
+            return None
+        predicted = self.predictor.predict(request.length)
+        return None if predicted is None else self.config.hedge_factor * predicted
+
+    async def _hedged(self, client: Any, request: ChunkRequest, slot: int) -> tuple[int, Timing]:
+        """Download into ``slot``; past the hedge time, race a second request.
+
+        Returns the slot that holds the chunk; every other slot used is FREE again.
+        """
+        primary = asyncio.ensure_future(self._download(client, request, slot))
+        racing: dict[asyncio.Future[Timing], int] = {primary: slot}
+        hedging = False
+        try:
+            after = self._hedge_after(request)
+            if after is not None:
+                await asyncio.wait([primary], timeout=after)
+                if not primary.done() and self._hedge_after(request) is not None:
+                    spare = self.ring.acquire()
+                    if spare is not None:
+                        self.stats.hedged += 1
+                        self.hedging += 1
+                        hedging = True
+                        racing[asyncio.ensure_future(self._download(client, request, spare))] = (
+                            spare
+                        )
+            running = set(racing)
+            while True:
+                done, running = await asyncio.wait(running, return_when=asyncio.FIRST_COMPLETED)
+                winner = next((f for f in done if f.exception() is None), None)
+                if winner is not None or not running:
+                    break
+            if winner is None:
+                # Every request failed: the first one's error tells the story.
+                await asyncio.gather(*racing, return_exceptions=True)
+                for used in racing.values():
+                    self._abandon(used)
+                racing.clear()
+                return slot, primary.result()
+            if winner is not primary:
+                self.stats.hedge_wins += 1
+            won = racing.pop(winner)
+            return won, winner.result()
+        finally:
+            # Losers (and everything, when cancelled): stop them, free their slots.
+            for future in racing:
+                future.cancel()
+            if racing:
+                await asyncio.gather(*racing, return_exceptions=True)
+            for used in racing.values():
+                self._abandon(used)  # FILLING, never published, whether it finished or not
+            if hedging:
+                self.hedging -= 1
+
+
+def _hedge_reserve(config: EngineConfig) -> int:
+    """Ring slots kept back for hedges (the head-of-line chunk is the one worth hedging,
+    and by the time it is late the chunks behind it have filled every other slot)."""
+    return 1 if config.hedge else 0
+
+
+class _Predictor:
+    """What a chunk download should take, from the recent distribution of completed ones."""
+
+    _MIN_SAMPLES = 20
+
+    def __init__(self) -> None:
+        self.first_byte: collections.deque[float] = collections.deque(maxlen=512)
+        self.per_byte: collections.deque[float] = collections.deque(maxlen=512)
+        self.totals: collections.deque[float] = collections.deque(maxlen=512)
+        self._cache: tuple[float, float, float] | None = None
+        self._added = 0
+
+    def add(self, length: int, timing: Timing) -> None:
+        self.first_byte.append(timing.first_byte)
+        self.totals.append(timing.total)
+        if length > 0:
+            self.per_byte.append(max(0.0, timing.total - timing.first_byte) / length)
+        self._added += 1
+        if self._added % 16 == 0:
+            self._cache = None
+
+    def _quantiles(self) -> tuple[float, float, float] | None:
+        if len(self.totals) < self._MIN_SAMPLES or not self.per_byte:
+            return None
+        if self._cache is None:
+
+            def q(values: collections.deque[float], p: float) -> float:
+                ordered = sorted(values)
+                return ordered[min(len(ordered) - 1, int(p * len(ordered)))]
+
+            self._cache = (
+                q(self.first_byte, 0.95),
+                q(self.per_byte, 0.95),
+                q(self.totals, 0.5),
+            )
+        return self._cache
+
+    def predict(self, length: int) -> float | None:
+        """Seconds a download of ``length`` bytes takes at the 95th percentile; None: unknown."""
+        quantiles = self._quantiles()
+        if quantiles is None:
+            return None
+        first_byte, per_byte, _ = quantiles
+        return first_byte + length * per_byte
+
+    def median_total(self) -> float:
+        """The median chunk time (0.1 s until there are enough chunks to tell)."""
+        quantiles = self._quantiles()
+        return 0.1 if quantiles is None else quantiles[2]
 
 
 def _run_core(conn: Connection, ring_name: str, config: EngineConfig, foreign: bool) -> None:
@@ -374,7 +589,8 @@ class Engine:
 
     Args:
         config: engine settings.
-        n_slots: ring slots (``window + inflight`` for a stream).
+        n_slots: ring slots (``window + inflight`` for a stream); with ``config.hedge`` the
+            ring has one more, kept for hedges.
         slot_bytes: bytes per slot (the chunk size).
         mode: ``"process"`` (own process, spawn context) or ``"thread"``.
     """
@@ -391,7 +607,7 @@ class Engine:
             raise ValueError(f"mode must be 'process' or 'thread', got {mode!r}")
         self.config = config
         self.mode = mode
-        self.ring = Ring.create(n_slots, slot_bytes)
+        self.ring = Ring.create(n_slots + _hedge_reserve(config), slot_bytes)
         self._conn: Connection | None = None
         self._proc: Any = None
         self._thread: threading.Thread | None = None

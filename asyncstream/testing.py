@@ -67,6 +67,12 @@ Faults that cut a body short (``reset``, ``truncate``) close the client connecti
 clients open a new one for their next request. Every fault is counted in
 :meth:`FaultProxy.stats`.
 
+Throttling: ``FaultProxy(..., capacity=N)`` serves at most ``N`` ``GET`` requests at once
+and answers any ``GET`` beyond that with ``503 Slow Down`` at once, as S3 does for a
+prefix pushed past its request rate; those are counted as ``slowdown`` and ``throttled``.
+Unlike a seeded ``slowdown`` rate, how many requests it rejects depends on the client's
+concurrency, which is what adaptive concurrency is measured against.
+
 Network shaping: ``FaultProxy(..., profile=NetworkProfile.s3_like())`` adds a random
 first-byte latency to every response and paces each connection's response bodies with a
 token bucket, so a benchmark on loopback shows why concurrent connections matter.
@@ -608,6 +614,18 @@ class _Connection:
             )
             return keep_alive
 
+        counted = request.method == "GET"
+        if counted:
+            self.proxy._count_active(1)
+        try:
+            return await self._forward(request, action, delay, keep_alive)
+        finally:
+            if counted:
+                self.proxy._count_active(-1)
+
+    async def _forward(
+        self, request: _Request, action: _Action | None, delay: float, keep_alive: bool
+    ) -> bool:
         if request.expect_continue and request.version == "HTTP/1.1":
             await self._send_raw(b"HTTP/1.1 100 Continue\r\n\r\n")
         try:
@@ -849,6 +867,8 @@ class FaultProxy:
         faults: seeded fault rates for ``GET`` requests; ``None`` for none.
         profile: network shaping; ``None`` for none (:meth:`NetworkProfile.loopback`).
         seed: seeds the fault draws and, separately, the latency draws of the profile.
+        capacity: the most ``GET`` requests served at once; one beyond it gets ``503 Slow
+            Down`` (``None``: no limit).
     """
 
     def __init__(
@@ -858,6 +878,7 @@ class FaultProxy:
         faults: FaultPlan | None = None,
         profile: NetworkProfile | None = None,
         seed: int = 0,
+        capacity: int | None = None,
     ) -> None:
         split = urllib.parse.urlsplit(upstream)
         if split.scheme != "http" or not split.hostname:
@@ -866,7 +887,11 @@ class FaultProxy:
             raise TypeError(f"faults must be a FaultPlan or None, got {faults!r}")
         if profile is not None and not isinstance(profile, NetworkProfile):
             raise TypeError(f"profile must be a NetworkProfile or None, got {profile!r}")
+        if capacity is not None and (isinstance(capacity, bool) or capacity < 1):
+            raise ValueError(f"capacity must be an int >= 1 or None, got {capacity!r}")
         self.upstream = upstream
+        self.capacity = capacity
+        self._active_gets = 0
         self._up_host = split.hostname
         self._up_port = split.port or 80
         self._plan = faults if faults is not None else FaultPlan()
@@ -1080,8 +1105,9 @@ class FaultProxy:
             A new dict with one key per :class:`Fault` value (how many requests got that
             fault, injected or drawn) and ``requests`` (requests received), ``forwarded``
             (requests sent to the upstream server), ``bytes_forwarded`` (response body
-            bytes sent from the server to clients) and ``connections`` (client
-            connections accepted).
+            bytes sent from the server to clients), ``connections`` (client
+            connections accepted) and ``throttled`` (``GET`` requests refused for want of
+            ``capacity``; also counted as ``slowdown``).
         """
         with self._lock:
             return dict(self._counts)
@@ -1132,7 +1158,22 @@ class FaultProxy:
                     if injection.remaining == 0:
                         self._injections.remove(injection)
                     break
-            if action is None and drawn is not None:
+            throttled = (
+                action is None
+                and self.capacity is not None
+                and request.method == "GET"
+                and self._active_gets >= self.capacity
+            )
+            if throttled:
+                self._counts["throttled"] += 1
+                action = self._action(
+                    Fault.SLOWDOWN,
+                    latency_seconds=0.0,
+                    stall_seconds=0.0,
+                    body_fraction=0.0,
+                    after_bytes=None,
+                )
+            elif action is None and drawn is not None:
                 action = self._action(
                     drawn,
                     latency_seconds=plan.latency_seconds,
@@ -1144,6 +1185,10 @@ class FaultProxy:
                 self._counts[action.kind.value] += 1
             delay = self._profile_rng.uniform(low, high) if high > 0 else 0.0
         return action, delay, request_id
+
+    def _count_active(self, n: int) -> None:
+        with self._lock:
+            self._active_gets += n
 
     def _count(self, key: str, n: int = 1) -> None:
         with self._lock:
@@ -1229,6 +1274,7 @@ _STAT_KEYS: Final = (
     "forwarded",
     "bytes_forwarded",
     "connections",
+    "throttled",
 )
 
 

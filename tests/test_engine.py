@@ -29,7 +29,7 @@ from asyncstream._engine import Engine, EngineConfig
 from asyncstream._fetch import ChunkRequest
 from asyncstream._retry import RetryPolicy, Timeouts
 from asyncstream._urls import Shard
-from asyncstream.testing import FaultPlan, FaultProxy
+from asyncstream.testing import FaultPlan, FaultProxy, NetworkProfile
 
 FAST_RETRY = RetryPolicy(max_attempts=12, base_delay=0.005, max_delay=0.05, deadline=60)
 SHORT = Timeouts(connect=5, first_byte=5, stall=0.5, chunk=20)
@@ -124,8 +124,10 @@ def test_every_byte_once_in_order_under_10_percent_faults(
         assert injected[kind] > 0, kind
     assert stats["retries"]["slowdown"] >= 1
     assert stats["retries"]["server_error"] >= 1
-    assert stats["retries"]["stall"] >= 1
-    assert stats["retries_total"] >= faults
+    # A stall is cut short by the stall timeout (a retry) or, once the engine knows how
+    # long chunks take, by a hedge that wins first.
+    assert stats["retries"].get("stall", 0) + stats["hedge_wins"] >= 1
+    assert stats["retries_total"] + stats["hedge_wins"] >= faults
     assert stats["inflight_peak"] <= 8
     assert stats["first_byte_s"]["p50"] > 0
 
@@ -334,3 +336,94 @@ def test_bytes_checksum_matches(proxy: FaultProxy, dataset: dict[str, Any]) -> N
         got = drain(engine, chunks_of(shards, biggest))
     for url, data in got.items():
         assert hashlib.sha256(data).digest() == hashlib.sha256(dataset["blobs"][url]).digest()
+
+
+# -- adaptive concurrency and hedged requests -------------------------------------------
+
+
+def _throttled_run(
+    s3_server: LocalS3, dataset: dict[str, Any], *, adaptive: bool
+) -> tuple[dict[str, bytes], dict[str, Any], dict[str, int]]:
+    """Every shard through a proxy that serves 2 GETs at once, with the engine asking for 8."""
+    profile = NetworkProfile(first_byte_latency=(0.01, 0.02))
+    with FaultProxy(s3_server.endpoint_url, profile=profile, capacity=2) as proxy:
+        options = S3Options(endpoint_url=proxy.endpoint_url).resolve()
+        shards = resolve_shards(f"s3://{dataset['bucket']}/", options)[:40]
+        requests = chunks_of(shards, 1 << 20)
+        cfg = config(proxy.endpoint_url, adaptive=adaptive, hedge=False)
+        with Engine(cfg, n_slots=10, slot_bytes=1 << 20) as engine:
+            got = drain(engine, requests)
+            stats = engine.stats()
+            if adaptive:  # throttling stops: the limit grows back to inflight
+                proxy.capacity = None
+                drain(
+                    engine,
+                    chunks_of(resolve_shards(f"s3://{dataset['bucket']}/", options), 1 << 20),
+                )
+                stats["after"] = engine.stats()
+        counts = proxy.stats()
+    return got, stats, counts
+
+
+def test_throttling_cuts_concurrency_and_it_grows_back(
+    s3_server: LocalS3, dataset: dict[str, Any]
+) -> None:
+    got, stats, counts = _throttled_run(s3_server, dataset, adaptive=True)
+    assert got == {url: dataset["blobs"][url] for url in got}
+    assert len(got) == 40
+    assert counts["throttled"] > 0
+    assert stats["throttle_cuts"] >= 1
+    assert stats["concurrency_limit_min"] <= 4
+    after = stats["after"]
+    assert after["concurrency_limit"] == 8  # 100 chunks unthrottled: back to inflight
+    assert after["throttle_cuts"] == stats["throttle_cuts"]
+
+
+def test_adaptive_concurrency_gets_fewer_rejections(
+    s3_server: LocalS3, dataset: dict[str, Any]
+) -> None:
+    _, fixed, fixed_counts = _throttled_run(s3_server, dataset, adaptive=False)
+    _, _adaptive, adaptive_counts = _throttled_run(s3_server, dataset, adaptive=True)
+    assert fixed["throttle_cuts"] == 0
+    assert fixed["concurrency_limit_min"] == 8
+    # With 8 asked for and 2 served, a fixed limit keeps being refused; AIMD settles near 2.
+    assert adaptive_counts["throttled"] < 0.5 * fixed_counts["throttled"]
+
+
+def test_a_slow_request_is_hedged_and_the_hedge_wins(
+    proxy: FaultProxy, dataset: dict[str, Any]
+) -> None:
+    options = S3Options(endpoint_url=proxy.endpoint_url).resolve()
+    shards = resolve_shards(f"s3://{dataset['bucket']}/", options)
+    requests = chunks_of(shards[:60], 1 << 20)
+    slow = requests[40]
+    # The 41st request answers 20 s late: far past any timeout that would retry it first.
+    proxy.inject("latency", seconds=20, match=slow.url.rsplit("/", 1)[1])
+    cfg = config(proxy.endpoint_url, timeouts=Timeouts(first_byte=60, stall=60, chunk=120))
+    with Engine(cfg, n_slots=10, slot_bytes=1 << 20) as engine:
+        started = time.monotonic()
+        got = drain(engine, requests)
+        elapsed = time.monotonic() - started
+        stats = engine.stats()
+    assert got == {url: dataset["blobs"][url] for url in got}
+    assert len(got) == 60
+    assert stats["hedged"] >= 1
+    assert stats["hedge_wins"] >= 1
+    assert stats["hedged"] <= 0.05 * len(requests) + 1  # the budget
+    assert stats["retries_total"] == 0  # hedged, not timed out and retried
+    assert stats["inflight"] == 0
+    assert elapsed < 15  # the late response (20 s) was not waited for
+
+
+def test_hedging_off_waits_for_the_slow_request(proxy: FaultProxy, dataset: dict[str, Any]) -> None:
+    options = S3Options(endpoint_url=proxy.endpoint_url).resolve()
+    shards = resolve_shards(f"s3://{dataset['bucket']}/", options)
+    requests = chunks_of(shards[:30], 1 << 20)
+    proxy.inject("latency", seconds=1.5, match=requests[25].url.rsplit("/", 1)[1])
+    cfg = config(proxy.endpoint_url, hedge=False)
+    with Engine(cfg, n_slots=10, slot_bytes=1 << 20) as engine:
+        got = drain(engine, requests)
+        stats = engine.stats()
+    assert len(got) == 30
+    assert stats["hedged"] == 0
+    assert stats["chunk_s"]["max"] >= 1.5

@@ -657,3 +657,27 @@ async def test_async_use_with_aiobotocore(s3_server: LocalS3, bucket: str, blob:
                 assert await stream.read() == blob
         stats = proxy.stats()
     assert (stats["slowdown"], stats["reset"], stats["truncate"], stats["stall"]) == (1, 1, 1, 1)
+
+
+def test_capacity_refuses_gets_beyond_it_with_slowdown(
+    s3_server: LocalS3, bucket: str, blob: bytes
+) -> None:
+    with FaultProxy(s3_server.endpoint_url, capacity=1) as proxy:
+        client = make_client(proxy.endpoint_url)
+        proxy.inject("latency", seconds=1.0)  # the first GET stays in service for a second
+        with ThreadPoolExecutor(1) as pool:
+            slow = pool.submit(lambda: client.get_object(Bucket=bucket, Key="blob")["Body"].read())
+            deadline = time.monotonic() + 5
+            while proxy.stats()["requests"] < 1 and time.monotonic() < deadline:
+                time.sleep(0.01)
+            with pytest.raises(botocore.exceptions.ClientError) as refused:
+                client.get_object(Bucket=bucket, Key="blob")
+            assert slow.result(timeout=10) == blob
+        assert error_code(refused.value) == ("SlowDown", 503)
+        # Served one at a time, it serves them all.
+        assert client.get_object(Bucket=bucket, Key="blob")["Body"].read() == blob
+        stats = proxy.stats()
+    assert stats["throttled"] == 1
+    assert stats["slowdown"] == 1
+    with pytest.raises(ValueError, match="capacity"):
+        FaultProxy(s3_server.endpoint_url, capacity=0)
