@@ -45,15 +45,19 @@ class ShardStream(IterableDataset[dict[str, Any]]):
     any sample resumes, in a new process, with exactly the samples that would have come
     next.
 
-    Memory: the ring holds ``(window + inflight) x chunk_bytes`` (chunk_bytes capped at the
-    largest shard), per reader: each DataLoader worker runs its own engine and ring.
+    Memory: the ring holds ``(window + prefetch + 1) x chunk_bytes`` (chunk_bytes capped at
+    the largest shard; the 1 is the engine's hedge slot, none with ``hedge=False``), per
+    reader: each DataLoader worker runs its own engine and ring (:attr:`ring_bytes`).
 
     Args:
         urls: shard URLs: ``s3://bucket/train-{0000..0099}.tar``, an ``s3://`` prefix,
             local files or folders, or a list of these.
         endpoint_url: an S3-compatible endpoint; default from ``AWS_ENDPOINT_URL`` or AWS.
-        inflight: K, chunk downloads in flight (and chunks prefetched).
+        inflight: K, chunk downloads in flight at most (fewer while throttled).
         window: shards open at once for the window shuffle.
+        prefetch: chunks requested ahead of need, downloading or waiting for their
+            shard's turn; default ``2 * inflight``, so ``inflight`` downloads keep running
+            while some finished chunks wait (at least ``inflight`` to use them all).
         chunk_bytes: bytes per ranged GET and per ring slot.
         shuffle: ``False`` reads shards in order and samples in shard order.
         seed: the run's seed.
@@ -69,6 +73,10 @@ class ShardStream(IterableDataset[dict[str, Any]]):
         retry: the chunk download retry policy.
         timeouts: the chunk download timeouts.
         check_etag: require every chunk to come from the object version that was listed.
+        adaptive: halve the downloads in flight on throttling (503 SlowDown) and grow
+            them back when it stops (see :mod:`asyncstream._engine`).
+        hedge: send a second request for a chunk far slower than recent ones; the first
+            to finish wins.
 
     Raises:
         ShardURLError, NotFoundError, AccessDeniedError: at construction, for bad URLs,
@@ -83,6 +91,7 @@ class ShardStream(IterableDataset[dict[str, Any]]):
         endpoint_url: str | None = None,
         inflight: int = 8,
         window: int = 64,
+        prefetch: int | None = None,
         chunk_bytes: int = 16 << 20,
         shuffle: bool = True,
         seed: int = 0,
@@ -95,11 +104,14 @@ class ShardStream(IterableDataset[dict[str, Any]]):
         retry: RetryPolicy | None = None,
         timeouts: Timeouts | None = None,
         check_etag: bool = True,
+        adaptive: bool = True,
+        hedge: bool = True,
     ) -> None:
         for name, value in (
             ("inflight", inflight),
             ("window", window),
             ("chunk_bytes", chunk_bytes),
+            ("prefetch", 2 if prefetch is None else prefetch),
         ):
             if not isinstance(value, int) or value < 1:
                 raise ValueError(f"{name} must be an integer >= 1, got {value!r}")
@@ -120,6 +132,7 @@ class ShardStream(IterableDataset[dict[str, Any]]):
             counts=tuple(counts),
             window=window,
             inflight=inflight,
+            prefetch=2 * inflight if prefetch is None else prefetch,
             chunk_bytes=chunk_bytes,
             shuffle=shuffle,
             seed=seed,
@@ -129,6 +142,8 @@ class ShardStream(IterableDataset[dict[str, Any]]):
             retry=retry or RetryPolicy(),
             timeouts=timeouts or Timeouts(),
             check_etag=check_etag,
+            adaptive=adaptive,
+            hedge=hedge,
         )
         self._epoch = 0
         self._run: EpochRun | None = None
@@ -140,7 +155,8 @@ class ShardStream(IterableDataset[dict[str, Any]]):
         s = self._settings
         return (
             f"ShardStream({len(s.shards)} shards, {sum(s.counts)} samples, epoch={self._epoch}, "
-            f"window={s.window}, inflight={s.inflight}, chunk_bytes={s.slot_bytes}, "
+            f"window={s.window}, inflight={s.inflight}, prefetch={s.prefetch}, "
+            f"chunk_bytes={s.slot_bytes}, "
             f"shuffle={s.shuffle}, rank={self._rank}/{self._world_size})"
         )
 
@@ -154,6 +170,11 @@ class ShardStream(IterableDataset[dict[str, Any]]):
     def epoch(self) -> int:
         """The epoch the next iteration reads."""
         return self._epoch
+
+    @property
+    def ring_bytes(self) -> int:
+        """Shared memory of one reader's ring, ``(window + prefetch + 1) x chunk``."""
+        return self._settings.ring_bytes
 
     @property
     def num_samples(self) -> int:

@@ -73,6 +73,7 @@ def stream(url: str, options: S3Options, chunk: int, inflight: int, window: int)
             elapsed = time.perf_counter() - start
             cpu = time.process_time() - cpu0
         stats = s.stats()
+        ring_bytes = s.ring_bytes
     return {
         "samples/s": count / elapsed,
         "MB/s": nbytes / elapsed / MB,
@@ -81,7 +82,7 @@ def stream(url: str, options: S3Options, chunk: int, inflight: int, window: int)
         "consumer_cpu_s": cpu,
         "consumer_cpu_us_per_sample": cpu / count * 1e6,
         "starved_s": stats.get("fetch", {}).get("starved_s"),
-        "ring_bytes": (window + inflight) * chunk,
+        "ring_bytes": ring_bytes,
         "peak_rss_consumer": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
         "engine_peak_rss": stats.get("fetch", {}).get("max_rss_bytes"),
     }

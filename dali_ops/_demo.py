@@ -162,7 +162,7 @@ def _train(
         bar.close()
         elapsed = time.perf_counter() - started
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
-    ring = (window + inflight) * chunk
+    ring = stream.ring_bytes
     print(
         "\nsummary\n"
         f"  device              {on}\n"
