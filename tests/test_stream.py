@@ -130,6 +130,13 @@ def test_same_order_whatever_the_network_timing(
     assert orders[0] == orders[1]
     with stream(dataset, seed=7, inflight=1) as s:
         assert keys_of(s) == orders[0]
+    # Neither how far ahead it fetches nor hedging and adaptive concurrency change the order.
+    with stream(dataset, s3=dataset["options"], seed=7, inflight=2, prefetch=9, hedge=False) as s:
+        assert keys_of(s) == orders[0]
+        assert s.ring_bytes == (4 + 9) * CHUNK
+    with stream(dataset, s3=dataset["options"], seed=7, prefetch=1, adaptive=False) as s:
+        assert keys_of(s) == orders[0]
+        assert s.ring_bytes == (4 + 1 + 1) * CHUNK  # window, prefetch, the hedge slot
 
 
 def _resume_in_fresh_process(
@@ -352,6 +359,7 @@ def test_arguments_are_checked(dataset: dict[str, Any]) -> None:
         ({"window": 0}, "window"),
         ({"inflight": -1}, "inflight"),
         ({"chunk_bytes": 0}, "chunk_bytes"),
+        ({"prefetch": 0}, "prefetch"),
         ({"shuffle_mode": "random"}, "shuffle_mode"),
         ({"remainder": "repeat"}, "remainder"),
         ({"rank": 2, "world_size": 2}, "rank"),
