@@ -50,19 +50,23 @@ consumer's resource tracker, which also removes it if the consumer is killed.
 from __future__ import annotations
 
 import asyncio
+import atexit
 import collections
 import contextlib
 import multiprocessing
 import multiprocessing.connection
+import multiprocessing.util
 import os
 import random
 import resource
+import signal
 import socket
 import subprocess
 import sys
 import threading
 import time
 import traceback
+import weakref
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from multiprocessing.connection import Connection
@@ -399,7 +403,9 @@ class _Core:
                     f"{request.url}: a chunk of {request.length} bytes does not fit a slot of "
                     f"{self.ring.slot_bytes}"
                 )
+            began = time.monotonic()
             slot, timing = await self._hedged(client, request, slot)
+            waited = time.monotonic() - began  # what the consumer saw, hedge or not
         except asyncio.CancelledError:
             raise
         except Exception as exc:
@@ -414,8 +420,8 @@ class _Core:
             stats.chunks += 1
             stats.shards += request.final
             stats.first_byte.append(timing.first_byte)
-            stats.total.append(timing.total)
-            self.predictor.add(request.length, timing)
+            stats.total.append(max(waited, timing.total))
+            self.predictor.add(request.length, timing)  # the winner's own timing
             self._on_success()
             self._send(("ready", rid, slot, request.length))
         finally:
@@ -622,6 +628,13 @@ class Engine:
         except BaseException:
             self.close()
             raise
+        _LIVE.add(self)
+        if multiprocessing.current_process().daemon:
+            # A DataLoader worker ends with os._exit, after multiprocessing's finalizers
+            # but without garbage collection or atexit: close the engine there.
+            multiprocessing.util.Finalize(
+                self, _close_engine, args=(weakref.ref(self),), exitpriority=10
+            )
 
     def __repr__(self) -> str:
         return (
@@ -801,7 +814,9 @@ class Engine:
                 with contextlib.suppress(OSError):
                     self._conn.send(("stop",))
             if self._proc is not None:
-                if wait:
+                # At interpreter exit a new thread may never start (Python 3.11 waits for
+                # it forever): reap inline then, which is bounded.
+                if wait or sys.is_finalizing():
                     _reap(self._proc)
                 else:
                     threading.Thread(
@@ -822,6 +837,24 @@ class Engine:
         self.close()
 
 
+_LIVE: weakref.WeakSet[Engine] = weakref.WeakSet()
+
+
+def _close_engine(ref: weakref.ref[Engine]) -> None:
+    engine = ref()
+    if engine is not None:
+        engine.close(wait=True)
+
+
+@atexit.register
+def _close_live_engines() -> None:
+    """At exit, close every engine still open, so their rings are unlinked by us (not
+    reported as leaked by the resource tracker) and their processes are reaped."""
+    for engine in list(_LIVE):
+        with contextlib.suppress(Exception):
+            engine.close(wait=True)
+
+
 def _reap(proc: subprocess.Popen[bytes]) -> None:
     """Wait for a stopping engine process; kill it if it outstays ``_STOP_TIMEOUT``."""
     try:
@@ -833,6 +866,9 @@ def _reap(proc: subprocess.Popen[bytes]) -> None:
 
 def _main(fd: int) -> None:
     """``python -m asyncstream._engine FD``: the engine process."""
+    # Ctrl-C reaches the whole process group; the consumer stops the engine (or its pipe
+    # closes when the consumer dies), so the engine itself ignores it.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
     conn = Connection(fd)
     try:
         ring_name, config = conn.recv()

@@ -331,11 +331,6 @@ def test_ctrl_c_during_iteration(data: Data, proxy: FaultProxy, case: str) -> No
     assert_nothing_left(outcome)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="the engine process gets the terminal's SIGINT too and prints its own "
-    "KeyboardInterrupt traceback (from uvloop.run in _run_core) after the user's",
-)
 def test_ctrl_c_prints_one_traceback(data: Data, proxy: FaultProxy) -> None:
     outcome = ctrl_c(data, proxy, "group")
     assert outcome.stderr.count("Traceback (most recent call last)") == 1, outcome.stderr
@@ -359,11 +354,6 @@ def test_user_exception_mid_epoch(data: Data, proxy: FaultProxy, how: str) -> No
     assert_nothing_left(outcome)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="hangs at interpreter exit: ShardStream.__del__ -> Engine.close starts a reaper "
-    "thread during finalization, and Thread.start() waits forever for it (Python 3.11)",
-)
 @pytest.mark.parametrize(
     ("row", "how", "returncode"),
     [("user_raises", "uncaught", 1), ("exit_unclosed", None, 0)],
@@ -381,12 +371,6 @@ def test_script_exits_with_an_unclosed_stream(
     assert_nothing_left(outcome)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="a DataLoader worker never closes its stream copy (torch keeps it in "
-    "_worker_info until os._exit): its ring is left to the resource tracker, which "
-    "removes it only when every process sharing the tracker has exited",
-)
 def test_dataloader_workers_remove_their_rings(data: Data, proxy: FaultProxy) -> None:
     outcome = run_row(data, proxy, "loader_epochs", epochs=2)
     assert outcome.returncode == 0, outcome.stderr
