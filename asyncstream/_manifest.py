@@ -19,9 +19,9 @@ from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
-from ._exceptions import DataError, NotFoundError
+from ._exceptions import AsyncStreamError, DataError, NotFoundError
 from ._s3 import S3Options, fetch_error_from, sync_client
-from ._tar import count_samples
+from ._tar import check_not_empty, count_samples
 from ._urls import Shard
 
 __all__ = ["MANIFEST_NAME", "count_shard", "sample_counts"]
@@ -58,16 +58,24 @@ def _read_manifest(folder: str, client: Any) -> dict[str, int]:
 
 
 def count_shard(shard: Shard, client: Any) -> int:
-    """Count a shard's samples by reading it front to back."""
+    """Count a shard's samples by reading it front to back.
+
+    Raises:
+        CorruptTarError: the shard is not a well-formed tar.
+        FetchError: the shard could not be read (a failure while reading its body too:
+            a connection cut or stalled mid-body is a :class:`TransientFetchError`).
+    """
     if shard.is_local:
         with shard.path.open("rb") as f:
             return count_samples(f, shard.url, shard.size)
     try:
         body = client.get_object(Bucket=shard.bucket, Key=shard.key)["Body"]
+        with contextlib.closing(body):
+            return count_samples(body, shard.url, shard.size)
+    except AsyncStreamError:
+        raise
     except Exception as exc:
         raise fetch_error_from(exc, shard.url) from exc
-    with contextlib.closing(body):
-        return count_samples(body, shard.url, shard.size)
 
 
 def sample_counts(
@@ -79,8 +87,11 @@ def sample_counts(
 
     Raises:
         ValueError: ``given`` does not fit the shards.
+        CorruptTarError: a shard is an empty (0-byte) object, whatever ``given`` says.
         FetchError, DataError: a manifest or shard could not be read.
     """
+    for shard in shards:
+        check_not_empty(shard.url, shard.size)
     if isinstance(given, int):
         if given < 1:
             raise ValueError(f"samples_per_shard must be >= 1, got {given}")

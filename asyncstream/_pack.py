@@ -6,7 +6,8 @@ are numbered in sorted folder order, as torchvision's ImageFolder does. Shards a
 deterministic: same input, same options, same bytes (mtime 0, no owner names).
 
 Symbolic links are followed only while they stay inside ``SRC``; one that points outside
-is refused, so packing cannot leak files from elsewhere on the machine.
+is refused, so packing cannot leak files from elsewhere on the machine. A link to a folder
+that is packed already (a loop, or a second path to the same folder) is refused too.
 """
 
 from __future__ import annotations
@@ -76,22 +77,36 @@ def _inside(path: Path, root: Path) -> bool:
     return path == root or root in path.parents
 
 
+def _enter(folder: Path, root: Path, src: Path, walked: set[Path]) -> None:
+    """Check a folder about to be walked: inside ``root``, and not walked before."""
+    real = folder.resolve()
+    if not _inside(real, root):
+        raise ValueError(f"refusing {folder}: a symbolic link pointing outside {src}")
+    if real in walked:
+        raise ValueError(
+            f"refusing {folder}: it leads to {real}, a folder already packed "
+            "(a symbolic link loop, or two paths to the same folder)"
+        )
+    walked.add(real)
+
+
 def _scan(src: Path) -> tuple[list[str], list[_Sample]]:
     if not src.is_dir():
         raise ValueError(f"pack source {src} is not a folder (expected SRC/<class>/<image>)")
     root = src.resolve()
     classes = sorted(p.name for p in src.iterdir() if not p.name.startswith(".") and p.is_dir())
     samples: list[_Sample] = []
+    # Each real folder is walked once: os.walk(followlinks=True) does not notice link loops,
+    # so a link to an ancestor would repeat its images (two such links: exponentially).
+    walked: set[Path] = {root}
     for label, name in enumerate(classes):
         class_dir = src / name
-        if not _inside(class_dir.resolve(), root):
-            raise ValueError(f"refusing {class_dir}: a symbolic link pointing outside {src}")
+        _enter(class_dir, root, src, walked)
         for dirpath, dirnames, filenames in os.walk(class_dir, followlinks=True):
             here = Path(dirpath)
             dirnames.sort()
-            for d in list(dirnames):
-                if not _inside((here / d).resolve(), root):
-                    raise ValueError(f"refusing {here / d}: a symbolic link pointing outside {src}")
+            for d in dirnames:
+                _enter(here / d, root, src, walked)
             for fname in sorted(filenames):
                 path = here / fname
                 ext = path.suffix.lower()
@@ -253,7 +268,8 @@ def pack(
         The shards written, in order, and the class names.
 
     Raises:
-        ValueError: a bad argument, an empty source, a symlink out of ``src``.
+        ValueError: a bad argument, an empty source, a symlink out of ``src`` or to a
+            folder already packed (a loop).
         FetchError: the destination bucket is missing or not writable.
     """
     if shard_bytes is None and shard_samples is None:

@@ -36,7 +36,7 @@ from typing import IO
 
 from ._exceptions import CorruptTarError
 
-__all__ = ["Sample", "ShardReader", "count_samples", "split_member_name"]
+__all__ = ["Sample", "ShardReader", "check_not_empty", "count_samples", "split_member_name"]
 
 _BLOCK = 512
 _MAX_META = 1 << 20  # largest PAX / GNU long-name record accepted
@@ -48,6 +48,13 @@ _GNU_MAGIC = b"ustar  \0"
 _HIGH = bytes(range(128, 256))
 _EMPTY = memoryview(b"")
 _END = (None, "", 0, 0, -1)
+# Magic numbers of compressed files, named in the error when a shard starts with one.
+_COMPRESSED = (
+    (b"\x1f\x8b", "gzip"),
+    (b"BZh", "bzip2"),
+    (b"\xfd7zXZ\0", "xz"),
+    (b"(\xb5/\xfd", "zstd"),
+)
 
 
 @dataclass(slots=True)
@@ -349,7 +356,11 @@ class ShardReader:
             return
         high = len(h) - len(h.translate(None, _HIGH)) - 8 + len(field.translate(None, _HIGH))
         if stored != unsigned - 256 * high:
-            raise self._corrupt(pos, f"header checksum mismatch (stored {field!r})")
+            what = f"header checksum mismatch (stored {field!r})"
+            for magic, kind in _COMPRESSED if pos == 0 else ():
+                if h.startswith(magic):
+                    what += f"; the shard looks {kind}-compressed, only plain tars are read"
+            raise self._corrupt(pos, what)
 
     def _pax(self, payload: bytes, pos: int) -> tuple[str, int]:
         """Parse PAX records; return their ``path`` ("" if none) and ``size`` (-1 if none)."""
@@ -382,6 +393,24 @@ class ShardReader:
         )
 
 
+def check_not_empty(url: str, size: int) -> None:
+    """Refuse a 0-byte shard: no tar writer makes one (an empty archive has its end marker).
+
+    A shard is read as a tar, and :class:`ShardReader` accepts a range that ends without the
+    end-of-archive marker, so an empty object would read as a shard of no sample: a failed
+    upload or a placeholder would silently drop out of the dataset.
+
+    Raises:
+        CorruptTarError: ``size`` is 0.
+    """
+    if size == 0:
+        raise CorruptTarError(
+            f"{url}: corrupt tar at byte 0: the object is empty (0 bytes), not a tar shard",
+            url=url,
+            offset=0,
+        )
+
+
 def count_samples(fileobj: IO[bytes], url: str, size: int, *, block: int = 8 << 20) -> int:
     """Count the samples of a shard read front to back, with the same reader as the stream.
 
@@ -392,9 +421,10 @@ def count_samples(fileobj: IO[bytes], url: str, size: int, *, block: int = 8 << 
         block: bytes read at a time.
 
     Raises:
-        CorruptTarError: the bytes are not a well-formed tar (with the offset), or the
-            stream ends before ``size`` bytes.
+        CorruptTarError: the bytes are not a well-formed tar (with the offset), the
+            stream ends before ``size`` bytes, or the shard is empty (0 bytes).
     """
+    check_not_empty(url, size)
     reader = ShardReader(url, size)
     count = offset = 0
     while offset < size:
