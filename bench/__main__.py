@@ -1,0 +1,5 @@
+"""``python -m bench``: see :mod:`bench.harness`."""
+
+from .harness import main
+
+main()

@@ -1,0 +1,513 @@
+"""``python -m bench``: asyncstream against S3 and against the peers, side by side, in one run.
+
+By default everything runs against the embedded S3 server (moto, in a child process) with
+a generated dataset; ``--endpoint URL --bucket NAME`` runs it against any S3-compatible
+store instead (the dataset is generated and uploaded under ``asyncstream-bench/``;
+credentials from the standard AWS configuration). ``--profile s3-like`` (the default)
+puts the fault proxy's S3-like network between reader and server (20 to 50 ms to first
+byte, 90 MB/s per connection); ``loopback`` reads the server directly.
+
+The dataset is stored class-sorted (each shard one class), the hard case for a streaming
+shuffle, so the shuffle quality of every reader shows.
+
+Scenarios (``--scenarios`` picks some; all by default):
+
+``raw_fetch``
+    The engine streaming every chunk into the ring and straight back: the ceiling.
+``loader``
+    One epoch without decode, samples/s, MB/s, time to first sample, CPU seconds, peak
+    RSS plus shared memory and shuffle quality, for asyncstream and every peer
+    (:mod:`bench.peers`), each in a process of its own.
+``dali``
+    End to end with DALI decode (CPU, or ``mixed`` where CUDA is) against DALI decoding the
+    same bytes preloaded in memory, the decode-only ceiling.
+``shuffle``
+    Shuffle quality against memory, window against sample buffer (simulated, 100 sorted
+    shards of 1,000).
+``faults``
+    Throughput against the fraction of requests faulted (0 to 20%).
+``scaling``
+    Throughput against K (downloads in flight), raw and through the stream.
+``hedging``
+    One request in 50 slowed tenfold: p99 chunk latency and epoch time, hedging on and off.
+``throttling``
+    A server that serves 4 requests at once and answers SlowDown beyond: requests refused
+    and throughput with and without adaptive concurrency.
+
+Output: JSON with every figure and the environment (``--json``, default
+``bench/out/bench.json``), the Markdown tables written into ``bench/RESULTS.md`` between
+its ``bench:begin`` and ``bench:end`` markers (``--results``), and PNG plots
+(``--plots``, default ``bench/plots``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import platform
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+from asyncstream import LocalS3, S3Options, pack, resolve_shards, shuffle_quality
+from asyncstream._datagen import generate_imagefolder
+
+from ._proxy import ProxyProcess
+
+ROOT = Path(__file__).resolve().parent
+MB = 1e6
+CHUNK = 4 << 20
+FAULT_RATES = (0.0, 0.01, 0.05, 0.10, 0.20)
+KS = (1, 2, 4, 8, 16)
+
+
+@dataclass
+class Sizes:
+    """How big a run is."""
+
+    images: int
+    shards: int
+    dali_images: int
+    repeat: int
+    shuffle_memories: tuple[int, ...]
+    shuffle_seeds: int
+    ks: tuple[int, ...] = KS
+    fault_rates: tuple[float, ...] = FAULT_RATES
+
+
+FULL = Sizes(4800, 32, 2560, 2, (1_000, 5_000, 10_000, 20_000, 50_000), 2)
+QUICK = Sizes(160, 8, 128, 1, (1_000, 10_000), 1, ks=(1, 4), fault_rates=(0.0, 0.10))
+
+
+@dataclass
+class Bench:
+    """The dataset and the server every scenario reads."""
+
+    args: argparse.Namespace
+    sizes: Sizes
+    workdir: Path
+    options: S3Options  # direct to the server
+    url: str  # the tar shards
+    upstream: str | None  # the http endpoint a proxy can sit in front of, if any
+    server_pid: int | None = None  # the embedded server's process, for its CPU time
+    index_of: dict[str, int] = field(default_factory=dict)  # key -> position when stored
+    dataset: dict[str, Any] = field(default_factory=dict)
+
+    @contextlib.contextmanager
+    def endpoint(self, **proxy: Any) -> Iterator[tuple[S3Options, ProxyProcess | None]]:
+        """Options for the scenario's network: through a proxy (the profile, and any faults
+        or capacity given) where the store is reachable over plain HTTP."""
+        if self.upstream is None:
+            yield self.options, None
+            return
+        with ProxyProcess(self.upstream, profile=self.args.profile, **proxy) as p:
+            yield replace(self.options, endpoint_url=p.endpoint_url), p
+
+    def quality(self, keys: list[str], labels: list[int]) -> dict[str, float]:
+        q = shuffle_quality([self.index_of[k] for k in keys], labels, batch_size=64)
+        return {
+            "abs_correlation": abs(q.correlation),
+            "distinct_classes_per_batch": q.distinct_classes_per_batch,
+        }
+
+    def child_env(self, options: S3Options) -> dict[str, str]:
+        env = dict(os.environ)
+        creds = options.credentials
+        if creds is not None:
+            env["AWS_ACCESS_KEY_ID"] = creds.access_key_id
+            env["AWS_SECRET_ACCESS_KEY"] = creds.secret_access_key
+        env.setdefault("AWS_DEFAULT_REGION", options.region_name or "us-east-1")
+        env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT.parent), env.get("PYTHONPATH")]))
+        return env
+
+    def read(self, options: S3Options, **stream: Any) -> dict[str, Any]:
+        """One epoch of asyncstream without decode, in a process of its own."""
+        config = {"url": self.url, "endpoint_url": options.endpoint_url, "stream": stream}
+        spec = self.workdir / "loader-spec.json"
+        out = self.workdir / "loader-out.json"
+        spec.write_text(json.dumps(config))
+        subprocess.run(
+            [sys.executable, "-m", "bench.loader", str(spec), str(out)],
+            check=True,
+            env=self.child_env(options),
+            timeout=900,
+        )
+        result: dict[str, Any] = json.loads(out.read_text())
+        if sorted(result["keys"]) != sorted(self.index_of):
+            raise RuntimeError("asyncstream did not read every sample exactly once")
+        return result
+
+
+def stream_settings(inflight: int = 8, **more: Any) -> dict[str, Any]:
+    """asyncstream's settings in the comparisons: 4 MiB chunks, 16 shards open."""
+    return {"chunk_bytes": CHUNK, "window": 16, "inflight": inflight, "seed": 0, **more}
+
+
+# -- scenarios ------------------------------------------------------------------------
+
+
+def raw_fetch(b: Bench) -> dict[str, Any]:
+    from .stream import raw_fetch as fetch
+
+    with b.endpoint() as (options, _):
+        runs = [fetch(b.url, options, CHUNK, 8, 16) for _ in range(b.sizes.repeat)]
+    best = max(runs, key=lambda r: r["MB/s"])
+    return {"inflight": 8, "chunk_bytes": CHUNK, "mb_per_s": best["MB/s"], "runs": runs}
+
+
+def loader(b: Bench) -> dict[str, Any]:
+    from . import peers
+
+    systems: dict[str, Any] = {}
+    with b.endpoint() as (options, _):
+        ours = b.read(options, **stream_settings())
+        systems["asyncstream"] = _figures(b, ours)
+        buffer = max(1, ours["shm_bytes"] // max(1, b.dataset["mean_sample_bytes"]))
+        settings = peers.PeerSettings(seed=0, shuffle_buffer=int(buffer))
+        names = b.args.peers if b.args.peers is not None else list(peers.PEERS)
+        for name in names:
+            result = peers.run_peer(
+                name,
+                url=b.url,
+                workdir=b.workdir / "peers",
+                endpoint_url=options.endpoint_url,
+                credentials=options.credentials,
+                settings=settings,
+                timeout=600,
+            )
+            if not result["ok"]:
+                systems[name] = {"error": result["error"]}
+                continue
+            systems[name] = _figures(b, result["read"])
+            if result["convert"] is not None:
+                systems[name]["convert_s"] = result["convert"]["seconds"]
+    return {
+        "settings": stream_settings(),
+        "equal_memory_samples": int(buffer),
+        "systems": systems,
+    }
+
+
+def _figures(b: Bench, read: dict[str, Any]) -> dict[str, Any]:
+    keys = read["keys"]
+    complete = sorted(keys) == sorted(b.index_of)
+    return {
+        "samples": read["samples"],
+        "complete": complete,
+        "samples_per_s": read["samples_per_s"],
+        "mb_per_s": read["mb_per_s"],
+        "first_sample_s": read["first_sample_s"],
+        "cpu_s": read["cpu_s"],
+        "peak_rss_bytes": read["peak_rss_bytes"],
+        "shm_bytes": read.get("shm_bytes", 0),
+        **b.quality(keys, read["labels"]),
+    }
+
+
+def dali(b: Bench) -> dict[str, Any]:
+    from dali_ops import PipelineSettings
+
+    from .dali import end_to_end, preloaded
+
+    device = "mixed" if _cuda() else "cpu"
+    settings = PipelineSettings(image_size=224, train=True, num_threads=os.cpu_count() or 2)
+    url = b.dataset["dali_url"]
+    from asyncstream import ShardStream
+
+    with ShardStream(url, s3=b.options, shuffle=False) as s:
+        samples = list(s)
+    blobs = [x["jpg"] for x in samples]
+    labels = [int(x["cls"]) for x in samples]
+    ceilings, runs = [], []
+    for _ in range(b.sizes.repeat):
+        ceilings.append(preloaded(blobs, labels, settings, 64, device))
+        runs.append(end_to_end(url, b.options, settings, 64, device, 16 << 20, b.server_pid))
+    ceiling = max(ceilings, key=lambda r: r["images/s"])
+    best = max(runs, key=lambda r: r["images/s"])
+    return {
+        "device": device,
+        "images": len(blobs),
+        "network": "loopback (decode is the limit)",
+        "preloaded_images_per_s": ceiling["images/s"],
+        "end_to_end_images_per_s": best["images/s"],
+        "ratio": best["images/s"] / ceiling["images/s"],
+        "first_epoch_images_per_s": best["cold images/s"],
+        "server_cpu_s": best["server_cpu_s"],
+        "engine_cpu_s": best["engine_cpu_s"],
+    }
+
+
+def shuffle(b: Bench) -> dict[str, Any]:
+    from .shuffle import run
+
+    out = run(b.sizes.shuffle_memories, (100, 1_000), b.sizes.shuffle_seeds)
+    return {"rows": out["rows"], "dataset": out["dataset"], "seeds": out["seeds"]}
+
+
+def faults(b: Bench) -> dict[str, Any]:
+    rows = []
+    for rate in b.sizes.fault_rates:
+        plan = _fault_plan(rate)
+        with b.endpoint(faults=plan, seed=1) as (options, proxy):
+            result = b.read(options, **stream_settings())
+            counts = proxy.stats() if proxy else {}
+        rows.append(
+            {
+                "fault_rate": rate,
+                "mb_per_s": result["mb_per_s"],
+                "samples_per_s": result["samples_per_s"],
+                "retries": result["retries"],
+                "hedged": result["fetch"].get("hedged", 0),
+                "faults_injected": sum(
+                    counts.get(k, 0) for k in ("slowdown", "internal_error", "reset", "truncate")
+                )
+                + counts.get("stall", 0),
+                "requests": counts.get("requests", 0),
+                "exactly_once": True,  # b.read raises otherwise
+            }
+        )
+    return {"plan": "equal parts 503 SlowDown, 500, reset, truncation, 2 s stall", "rows": rows}
+
+
+def _fault_plan(rate: float) -> dict[str, Any] | None:
+    if rate == 0:
+        return None
+    part = rate / 5
+    return {
+        "slowdown": part,
+        "internal_error": part,
+        "reset": part,
+        "truncate": part,
+        "stall": part,
+        "stall_seconds": 2.0,
+        "match": ".tar",
+    }
+
+
+def scaling(b: Bench) -> dict[str, Any]:
+    from .stream import raw_fetch as fetch
+
+    rows = []
+    for k in b.sizes.ks:
+        with b.endpoint() as (options, _):
+            raw = fetch(b.url, options, CHUNK, k, 16)
+            ours = b.read(options, **stream_settings(inflight=k))
+        rows.append({"k": k, "raw_mb_per_s": raw["MB/s"], "stream_mb_per_s": ours["mb_per_s"]})
+    return {"rows": rows}
+
+
+def hedging(b: Bench) -> dict[str, Any]:
+    # Tenfold: a chunk of 4 MiB takes about 0.1 s under the S3-like profile.
+    slow = {"latency": 0.02, "latency_seconds": 0.9, "match": ".tar"}
+    rows = []
+    for hedge in (False, True):
+        with b.endpoint(faults=slow, seed=2) as (options, proxy):
+            result = b.read(options, **stream_settings(hedge=hedge))
+            counts = proxy.stats() if proxy else {}
+        fetch = result["fetch"]
+        rows.append(
+            {
+                "hedge": hedge,
+                "epoch_s": result["seconds"],
+                "chunk_p50_s": fetch["chunk_s"]["p50"],
+                "chunk_p99_s": fetch["chunk_s"]["p99"],
+                "chunk_max_s": fetch["chunk_s"]["max"],
+                "hedged": fetch["hedged"],
+                "hedge_wins": fetch["hedge_wins"],
+                "chunks": fetch["chunks"],
+                "requests": counts.get("requests", 0),
+                "slowed": counts.get("latency", 0),
+            }
+        )
+    return {"slowed": "1 in 50 requests, +0.9 s (tenfold)", "rows": rows}
+
+
+def throttling(b: Bench) -> dict[str, Any]:
+    rows = []
+    for adaptive in (False, True):
+        with b.endpoint(capacity=4) as (options, proxy):
+            result = b.read(options, **stream_settings(inflight=16, adaptive=adaptive))
+            counts = proxy.stats() if proxy else {}
+        fetch = result["fetch"]
+        rows.append(
+            {
+                "adaptive": adaptive,
+                "mb_per_s": result["mb_per_s"],
+                "requests": counts.get("requests", 0),
+                "rejected": counts.get("throttled", 0),
+                "chunks": fetch["chunks"],
+                "throttle_cuts": fetch["throttle_cuts"],
+                "concurrency_limit_min": fetch["concurrency_limit_min"],
+            }
+        )
+    return {"capacity": 4, "inflight": 16, "rows": rows}
+
+
+SCENARIOS: dict[str, Callable[[Bench], dict[str, Any]]] = {
+    "raw_fetch": raw_fetch,
+    "loader": loader,
+    "dali": dali,
+    "shuffle": shuffle,
+    "faults": faults,
+    "scaling": scaling,
+    "hedging": hedging,
+    "throttling": throttling,
+}
+
+
+# -- set-up ---------------------------------------------------------------------------
+
+
+def _cuda() -> bool:
+    try:
+        import torch
+
+        return bool(torch.cuda.is_available())
+    except ImportError:  # pragma: no cover - torch is a dependency
+        return False
+
+
+def environment() -> dict[str, Any]:
+    """Versions, CPU, GPU and date."""
+    import importlib.metadata as md
+
+    versions = {}
+    for name in ("asyncstream", "torch", "nvidia-dali-cuda120", "aiobotocore", "botocore", "moto"):
+        with contextlib.suppress(md.PackageNotFoundError):
+            versions[name] = md.version(name)
+    cpu = platform.processor() or platform.machine()
+    with contextlib.suppress(OSError):
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    gpu = None
+    if _cuda():
+        import torch
+
+        gpu = torch.cuda.get_device_name(0)
+    return {
+        "date": time.strftime("%Y-%m-%d"),
+        "python": platform.python_version(),
+        "platform": platform.platform(),
+        "cpu": cpu,
+        "cores": os.cpu_count(),
+        "memory_gib": round(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30),
+        "gpu": gpu,
+        "versions": versions,
+    }
+
+
+def prepare(b: Bench, src: Path) -> None:
+    """Generate the dataset, class-sorted, and upload it; index it."""
+    sizes = b.sizes
+    classes = sizes.shards  # one class per shard: sorted input
+    generate_imagefolder(src, sizes.images, classes, seed=0)
+    per = -(-sizes.images // sizes.shards)
+    result = pack(src, b.url, shard_samples=per, shard_bytes=None, options=b.options)
+    dali_src = src.parent / "dali"
+    generate_imagefolder(dali_src, sizes.dali_images, 10, seed=1)
+    dali_url = b.url.rstrip("/") + "-dali/"
+    pack(
+        dali_src,
+        dali_url,
+        shard_samples=-(-sizes.dali_images // 16),
+        shard_bytes=None,
+        shuffle_seed=0,
+        options=b.options,
+    )
+    from asyncstream import ShardStream
+
+    with ShardStream(b.url, s3=b.options, shuffle=False) as s:
+        keys = [sample["__key__"] for sample in s]
+    b.index_of = {key: i for i, key in enumerate(keys)}
+    total = sum(shard.size for shard in resolve_shards(b.url, b.options))
+    b.dataset = {
+        "images": len(keys),
+        "shards": len(result.shards),
+        "classes": classes,
+        "bytes": total,
+        "mean_sample_bytes": total // max(1, len(keys)),
+        "layout": "class-sorted: each shard holds one class",
+        "dali_url": dali_url,
+        "dali_images": sizes.dali_images,
+    }
+
+
+def run(args: argparse.Namespace) -> dict[str, Any]:
+    """Every chosen scenario; returns the JSON-ready results."""
+    from tqdm import tqdm
+
+    sizes = QUICK if args.quick else FULL
+    out: dict[str, Any] = {"environment": environment(), "profile": args.profile}
+    started = time.perf_counter()
+    with contextlib.ExitStack() as stack:
+        tmp = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="asyncstream-bench-")))
+        server_pid = None
+        if args.endpoint is None:
+            server = stack.enter_context(LocalS3(mode="process"))
+            options = server.options()
+            bucket = "asyncstream-bench"
+            server.client().create_bucket(Bucket=bucket)
+            upstream: str | None = server.endpoint_url
+            server_pid = server._proc.pid if server._proc is not None else None
+            out["store"] = "embedded S3 server (moto, a child process on this machine)"
+        else:
+            options = S3Options(endpoint_url=args.endpoint).resolve()
+            bucket = args.bucket
+            upstream = args.endpoint if args.endpoint.startswith("http://") else None
+            out["store"] = args.endpoint
+        if upstream is None:
+            out["profile"] = "as is (the store is not plain HTTP: no proxy)"
+        url = f"s3://{bucket}/asyncstream-bench/tars/"
+        b = Bench(args, sizes, tmp, options, url, upstream, server_pid)
+        print("generating and uploading the dataset ...", flush=True)
+        prepare(b, tmp / "images")
+        out["dataset"] = b.dataset
+        chosen = args.scenarios or list(SCENARIOS)
+        out["scenarios"] = {}
+        for name in tqdm(chosen, desc="scenarios", unit="scenario", disable=args.no_progress):
+            began = time.perf_counter()
+            tqdm.write(f"{name} ...")
+            out["scenarios"][name] = {**SCENARIOS[name](b), "seconds": time.perf_counter() - began}
+    out["seconds"] = time.perf_counter() - started
+    return out
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(prog="python -m bench", description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="a small run (about a minute)")
+    parser.add_argument("--endpoint", help="an S3-compatible endpoint (default: embedded)")
+    parser.add_argument("--bucket", help="the bucket at --endpoint to write the dataset to")
+    parser.add_argument("--profile", choices=["s3-like", "loopback"], default="s3-like")
+    parser.add_argument(
+        "--scenarios", type=lambda s: s.split(","), help=f"some of {','.join(SCENARIOS)}"
+    )
+    parser.add_argument(
+        "--peers", type=lambda s: [p for p in s.split(",") if p], help="peers (default: all)"
+    )
+    parser.add_argument("--json", default=str(ROOT / "out" / "bench.json"))
+    parser.add_argument("--results", default=str(ROOT / "RESULTS.md"))
+    parser.add_argument("--plots", default=str(ROOT / "plots"))
+    parser.add_argument("--no-progress", action="store_true")
+    args = parser.parse_args(argv)
+    if args.endpoint is not None and not args.bucket:
+        parser.error("--endpoint needs --bucket")
+    unknown = set(args.scenarios or ()) - set(SCENARIOS)
+    if unknown:
+        parser.error(f"unknown scenarios: {', '.join(sorted(unknown))}")
+    out = run(args)
+    from .report import plots, write_results
+
+    out["plots"] = plots(out, Path(args.plots))
+    Path(args.json).parent.mkdir(parents=True, exist_ok=True)
+    Path(args.json).write_text(json.dumps(out, indent=1))
+    write_results(out, Path(args.results))
+    print(f"figures: {args.json}; tables: {args.results}; plots: {args.plots}")

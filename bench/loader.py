@@ -1,0 +1,85 @@
+"""asyncstream's loader, one epoch without decode, in a process of its own.
+
+The harness runs ``python -m bench.loader CONFIG_JSON OUT_JSON`` so that asyncstream is
+measured as the peers are (:mod:`bench.peers`): its own interpreter, its own CPU and
+peak memory. It reads one epoch of a :class:`~asyncstream.ShardStream` from the start
+of the process (engine start-up included), and writes the same figures a peer does:
+samples, seconds, samples/s, MB/s, time to first sample, CPU seconds (this process and
+its engine), peak RSS (this process plus its engine), shared memory (the ring), and the
+emitted keys and labels (for shuffle quality), under the keys of a peer's read result
+(``bench/peers/run.py``).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import resource
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+
+def _peak_rss() -> int:
+    with open("/proc/self/status") as status:
+        for line in status:
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) * 1024
+    return 0
+
+
+def read_epoch(config: dict[str, Any]) -> dict[str, Any]:
+    """The first epoch, start-up included; ``config``: url, endpoint_url, stream (keyword
+    arguments of ShardStream)."""
+    from asyncstream import S3Options, ShardStream
+
+    started = time.perf_counter()  # as for the peers: from the dataset's construction
+
+    # Credentials come from the environment (the standard AWS chain), never the config.
+    options = S3Options(endpoint_url=config.get("endpoint_url"))
+    keys: list[str] = []
+    labels: list[int] = []
+    nbytes = 0
+    first = None
+    cpu0 = time.process_time()
+    with ShardStream(config["url"], s3=options, **config.get("stream", {})) as stream:
+        for sample in stream:
+            if first is None:
+                first = time.perf_counter() - started
+            keys.append(sample["__key__"])
+            labels.append(int(sample["cls"]))
+            nbytes += len(sample["jpg"]) + len(sample["cls"])
+        seconds = time.perf_counter() - started
+        fetch = stream.stats().get("fetch", {})
+        ring = stream.ring_bytes
+    cpu = time.process_time() - cpu0
+    return {
+        "phase": "read",
+        "samples": len(keys),
+        "bytes": nbytes,
+        "seconds": seconds,
+        "samples_per_s": len(keys) / seconds,
+        "mb_per_s": nbytes / seconds / 1e6,
+        "first_sample_s": first,
+        "cpu_s": cpu + float(fetch.get("cpu_s", 0.0)),
+        "peak_rss_bytes": _peak_rss() + int(fetch.get("max_rss_bytes", 0)),
+        "shm_bytes": ring,
+        "retries": int(fetch.get("retries_total", 0)),
+        "fetch": fetch,
+        "keys": keys,
+        "labels": labels,
+        "settings": config.get("stream", {}),
+    }
+
+
+def main() -> None:
+    config = json.loads(Path(sys.argv[1]).read_text())
+    result = read_epoch(config)
+    result["max_rss_self"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+    result["pid"] = os.getpid()
+    Path(sys.argv[2]).write_text(json.dumps(result))
+
+
+if __name__ == "__main__":
+    main()

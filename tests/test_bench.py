@@ -1,0 +1,121 @@
+"""The benchmark harness itself, at its smallest: every scenario runs and its JSON, tables
+and plots are well formed. (Figures are not judged here: that is what the benchmark is for.)"""
+
+from __future__ import annotations
+
+import json
+import math
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from bench.harness import SCENARIOS
+from bench.report import BEGIN, END
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def _numbers(value: Any) -> list[float]:
+    if isinstance(value, bool):
+        return []
+    if isinstance(value, int | float):
+        return [float(value)]
+    if isinstance(value, dict):
+        return [n for v in value.values() for n in _numbers(v)]
+    if isinstance(value, list):
+        return [n for v in value for n in _numbers(v)]
+    return []
+
+
+@pytest.fixture(scope="module")
+def quick_run(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    out = tmp_path_factory.mktemp("bench")
+    results = out / "RESULTS.md"
+    results.write_text(f"# Results\n\nhand-written notes\n\n{BEGIN}\nold\n{END}\n\nmore notes\n")
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "bench",
+            "--quick",
+            "--peers",
+            "naive",
+            "--json",
+            str(out / "bench.json"),
+            "--results",
+            str(results),
+            "--plots",
+            str(out / "plots"),
+            "--no-progress",
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    return {"dir": out, "json": json.loads((out / "bench.json").read_text())}
+
+
+@pytest.mark.timeout(700)
+def test_every_scenario_runs_and_the_json_is_complete(quick_run: dict[str, Any]) -> None:
+    data = quick_run["json"]
+    assert set(data["scenarios"]) == set(SCENARIOS)
+    env = data["environment"]
+    for key in ("date", "python", "cpu", "cores", "versions"):
+        assert env[key]
+    assert "torch" in env["versions"]
+    assert data["dataset"]["images"] == 160
+    for name, figures in data["scenarios"].items():
+        numbers = _numbers(figures)
+        assert numbers, name
+        assert all(math.isfinite(n) for n in numbers), name
+        assert figures["seconds"] > 0
+    systems = data["scenarios"]["loader"]["systems"]
+    for name in ("asyncstream", "naive"):
+        assert systems[name]["complete"] is True, name
+        assert systems[name]["samples"] == 160
+        assert systems[name]["samples_per_s"] > 0
+        assert 0 <= systems[name]["abs_correlation"] <= 1
+    assert data["scenarios"]["faults"]["rows"][0]["fault_rate"] == 0.0
+    assert [r["hedge"] for r in data["scenarios"]["hedging"]["rows"]] == [False, True]
+    assert [r["adaptive"] for r in data["scenarios"]["throttling"]["rows"]] == [False, True]
+    assert data["scenarios"]["dali"]["end_to_end_images_per_s"] > 0
+
+
+@pytest.mark.timeout(700)
+def test_results_section_is_replaced_and_plots_written(quick_run: dict[str, Any]) -> None:
+    text = (quick_run["dir"] / "RESULTS.md").read_text()
+    assert text.startswith("# Results\n\nhand-written notes\n")
+    assert text.rstrip().endswith("more notes")
+    assert "\nold\n" not in text
+    section = text.split(BEGIN, 1)[1].split(END, 1)[0]
+    for heading in ("Raw fetch", "Loader only", "DALI", "Shuffle quality", "faults", "Hedged"):
+        assert heading in section
+    assert "| asyncstream |" in section
+    plots = quick_run["json"]["plots"]
+    assert set(plots) == {
+        "throughput_vs_k",
+        "throughput_vs_faults",
+        "shuffle_vs_memory",
+        "loader_samples_per_s",
+    }
+    for path in plots.values():
+        data = Path(path).read_bytes()
+        assert data.startswith(b"\x89PNG\r\n\x1a\n")
+        assert f"]({Path(path).relative_to(quick_run['dir'])})" in section
+
+
+def test_unknown_scenario_is_refused() -> None:
+    proc = subprocess.run(
+        [sys.executable, "-m", "bench", "--scenarios", "nope"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert proc.returncode == 2
+    assert "unknown scenarios: nope" in proc.stderr
