@@ -249,7 +249,12 @@ class ShardStream(IterableDataset[dict[str, Any]]):
         self._pending = state
 
     def stats(self) -> dict[str, Any]:
-        """Statistics of the current epoch: samples, shuffle radius, remainder, fetch."""
+        """Statistics: samples, shuffle radius and remainder of the current epoch, and
+        ``fetch``, the engine's counters since it started (it is kept from one clean epoch
+        to the next, so they add up over epochs): bytes, chunks, retries by cause,
+        downloads in flight (peak, time-weighted mean), the adaptive concurrency limit and
+        its cuts, hedges sent and won, chunk latencies, the engine's CPU and peak RSS,
+        and ``starved_s``, the time this reader waited for chunks."""
         self._check_open()
         if self._run is None:
             return {
