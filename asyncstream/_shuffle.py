@@ -254,7 +254,8 @@ def simulate_window_order(
     refills an empty lane with its shard's next chunk or closes it when the piece is done,
     and emits each draw. A piece's samples ``first <= i < stop`` are split into consecutive
     chunks of ``chunk_samples`` samples, each in in-shard order. The memory this models is
-    ``(window + inflight) * chunk_samples`` samples.
+    ``(window + prefetch) * chunk_samples`` samples (the order depends on neither ``prefetch``
+    nor ``inflight``: only the memory does).
 
     Args:
         samples_per_shard: samples in each shard, in dataset order.

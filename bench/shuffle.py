@@ -9,7 +9,7 @@ buffer).
 
 Dataset: 100 shards of 1,000 samples, sorted by key, each shard one class (the worst case
 for a streaming shuffle). For each memory budget M (in samples) and chunk size C, the ring
-has M / C slots: ``inflight = max(1, slots // 10)`` prefetched chunks and
+has M / C slots: ``max(1, slots // 10)`` for prefetched chunks (``prefetch``) and
 ``window = slots - inflight`` open shards (combinations with no window are skipped; a
 window over 100 shards opens them all). The sample buffer of M samples over the sorted
 input is the baseline; the same buffer after a shard shuffle (webdataset's usual
@@ -144,7 +144,7 @@ def render(out: dict[str, Any]) -> str:
         f"{out['dataset']}; |corr| and distinct classes per batch of {out['batch_size']}, "
         f"mean of {out['seeds']} seeds; {out['machine']}; {out['seconds']:.0f} s.",
         "",
-        "| memory | reader | chunk | window + inflight | open shards "
+        "| memory | reader | chunk | window + prefetch | open shards "
         "| samples: \\|corr\\| | samples: classes | shards: \\|corr\\| | shards: classes |",
         "|---:|---|---:|---:|---:|---:|---:|---:|---:|",
     ]
