@@ -317,7 +317,8 @@ def run_peer(
         target: where a converting peer writes its format (:func:`default_target` if
             ``None``); its old contents are deleted first.
         convert: ``False`` reads a conversion already at ``target``.
-        timeout: seconds for the conversion and the read together.
+        timeout: seconds for the conversion and the read together (the children's time;
+            finding the interpreter and listing the shards come before).
         python: the interpreter; by default the first of :func:`interpreters` that has it.
 
     Returns:
@@ -334,7 +335,6 @@ def run_peer(
     if timeout <= 0:
         raise ValueError(f"timeout must be > 0, got {timeout}")
     settings = settings if settings is not None else PeerSettings()
-    deadline = time.monotonic() + timeout
     folder = Path(workdir)
     folder.mkdir(parents=True, exist_ok=True)
     shards = _resolve(url, endpoint_url, credentials, region)
@@ -364,14 +364,14 @@ def run_peer(
         "region": region,
         **asdict(settings),
     }
+    deadline = time.monotonic() + timeout  # for the children: not the probe, not the listing
     for phase in (["convert"] if converts and convert else []) + ["read"]:
+        left = deadline - time.monotonic()
+        if left <= 0:
+            result["error"] = f"{phase}: no time left of the {timeout:g} s given"
+            return result
         measured, error = _run_phase(
-            python,
-            spec,
-            phase,
-            folder,
-            (endpoint_url, credentials, region),
-            deadline - time.monotonic(),
+            python, spec, phase, folder, (endpoint_url, credentials, region), left
         )
         result[phase] = measured
         if error is not None:
