@@ -86,8 +86,10 @@ def sample_counts(
     """Samples in each shard (see the module docstring for where they come from).
 
     Raises:
-        ValueError: ``given`` does not fit the shards.
+        ValueError: ``given`` does not fit the shards, or counts no sample at all.
         CorruptTarError: a shard is an empty (0-byte) object, whatever ``given`` says.
+        DataError: the shards hold no sample at all (empty archives): an epoch would end
+            at once, silently.
         FetchError, DataError: a manifest or shard could not be read.
     """
     for shard in shards:
@@ -103,6 +105,8 @@ def sample_counts(
                 f"samples_per_shard needs one count >= 0 per shard: {len(shards)} shards, "
                 f"{len(counts)} counts"
             )
+        if shards and not any(counts):
+            raise ValueError(f"samples_per_shard counts no sample in {len(shards)} shards")
         return counts
     client = sync_client(options) if any(not s.is_local for s in shards) else None
     known: dict[str, int] = {}
@@ -116,4 +120,8 @@ def sample_counts(
                 missing, pool.map(lambda s: count_shard(s, client), missing), strict=True
             ):
                 known[shard.url] = n
-    return [known[s.url] for s in shards]
+    counts = [known[s.url] for s in shards]
+    if shards and not any(counts):
+        named = ", ".join(s.url for s in shards[:3]) + (", ..." if len(shards) > 3 else "")
+        raise DataError(f"{named}: no sample in any of these {len(shards)} shards")
+    return counts

@@ -16,7 +16,9 @@ Behaviour decided here, where nothing was defined:
 
 * A zero-byte object is no tar (no writer makes one; tar and tarfile refuse it): a
   ``CorruptTarError`` at open, even when a sample count is given, instead of a shard of no
-  sample that silently drops out of the dataset.
+  sample that silently drops out of the dataset. An empty archive (its end marker only) is
+  a valid shard of no sample, but a dataset of nothing else is a ``DataError`` at open
+  rather than epochs that end at once.
 * A member larger than a ring slot works: the tar reader carries it over chunks.
 * A member name that is not UTF-8 is a ``CorruptTarError`` naming shard, offset and the
   raw name: keys are ``str``, and a lossy decoding could merge two samples.
@@ -119,6 +121,7 @@ BIG = tar_of(
         ("000001.cls", b"2"),
     ]
 )
+EMPTY_ARCHIVE = tar_of([])  # a valid tar: just its end marker
 NO_IMAGE = tar_of([("000000.jpg", b"x" * 10), ("000000.cls", b"0"), ("000001.cls", b"1")])
 
 
@@ -259,6 +262,13 @@ ROWS: dict[str, Row] = {
         ("{url}", "byte 0"),
         culprit_url="s3://{bucket}/train/b.tar",
         offset=0,
+    ),
+    "only-empty-archives": Row(
+        {"train/a.tar": EMPTY_ARCHIVE, "train/b.tar": EMPTY_ARCHIVE},
+        "s3://{bucket}/train/",
+        "open",
+        DataError,
+        ("s3://{bucket}/train/a.tar, s3://{bucket}/train/b.tar", "no sample in any"),
     ),
     "not-a-tar": Row(
         {"shard.tar": random.Random(3).randbytes(5000)},

@@ -152,6 +152,12 @@ def test_errors_from_the_engine_process_do_not_show_credentials(
     with Engine(config, n_slots=2, slot_bytes=1024) as engine:
         assert_no_secret(repr(engine), "the engine's repr")
         assert_no_secret(repr(config), "the engine config's repr")
+        # Explicit credentials reach the engine over its pipe, not by its command line
+        # (which any user can read in ps) or its environment.
+        assert engine.pid is not None
+        for part in ("cmdline", "environ"):
+            shown = Path(f"/proc/{engine.pid}/{part}").read_bytes().decode(errors="replace")
+            assert_no_secret(shown, f"the engine process's {part}")
         engine.submit([ChunkRequest(url, 0, 100)])
         with pytest.raises(AccessDeniedError) as caught:
             engine.next()
