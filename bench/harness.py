@@ -170,9 +170,12 @@ def loader(b: Bench) -> dict[str, Any]:
         ours = b.read(options, **stream_settings())
         systems["asyncstream"] = _figures(b, ours)
         buffer = max(1, ours["shm_bytes"] // max(1, b.dataset["mean_sample_bytes"]))
-        settings = peers.PeerSettings(seed=0, shuffle_buffer=int(buffer))
         names = b.args.peers if b.args.peers is not None else list(peers.PEERS)
         for name in names:
+            # The peers' documented way: a DataLoader with worker processes (as many as
+            # cores); the naive baseline reads in its own process.
+            workers = 0 if name == "naive" else min(4, os.cpu_count() or 1)
+            settings = peers.PeerSettings(seed=0, shuffle_buffer=int(buffer), workers=workers)
             result = peers.run_peer(
                 name,
                 url=b.url,
@@ -185,7 +188,7 @@ def loader(b: Bench) -> dict[str, Any]:
             if not result["ok"]:
                 systems[name] = {"error": result["error"]}
                 continue
-            systems[name] = _figures(b, result["read"])
+            systems[name] = {**_figures(b, result["read"]), "workers": workers}
             if result["convert"] is not None:
                 systems[name]["convert_s"] = result["convert"]["seconds"]
     return {
@@ -206,6 +209,10 @@ def _figures(b: Bench, read: dict[str, Any]) -> dict[str, Any]:
         "first_sample_s": read["first_sample_s"],
         "cpu_s": read["cpu_s"],
         "peak_rss_bytes": read["peak_rss_bytes"],
+        # Peak over the RSS once the libraries are imported (torch builds differ by
+        # 0.3 GB between environments); DataLoader workers' memory is not included.
+        "rss_start_bytes": read.get("rss_start_bytes", 0),
+        "workers": read.get("workers", 0),
         "shm_bytes": read.get("shm_bytes", 0),
         **b.quality(keys, read["labels"]),
     }

@@ -21,10 +21,10 @@ from pathlib import Path
 from typing import Any
 
 
-def _peak_rss() -> int:
+def _status(field: str) -> int:
     with open("/proc/self/status") as status:
         for line in status:
-            if line.startswith("VmHWM:"):
+            if line.startswith(field + ":"):
                 return int(line.split()[1]) * 1024
     return 0
 
@@ -34,6 +34,7 @@ def read_epoch(config: dict[str, Any]) -> dict[str, Any]:
     arguments of ShardStream)."""
     from asyncstream import S3Options, ShardStream
 
+    rss_start = _status("VmRSS")
     started = time.perf_counter()  # as for the peers: from the dataset's construction
 
     # Credentials come from the environment (the standard AWS chain), never the config.
@@ -63,7 +64,8 @@ def read_epoch(config: dict[str, Any]) -> dict[str, Any]:
         "mb_per_s": nbytes / seconds / 1e6,
         "first_sample_s": first,
         "cpu_s": cpu + float(fetch.get("cpu_s", 0.0)),
-        "peak_rss_bytes": _peak_rss() + int(fetch.get("max_rss_bytes", 0)),
+        "peak_rss_bytes": _status("VmHWM") + int(fetch.get("max_rss_bytes", 0)),
+        "rss_start_bytes": rss_start,
         "shm_bytes": ring,
         "retries": int(fetch.get("retries_total", 0)),
         "fetch": fetch,

@@ -49,17 +49,18 @@ def tables(out: dict[str, Any], base: Path | None = None) -> str:
             "|correlation| between stored position and emitted position (0 is best) and "
             "distinct classes per batch of 64.",
             "",
-            "| system | samples/s | MB/s | first sample s | CPU s | peak RSS | shm "
-            "| \\|corr\\| | classes/batch | complete |",
-            "|---|---:|---:|---:|---:|---:|---:|---:|---:|---|",
+            "| system | workers | samples/s | MB/s | first sample s | CPU s | peak RSS "
+            "(over start) | shm | \\|corr\\| | classes/batch | complete |",
+            "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|",
         ]
         for name, f in r["systems"].items():
             if "error" in f:
-                lines.append(f"| {name} | failed: {f['error'][:120]} | | | | | | | | |")
+                lines.append(f"| {name} | failed: {f['error'][:120]} | | | | | | | | | |")
                 continue
             lines.append(
-                f"| {name} | {f['samples_per_s']:.0f} | {f['mb_per_s']:.0f} "
+                f"| {name} | {f['workers']} | {f['samples_per_s']:.0f} | {f['mb_per_s']:.0f} "
                 f"| {f['first_sample_s']:.2f} | {f['cpu_s']:.1f} | {_mib(f['peak_rss_bytes'])} "
+                f"({_mib(f['peak_rss_bytes'] - f['rss_start_bytes'])}) "
                 f"| {_mib(f['shm_bytes'])} | {f['abs_correlation']:.3f} "
                 f"| {f['distinct_classes_per_batch']:.1f} | {'yes' if f['complete'] else 'NO'} |"
             )
