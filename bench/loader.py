@@ -30,8 +30,10 @@ def _status(field: str) -> int:
 
 
 def read_epoch(config: dict[str, Any]) -> dict[str, Any]:
-    """The first epoch, start-up included; ``config``: url, endpoint_url, stream (keyword
-    arguments of ShardStream)."""
+    """One epoch; ``config``: url, endpoint_url, stream (keyword arguments of ShardStream),
+    epochs (default 1: the first epoch, start-up included, as the peers are measured; with
+    more, the last one is measured, on the engine kept from the epochs before: the steady
+    state of training, as raw fetch's second pass is)."""
     from asyncstream import S3Options, ShardStream
 
     rss_start = _status("VmRSS")
@@ -39,35 +41,52 @@ def read_epoch(config: dict[str, Any]) -> dict[str, Any]:
 
     # Credentials come from the environment (the standard AWS chain), never the config.
     options = S3Options(endpoint_url=config.get("endpoint_url"))
-    keys: list[str] = []
-    labels: list[int] = []
-    nbytes = 0
-    first = None
+    epochs = int(config.get("epochs", 1))
     cpu0 = time.process_time()
+    before: dict[str, Any] = {}
     with ShardStream(config["url"], s3=options, **config.get("stream", {})) as stream:
-        for sample in stream:
-            if first is None:
-                first = time.perf_counter() - started
-            keys.append(sample["__key__"])
-            labels.append(int(sample["cls"]))
-            nbytes += len(sample["jpg"]) + len(sample["cls"])
-        seconds = time.perf_counter() - started
+        for epoch in range(epochs):
+            keys: list[str] = []
+            labels: list[int] = []
+            nbytes = 0
+            first = None
+            if epoch:
+                before = stream.stats().get("fetch", {})
+                stream.set_epoch(epoch)
+                started, cpu0 = time.perf_counter(), time.process_time()
+            for sample in stream:
+                if first is None:
+                    first = time.perf_counter() - started
+                keys.append(sample["__key__"])
+                labels.append(int(sample["cls"]))
+                nbytes += len(sample["jpg"]) + len(sample["cls"])
+            seconds = time.perf_counter() - started
         fetch = stream.stats().get("fetch", {})
         ring = stream.ring_bytes
     cpu = time.process_time() - cpu0
+
+    def delta(name: str) -> float:
+        return float(fetch.get(name, 0)) - float(before.get(name, 0))
+
     return {
         "phase": "read",
+        "epochs": epochs,
         "samples": len(keys),
         "bytes": nbytes,
         "seconds": seconds,
         "samples_per_s": len(keys) / seconds,
         "mb_per_s": nbytes / seconds / 1e6,
         "first_sample_s": first,
-        "cpu_s": cpu + float(fetch.get("cpu_s", 0.0)),
+        "cpu_s": cpu + delta("cpu_s"),
         "peak_rss_bytes": _status("VmHWM") + int(fetch.get("max_rss_bytes", 0)),
         "rss_start_bytes": rss_start,
         "shm_bytes": ring,
-        "retries": int(fetch.get("retries_total", 0)),
+        # Counters of the measured epoch (the engine's add up over its life).
+        "retries": int(delta("retries_total")),
+        "hedged": int(delta("hedged")),
+        "hedge_wins": int(delta("hedge_wins")),
+        "throttle_cuts": int(delta("throttle_cuts")),
+        "chunks": int(delta("chunks")),
         "fetch": fetch,
         "keys": keys,
         "labels": labels,

@@ -64,6 +64,9 @@ def tables(out: dict[str, Any], base: Path | None = None) -> str:
                 f"| {_mib(f['shm_bytes'])} | {f['abs_correlation']:.3f} "
                 f"| {f['distinct_classes_per_batch']:.1f} | {'yes' if f['complete'] else 'NO'} |"
             )
+        for name, f in r["systems"].items():
+            if f.get("note"):
+                lines.append(f"- {name} failed {f['note']}")
         lines.append("")
     if "dali" in sc:
         r = sc["dali"]
@@ -116,7 +119,8 @@ def tables(out: dict[str, Any], base: Path | None = None) -> str:
         lines += [
             "### Throughput against faults",
             "",
-            f"Faults on the shards' GETs: {r['plan']}. Every epoch exactly once.",
+            f"Faults on the shards' GETs: {r['plan']}. Every epoch exactly once. The second "
+            "of two epochs on one engine (the first starts it).",
             "",
             "| faulted | MB/s | samples/s | faults injected | requests | retries | hedged |",
             "|---:|---:|---:|---:|---:|---:|---:|",
@@ -130,6 +134,8 @@ def tables(out: dict[str, Any], base: Path | None = None) -> str:
     if "scaling" in sc:
         lines += [
             "### Throughput against K",
+            "",
+            "Raw fetch: its second pass; ShardStream: the second of two epochs (engine kept).",
             "",
             "| K | raw fetch MB/s | ShardStream MB/s | stream / raw |",
             "|---:|---:|---:|---:|",
@@ -145,7 +151,8 @@ def tables(out: dict[str, Any], base: Path | None = None) -> str:
         lines += [
             "### Hedged requests against a slow tail",
             "",
-            f"Slowed: {r['slowed']}.",
+            f"Slowed: {r['slowed']}. Two epochs on one engine: epoch time of the second, "
+            "chunk latencies and requests over both.",
             "",
             "| hedging | epoch s | chunk p50 s | chunk p99 s | chunk max s | hedges (won) "
             "| requests |",
@@ -164,7 +171,8 @@ def tables(out: dict[str, Any], base: Path | None = None) -> str:
             "### Throttling",
             "",
             f"The server serves {r['capacity']} GETs at once and answers 503 SlowDown beyond; "
-            f"the reader asks for {r['inflight']}.",
+            f"the reader asks for {r['inflight']}. Two epochs on one engine: MB/s of the "
+            "second, requests over both.",
             "",
             "| adaptive concurrency | MB/s | requests | rejected | limit cuts | lowest limit |",
             "|---|---:|---:|---:|---:|---:|",
