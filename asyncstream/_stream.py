@@ -81,6 +81,9 @@ class ShardStream(IterableDataset[dict[str, Any]]):
     Raises:
         ShardURLError, NotFoundError, AccessDeniedError: at construction, for bad URLs,
             missing objects or credentials.
+        CorruptTarError, DataError, TransientFetchError: at construction, when samples
+            are counted (no manifest, no ``samples_per_shard``) and a shard is not a
+            readable tar, holds no sample, or cannot be read.
         ValueError: bad arguments.
     """
 
