@@ -83,7 +83,10 @@ def test_every_scenario_runs_and_the_json_is_complete(quick_run: dict[str, Any])
     assert data["scenarios"]["faults"]["rows"][0]["fault_rate"] == 0.0
     assert [r["hedge"] for r in data["scenarios"]["hedging"]["rows"]] == [False, True]
     assert [r["adaptive"] for r in data["scenarios"]["throttling"]["rows"]] == [False, True]
-    assert data["scenarios"]["dali"]["end_to_end_images_per_s"] > 0
+    dali = data["scenarios"]["dali"]
+    assert dali["preloaded_images_per_s"] > 0
+    assert [r["source"] for r in dali["rows"]] == ["whole-shard chunks", "8 MiB chunks"]
+    assert all(r["images_per_s"] > 0 for r in dali["rows"])
 
 
 @pytest.mark.timeout(700)
