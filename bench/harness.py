@@ -183,22 +183,25 @@ def loader(b: Bench) -> dict[str, Any]:
         # Equal memory: the ring's bytes in samples, shared by a peer's worker buffers.
         workers_of = min(4, os.cpu_count() or 1)
         memory = max(1, ours["shm_bytes"] // max(1, b.dataset["mean_sample_bytes"]))
-        buffer = max(1, memory // workers_of)
+        buffer = int(max(1, memory // workers_of))
         names = b.args.peers if b.args.peers is not None else list(peers.PEERS)
         for name in names:
             # The peers' documented way: a DataLoader with worker processes (as many as
             # cores); the naive baseline reads in its own process.
             workers = 0 if name == "naive" else workers_of
-            settings = peers.PeerSettings(seed=0, shuffle_buffer=int(buffer), workers=workers)
-            result = peers.run_peer(
-                name,
-                url=b.url,
-                workdir=b.args.peer_logs,
-                endpoint_url=options.endpoint_url,
-                credentials=options.credentials,
-                settings=settings,
-                timeout=600,
-            )
+
+            def run(workers: int, name: str = name) -> dict[str, Any]:
+                return peers.run_peer(
+                    name,
+                    url=b.url,
+                    workdir=b.args.peer_logs,
+                    endpoint_url=options.endpoint_url,
+                    credentials=options.credentials,
+                    settings=peers.PeerSettings(seed=0, shuffle_buffer=buffer, workers=workers),
+                    timeout=600,
+                )
+
+            result = run(workers)
             note = None
             if not result["ok"] and workers:
                 # Measured: MosaicML streaming 0.13 with DataLoader workers fails through
@@ -207,15 +210,7 @@ def loader(b: Bench) -> dict[str, Any]:
                 last = (result["error"] or "").strip().splitlines()[-1:] or ["?"]
                 note = f"with {workers} workers: {last[0][-200:]}"
                 workers = 0
-                result = peers.run_peer(
-                    name,
-                    url=b.url,
-                    workdir=b.args.peer_logs,
-                    endpoint_url=options.endpoint_url,
-                    credentials=options.credentials,
-                    settings=replace(settings, workers=0),
-                    timeout=600,
-                )
+                result = run(workers)
             if not result["ok"]:
                 systems[name] = {"error": result["error"], "note": note}
                 continue
