@@ -236,6 +236,16 @@ def sigint(settings: dict[str, Any]) -> None:
         report_after(pids)
         bound_exit(settings)
         raise  # and die of it, as Python does
+    except RuntimeError as exc:
+        # With DataLoader workers, the group's SIGINT can reach a worker as it starts and
+        # kill it; torch then raises "worker ... exited unexpectedly" while the main
+        # thread handles its own KeyboardInterrupt (the exception's context).
+        if not (settings["workers"] and isinstance(exc.__context__, KeyboardInterrupt)):
+            raise
+        raised(exc, since)
+        report_after(pids)
+        bound_exit(settings)
+        raise
 
 
 def user_raises(settings: dict[str, Any]) -> None:

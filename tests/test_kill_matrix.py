@@ -321,10 +321,17 @@ def ctrl_c(data: Data, proxy: FaultProxy, case: str) -> Outcome:
 def test_ctrl_c_during_iteration(data: Data, proxy: FaultProxy, case: str) -> None:
     outcome = ctrl_c(data, proxy, case)
     raised = outcome.event("raised")
-    assert raised["type"] == "KeyboardInterrupt"
     assert raised["seconds"] < 10
-    assert outcome.returncode == -signal.SIGINT  # Python's exit by an unhandled Ctrl-C
     assert "\nKeyboardInterrupt\n" in outcome.stderr  # the traceback of the interrupt
+    if raised["type"] == "RuntimeError":
+        # Workers only: the SIGINT killed a worker as it started, and torch's error about
+        # it replaced the main thread's KeyboardInterrupt (kept as its context).
+        assert CTRL_C[case]["workers"]
+        assert "DataLoader worker" in raised["message"]
+        assert outcome.returncode == 1
+    else:
+        assert raised["type"] == "KeyboardInterrupt"
+        assert outcome.returncode == -signal.SIGINT  # Python's exit by an unhandled Ctrl-C
     assert "Timeout (" not in outcome.stderr  # exited within EXIT_S
     if not CTRL_C[case]["workers"]:  # workers' rings: see the test of loader epochs
         assert_clean_in_process(outcome)
