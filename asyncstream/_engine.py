@@ -160,7 +160,6 @@ class _Stats:
         self.failed = 0
         self.inflight = 0
         self.inflight_peak = 0
-        self.limit = limit
         self.limit_min = limit
         self.throttle_cuts = 0
         self.hedged = 0
@@ -192,7 +191,6 @@ class _Stats:
             "inflight_peak": self.inflight_peak,
             # Time-weighted mean of downloads in flight since the engine started.
             "inflight_mean": self._busy / seconds if seconds > 0 else 0.0,
-            "concurrency_limit": self.limit,
             "concurrency_limit_min": self.limit_min,
             "throttle_cuts": self.throttle_cuts,
             "hedged": self.hedged,
@@ -325,6 +323,7 @@ class _Core:
             self.slot_freed.set()
         elif kind == "stats":
             stats = self.stats.as_dict()
+            stats["concurrency_limit"] = int(self.limit)
             stats["tasks"] = len(asyncio.all_tasks())
             self._send(("stats", stats))
         elif kind == "stop":
@@ -382,13 +381,11 @@ class _Core:
         self.last_cut = now
         self.limit = max(1.0, self.limit / 2)
         self.stats.throttle_cuts += 1
-        self.stats.limit = int(self.limit)
         self.stats.limit_min = min(self.stats.limit_min, int(self.limit))
 
     def _on_success(self) -> None:
         if self.limit < self.config.inflight:
             self.limit = min(float(self.config.inflight), self.limit + 1.0 / self.limit)
-            self.stats.limit = int(self.limit)
 
     # -- downloads -------------------------------------------------------------------
 

@@ -312,11 +312,11 @@ def faults(b: Bench) -> dict[str, Any]:
                 "retries": result["retries"],
                 "hedged": result["hedged"],
                 "faults_injected": sum(
-                    counts.get(k, 0) for k in ("slowdown", "internal_error", "reset", "truncate")
-                )
-                + counts.get("stall", 0),
+                    counts.get(k, 0)
+                    for k in ("slowdown", "internal_error", "reset", "truncate", "stall")
+                ),
                 "requests": counts.get("requests", 0),
-                "exactly_once": True,  # b.read raises otherwise
+                "exactly_once": sorted(result["keys"]) == sorted(b.index_of),
             }
         )
     return {"plan": "equal parts 503 SlowDown, 500, reset, truncation, 2 s stall", "rows": rows}

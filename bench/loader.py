@@ -13,8 +13,6 @@ emitted keys and labels (for shuffle quality), under the keys of a peer's read r
 from __future__ import annotations
 
 import json
-import os
-import resource
 import sys
 import time
 from pathlib import Path
@@ -96,10 +94,7 @@ def read_epoch(config: dict[str, Any]) -> dict[str, Any]:
 
 def main() -> None:
     config = json.loads(Path(sys.argv[1]).read_text())
-    result = read_epoch(config)
-    result["max_rss_self"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
-    result["pid"] = os.getpid()
-    Path(sys.argv[2]).write_text(json.dumps(result))
+    Path(sys.argv[2]).write_text(json.dumps(read_epoch(config)))
 
 
 if __name__ == "__main__":
