@@ -10,9 +10,10 @@ no cloud account. Two modes:
   compete for this process's GIL; right for the demo and benchmarks. The child exits
   when its stdin closes, so it cannot outlive a parent killed with SIGKILL.
 
-Objects are held in the server's memory; :meth:`LocalS3.close` resets it, so nothing is
-left behind (moto spills large objects to anonymous temporary files, which the reset
-closes).
+Ranged GETs read only their range (:mod:`._moto_ranges`; moto itself reads the whole
+object and slices it). Objects are held in the server's memory; :meth:`LocalS3.close`
+resets it, so nothing is left behind (moto spills large objects to anonymous temporary
+files, which the reset closes).
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ import urllib.request
 from types import TracebackType
 from typing import Any, Literal
 
+from . import _moto_ranges
 from ._s3 import S3Credentials, S3Options, sync_client
 
 __all__ = ["LOCAL_CREDENTIALS", "LocalS3"]
@@ -97,6 +99,7 @@ class LocalS3:
 
             # One line per request on stderr is noise for an embedded server.
             logging.getLogger("werkzeug").setLevel(logging.WARNING)
+            _moto_ranges.install()
             server = ThreadedMotoServer(ip_address=self.host, port=0, verbose=False)
             server.start()
             self._server = server
@@ -198,6 +201,7 @@ def _serve(host: str) -> None:
     """Child-process entry: serve until stdin closes (the parent closed it or died)."""
     from moto.server import ThreadedMotoServer
 
+    _moto_ranges.install()
     server = ThreadedMotoServer(ip_address=host, port=0, verbose=False)
     server.start()
     bound_host, port = server.get_host_and_port()
