@@ -73,7 +73,14 @@ from multiprocessing.connection import Connection
 from typing import Any, Literal
 
 from ._exceptions import AsyncStreamError, EngineError
-from ._fetch import ChunkRequest, Timing, fetch_local, fetch_s3
+from ._fetch import (
+    ChunkRequest,
+    Timing,
+    direct_transport,
+    enable_direct,
+    fetch_local,
+    fetch_s3,
+)
 from ._retry import RetryPolicy, Timeouts, retrying
 from ._ring import Ring
 from ._s3 import S3Options
@@ -99,6 +106,10 @@ class EngineConfig:
         hedge: send a second request for a chunk far slower than recent ones.
         hedge_factor: how many times the predicted time a chunk may take before its hedge.
         hedge_budget: the most hedges, as a fraction of the chunks started.
+        transport: ``"auto"``: the direct transport (a socket of the engine's own,
+            bodies received straight into the slot) for ``http://`` endpoints without
+            an HTTP proxy, botocore's aiohttp request otherwise; ``"aiohttp"``: always
+            botocore's (see :mod:`asyncstream._fetch`).
     """
 
     inflight: int = 8
@@ -111,6 +122,7 @@ class EngineConfig:
     hedge: bool = True
     hedge_factor: float = 2.0
     hedge_budget: float = 0.05
+    transport: Literal["auto", "aiohttp"] = "auto"
 
     def __post_init__(self) -> None:
         if self.inflight < 1:
@@ -119,6 +131,8 @@ class EngineConfig:
             raise ValueError(f"hedge_factor must be >= 1, got {self.hedge_factor}")
         if not 0.0 <= self.hedge_budget <= 1.0:
             raise ValueError(f"hedge_budget must be in [0, 1], got {self.hedge_budget}")
+        if self.transport not in ("auto", "aiohttp"):
+            raise ValueError(f"transport must be 'auto' or 'aiohttp', got {self.transport!r}")
 
     @property
     def wait_timeout(self) -> float:
@@ -257,6 +271,7 @@ class _Core:
         self.last_cut = -1e9
         self.predictor = _Predictor()
         self.hedging = 0  # hedges running
+        self.direct = False  # the direct transport (decided with the client)
 
     async def run(self) -> None:
         loop = asyncio.get_running_loop()
@@ -273,6 +288,11 @@ class _Core:
             )
             reader.start()
             async with self._client() as client:
+                self.direct = self.config.transport == "auto" and direct_transport(
+                    client.meta.endpoint_url
+                )
+                if self.direct:
+                    enable_direct(client)
                 self._send(("started",))
                 scheduler = asyncio.create_task(self._schedule(client))
                 await self.stop.wait()
@@ -324,6 +344,7 @@ class _Core:
         elif kind == "stats":
             stats = self.stats.as_dict()
             stats["concurrency_limit"] = int(self.limit)
+            stats["transport"] = "direct" if self.direct else "aiohttp"
             stats["tasks"] = len(asyncio.all_tasks())
             self._send(("stats", stats))
         elif kind == "stop":
@@ -440,6 +461,7 @@ class _Core:
                     out,
                     timeouts=self.config.timeouts,
                     check_etag=self.config.check_etag,
+                    direct=self.direct,
                 )
 
             return await retrying(
@@ -742,7 +764,11 @@ class Engine:
         self._send(("release", slot))
 
     def stats(self) -> dict[str, Any]:
-        """The engine's statistics, plus ``starved_s``: the consumer's time spent waiting."""
+        """The engine's statistics, plus ``starved_s``: the consumer's time spent waiting.
+
+        ``transport`` says which transport its S3 downloads take (``"direct"`` or
+        ``"aiohttp"``, see :mod:`asyncstream._fetch`).
+        """
         self._check_open()
         self._stats = None
         self._send(("stats",))

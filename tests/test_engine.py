@@ -26,7 +26,7 @@ from asyncstream import (
     resolve_shards,
 )
 from asyncstream._engine import Engine, EngineConfig
-from asyncstream._fetch import ChunkRequest
+from asyncstream._fetch import ChunkRequest, direct_transport
 from asyncstream._retry import RetryPolicy, Timeouts
 from asyncstream._urls import Shard
 from asyncstream.testing import FaultPlan, FaultProxy, NetworkProfile
@@ -81,6 +81,12 @@ def proxy(s3_server: LocalS3) -> Iterator[FaultProxy]:
         yield p
 
 
+@pytest.fixture(params=["auto", "aiohttp"])
+def transport(request: pytest.FixtureRequest) -> str:
+    """Both transports: direct (the default for these http:// endpoints) and aiohttp."""
+    return str(request.param)
+
+
 def config(endpoint: str, **kwargs: Any) -> EngineConfig:
     base: dict[str, Any] = {
         "inflight": 8,
@@ -93,7 +99,7 @@ def config(endpoint: str, **kwargs: Any) -> EngineConfig:
 
 
 def test_every_byte_once_in_order_under_10_percent_faults(
-    s3_server: LocalS3, dataset: dict[str, Any]
+    s3_server: LocalS3, dataset: dict[str, Any], transport: str
 ) -> None:
     plan = FaultPlan(
         slowdown=0.02,
@@ -110,11 +116,14 @@ def test_every_byte_once_in_order_under_10_percent_faults(
         shards = resolve_shards(f"s3://{dataset['bucket']}/", options)
         requests = chunks_of(shards, 64 << 10)
         assert len(requests) > 400
-        with Engine(config(proxy.endpoint_url), n_slots=12, slot_bytes=64 << 10) as engine:
+        with Engine(
+            config(proxy.endpoint_url, transport=transport), n_slots=12, slot_bytes=64 << 10
+        ) as engine:
             got = drain(engine, requests)
             stats = engine.stats()
         injected = proxy.stats()
     assert got == dataset["blobs"]
+    assert stats["transport"] == {"auto": "direct", "aiohttp": "aiohttp"}[transport]
     assert stats["chunks"] == len(requests)
     assert stats["shards"] == 100
     assert stats["bytes"] == sum(len(b) for b in dataset["blobs"].values())
@@ -161,9 +170,13 @@ def test_local_files(tmp_path: Path) -> None:
         assert drain(engine, chunks_of(shards, 16_384)) == blobs
 
 
-def test_404_fails_fast_naming_the_key(proxy: FaultProxy, dataset: dict[str, Any]) -> None:
+def test_404_fails_fast_naming_the_key(
+    proxy: FaultProxy, dataset: dict[str, Any], transport: str
+) -> None:
     url = f"s3://{dataset['bucket']}/missing.tar"
-    with Engine(config(proxy.endpoint_url), n_slots=2, slot_bytes=1024) as engine:
+    with Engine(
+        config(proxy.endpoint_url, transport=transport), n_slots=2, slot_bytes=1024
+    ) as engine:
         engine.submit([ChunkRequest(url, 0, 100)])
         with pytest.raises(NotFoundError) as info:
             engine.next()
@@ -171,10 +184,14 @@ def test_404_fails_fast_naming_the_key(proxy: FaultProxy, dataset: dict[str, Any
         assert engine.stats()["retries_total"] == 0
 
 
-def test_403_fails_fast_naming_the_key(proxy: FaultProxy, dataset: dict[str, Any]) -> None:
+def test_403_fails_fast_naming_the_key(
+    proxy: FaultProxy, dataset: dict[str, Any], transport: str
+) -> None:
     url = f"s3://{dataset['bucket']}/shard-000.tar"
     proxy.inject("status", status=403, match="shard-000.tar")
-    with Engine(config(proxy.endpoint_url), n_slots=2, slot_bytes=1024) as engine:
+    with Engine(
+        config(proxy.endpoint_url, transport=transport), n_slots=2, slot_bytes=1024
+    ) as engine:
         engine.submit([ChunkRequest(url, 0, 100)])
         with pytest.raises(AccessDeniedError) as info:
             engine.next()
@@ -182,10 +199,12 @@ def test_403_fails_fast_naming_the_key(proxy: FaultProxy, dataset: dict[str, Any
         assert engine.stats()["retries_total"] == 0
 
 
-def test_bad_credentials_fail_fast(aws_env: dict[str, str]) -> None:
+def test_bad_credentials_fail_fast(aws_env: dict[str, str], transport: str) -> None:
     with LocalS3(mode="process", require_auth=True) as server:
         url = "s3://some-bucket/shard.tar"
-        with Engine(config(server.endpoint_url), n_slots=2, slot_bytes=1024) as engine:
+        with Engine(
+            config(server.endpoint_url, transport=transport), n_slots=2, slot_bytes=1024
+        ) as engine:
             engine.submit([ChunkRequest(url, 0, 100)])
             with pytest.raises(AccessDeniedError) as info:
                 engine.next()
@@ -194,11 +213,15 @@ def test_bad_credentials_fail_fast(aws_env: dict[str, str]) -> None:
             assert engine.stats()["retries_total"] == 0
 
 
-def test_stall_is_abandoned_and_retried(proxy: FaultProxy, dataset: dict[str, Any]) -> None:
+def test_stall_is_abandoned_and_retried(
+    proxy: FaultProxy, dataset: dict[str, Any], transport: str
+) -> None:
     url = f"s3://{dataset['bucket']}/shard-001.tar"
     proxy.inject("stall", match="shard-001.tar")  # one hour, unless abandoned
     size = len(dataset["blobs"][url])
-    with Engine(config(proxy.endpoint_url), n_slots=2, slot_bytes=size) as engine:
+    with Engine(
+        config(proxy.endpoint_url, transport=transport), n_slots=2, slot_bytes=size
+    ) as engine:
         started = time.monotonic()
         got = drain(engine, [ChunkRequest(url, 0, size)])
         elapsed = time.monotonic() - started
@@ -208,11 +231,15 @@ def test_stall_is_abandoned_and_retried(proxy: FaultProxy, dataset: dict[str, An
     assert elapsed < 10  # the stall timeout is 0.5 s; the injected stall lasts an hour
 
 
-def test_retries_run_out_with_a_clear_error(proxy: FaultProxy, dataset: dict[str, Any]) -> None:
+def test_retries_run_out_with_a_clear_error(
+    proxy: FaultProxy, dataset: dict[str, Any], transport: str
+) -> None:
     url = f"s3://{dataset['bucket']}/shard-002.tar"
     proxy.inject("slowdown", count=3, match="shard-002.tar")
     policy = RetryPolicy(max_attempts=3, base_delay=0.001, max_delay=0.01)
-    with Engine(config(proxy.endpoint_url, retry=policy), n_slots=2, slot_bytes=1024) as engine:
+    with Engine(
+        config(proxy.endpoint_url, retry=policy, transport=transport), n_slots=2, slot_bytes=1024
+    ) as engine:
         engine.submit([ChunkRequest(url, 0, 100)])
         with pytest.raises(TransientFetchError) as info:
             engine.next()
@@ -222,12 +249,16 @@ def test_retries_run_out_with_a_clear_error(proxy: FaultProxy, dataset: dict[str
     assert "slowdown" in message
 
 
-def test_object_replaced_mid_epoch(s3_server: LocalS3, bucket: str, s3_client: Any) -> None:
+def test_object_replaced_mid_epoch(
+    s3_server: LocalS3, bucket: str, s3_client: Any, transport: str
+) -> None:
     s3_client.put_object(Bucket=bucket, Key="x.tar", Body=b"a" * 5000)
     options = S3Options(endpoint_url=s3_server.endpoint_url).resolve()
     (shard,) = resolve_shards(f"s3://{bucket}/x.tar", options)
     s3_client.put_object(Bucket=bucket, Key="x.tar", Body=b"b" * 5000)
-    with Engine(config(s3_server.endpoint_url), n_slots=2, slot_bytes=4096) as engine:
+    with Engine(
+        config(s3_server.endpoint_url, transport=transport), n_slots=2, slot_bytes=4096
+    ) as engine:
         engine.submit(chunks_of([shard], 4096))
         with pytest.raises(PermanentFetchError, match="changed since it was listed") as info:
             engine.next()
@@ -267,7 +298,7 @@ _CONSUMER = textwrap.dedent(
     """
     import sys, time
     from asyncstream._engine import Engine, EngineConfig
-    from asyncstream._fetch import ChunkRequest
+    from asyncstream._fetch import ChunkRequest, direct_transport
     if __name__ == "__main__":
         engine = Engine(EngineConfig(), n_slots=2, slot_bytes=4096)
         print(engine.ring.name, engine.pid, flush=True)
@@ -327,12 +358,14 @@ def test_close_is_idempotent_and_refuses_reuse(tmp_path: Path) -> None:
         engine.submit([])
 
 
-def test_bytes_checksum_matches(proxy: FaultProxy, dataset: dict[str, Any]) -> None:
+def test_bytes_checksum_matches(proxy: FaultProxy, dataset: dict[str, Any], transport: str) -> None:
     """The digest of the streamed bytes equals the source's (large single chunks)."""
     options = S3Options(endpoint_url=proxy.endpoint_url).resolve()
     shards = resolve_shards(f"s3://{dataset['bucket']}/shard-{{010..013}}.tar", options)
     biggest = max(s.size for s in shards)
-    with Engine(config(proxy.endpoint_url), n_slots=2, slot_bytes=biggest) as engine:
+    with Engine(
+        config(proxy.endpoint_url, transport=transport), n_slots=2, slot_bytes=biggest
+    ) as engine:
         got = drain(engine, chunks_of(shards, biggest))
     for url, data in got.items():
         assert hashlib.sha256(data).digest() == hashlib.sha256(dataset["blobs"][url]).digest()
@@ -391,7 +424,7 @@ def test_adaptive_concurrency_gets_fewer_rejections(
 
 
 def test_a_slow_request_is_hedged_and_the_hedge_wins(
-    proxy: FaultProxy, dataset: dict[str, Any]
+    proxy: FaultProxy, dataset: dict[str, Any], transport: str
 ) -> None:
     options = S3Options(endpoint_url=proxy.endpoint_url).resolve()
     shards = resolve_shards(f"s3://{dataset['bucket']}/", options)
@@ -399,7 +432,11 @@ def test_a_slow_request_is_hedged_and_the_hedge_wins(
     slow = requests[40]
     # The 41st request answers 20 s late: far past any timeout that would retry it first.
     proxy.inject("latency", seconds=20, match=slow.url.rsplit("/", 1)[1])
-    cfg = config(proxy.endpoint_url, timeouts=Timeouts(first_byte=60, stall=60, chunk=120))
+    cfg = config(
+        proxy.endpoint_url,
+        timeouts=Timeouts(first_byte=60, stall=60, chunk=120),
+        transport=transport,
+    )
     with Engine(cfg, n_slots=10, slot_bytes=1 << 20) as engine:
         started = time.monotonic()
         got = drain(engine, requests)
@@ -427,3 +464,20 @@ def test_hedging_off_waits_for_the_slow_request(proxy: FaultProxy, dataset: dict
     assert len(got) == 30
     assert stats["hedged"] == 0
     assert stats["chunk_s"]["max"] >= 1.5
+
+
+def test_the_direct_transport_is_for_plain_http_without_a_proxy(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    for name in ("HTTP_PROXY", "http_proxy", "NO_PROXY", "no_proxy"):
+        monkeypatch.delenv(name, raising=False)
+    assert direct_transport("http://127.0.0.1:9000")
+    assert direct_transport("http://minio.cluster.local:9000")
+    assert not direct_transport("https://s3.us-east-1.amazonaws.com")
+    assert not direct_transport(None)
+    monkeypatch.setenv("HTTP_PROXY", "http://proxy.example:3128")
+    assert not direct_transport("http://minio.cluster.local:9000")  # botocore's proxy path
+    monkeypatch.setenv("NO_PROXY", "minio.cluster.local")
+    assert direct_transport("http://minio.cluster.local:9000")
+    with pytest.raises(ValueError, match="transport"):
+        EngineConfig(transport="curl")  # type: ignore[arg-type]
