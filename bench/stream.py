@@ -4,7 +4,9 @@ Run: ``python -m bench.stream`` (``--quick`` for a small run). Generates a reali
 dataset, packs it into shards on the embedded S3 server (moto, in a child process) and on
 local disk, then measures, interleaved and best of ``--repeat``:
 
-* raw fetch: the engine streaming every chunk of every shard into the ring (MB/s);
+* raw fetch: the engine streaming every chunk of every shard into the ring (MB/s), on
+  its default transport (direct, for these http:// endpoints) and, for comparison, on
+  botocore's aiohttp request, with the engine's CPU per GB;
 * ShardStream: samples/s and MB/s of sample bytes, with indexing, the window shuffle and
   the copy of each sample out of the ring; its overhead is ``1 - stream / raw`` in MB/s.
   Both run twice on one engine and the second pass counts: the engine's start-up (about
@@ -23,7 +25,7 @@ import tempfile
 import time
 from dataclasses import replace
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from asyncstream import LocalS3, S3Options, ShardStream, pack, resolve_shards
 from asyncstream._datagen import generate_imagefolder
@@ -36,7 +38,12 @@ MB = 1e6
 
 
 def raw_fetch(
-    url: str, options: S3Options, chunk: int, inflight: int, window: int
+    url: str,
+    options: S3Options,
+    chunk: int,
+    inflight: int,
+    window: int,
+    transport: Literal["auto", "aiohttp"] = "auto",
 ) -> dict[str, Any]:
     """Every chunk into the ring and straight back, twice on one engine; the second pass counts."""
     shards = resolve_shards(url, options)
@@ -46,9 +53,10 @@ def raw_fetch(
         for o in range(0, s.size, chunk)
     ]
     total = sum(r.length for r in requests)
-    config = EngineConfig(inflight=inflight, s3=options)
+    config = EngineConfig(inflight=inflight, s3=options, transport=transport)
     with Engine(config, n_slots=window + inflight, slot_bytes=chunk) as engine:
         for _ in range(2):  # the first pass boots the engine, as a stream's first epoch does
+            engine_cpu0 = engine.stats()["cpu_s"]
             cpu0 = time.process_time()
             start = time.perf_counter()
             engine.submit(requests)
@@ -56,7 +64,14 @@ def raw_fetch(
                 engine.release(engine.next().slot)
             elapsed = time.perf_counter() - start
             cpu = time.process_time() - cpu0
-    return {"MB/s": total / elapsed / MB, "seconds": elapsed, "consumer_cpu_s": cpu}
+            stats = engine.stats()
+    return {
+        "MB/s": total / elapsed / MB,
+        "seconds": elapsed,
+        "consumer_cpu_s": cpu,
+        "transport": stats["transport"],
+        "engine_cpu_s_per_gb": (stats["cpu_s"] - engine_cpu0) / (total / 1e9),
+    }
 
 
 def stream(url: str, options: S3Options, chunk: int, inflight: int, window: int) -> dict[str, Any]:
@@ -135,6 +150,12 @@ def main() -> None:
             raw = max(raws, key=lambda r: r["MB/s"])
             best = max(streams, key=lambda r: r["MB/s"])
             out[name] = {"raw": raw, "stream": best, "ratio": best["MB/s"] / raw["MB/s"]}
+            if url.startswith("s3://"):  # the same raw fetch on botocore's aiohttp transport
+                runs = [
+                    raw_fetch(url, opts, chunk, inflight, window, transport="aiohttp")
+                    for _ in range(args.repeat)
+                ]
+                out[name]["raw_aiohttp"] = max(runs, key=lambda r: r["MB/s"])
             print(
                 f"{name}: raw {raw['MB/s']:.0f} MB/s, stream {best['MB/s']:.0f} MB/s "
                 f"({best['samples/s']:.0f} samples/s), ratio {out[name]['ratio']:.2f}",
@@ -163,6 +184,18 @@ def render(out: dict[str, Any]) -> str:
             f"{s['ring_bytes'] / 2**20:.0f} MiB | "
             f"{s['peak_rss_consumer'] / 2**20:.0f} + {engine_rss / 2**20:.0f} MiB |"
         )
+    lines += [
+        "",
+        "Raw fetch by transport (engine CPU over the second pass, per GB fetched):",
+        "",
+        "| source | transport | raw fetch MB/s | engine CPU-s per GB |",
+        "|---|---|---|---|",
+    ]
+    for name in ("embedded S3, loopback", "embedded S3, S3-like network"):
+        for r in (out[name]["raw"], out[name]["raw_aiohttp"]):
+            lines.append(
+                f"| {name} | {r['transport']} | {r['MB/s']:.0f} | {r['engine_cpu_s_per_gb']:.2f} |"
+            )
     return "\n".join(lines)
 
 
