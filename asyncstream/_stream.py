@@ -6,11 +6,15 @@ the engine process, which imports the package too, never pays for torch.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import ctypes
+import os
+from collections.abc import Iterator, Sequence
 from dataclasses import replace
+from multiprocessing.context import get_spawning_popen
+from multiprocessing.sharedctypes import RawArray
 from typing import Any, Literal
 
-from torch.utils.data import IterableDataset
+from torch.utils.data import IterableDataset, get_worker_info
 
 from ._engine import Engine
 from ._exceptions import StateError
@@ -30,6 +34,64 @@ from ._urls import resolve_shards
 
 __all__ = ["ShardStream"]
 
+_LOCAL = -1  # the pending mark of a state loaded by a copy itself, not by the stream it copies
+
+
+class _SharedEpoch:
+    """The epoch a stream publishes to its DataLoader workers, read live by them.
+
+    Persistent workers keep the copy of the stream they started with, so a plain attribute
+    set by :meth:`ShardStream.set_epoch` in the main process would never reach them. Two
+    int64 cells in shared memory do: the epoch, and the mark of the state
+    :meth:`ShardStream.load_state_dict` left pending (0 for none). Only the process that
+    created the cells (the owner) writes them. Forked workers inherit them; spawned ones
+    get them while being spawned. Plain pickling and ``copy.deepcopy`` make an independent
+    copy with cells of its own.
+    """
+
+    def __init__(self, epoch: int = 0, mark: int = 0) -> None:
+        self._cells = RawArray(ctypes.c_int64, [epoch, mark])
+        self._owner = os.getpid()
+
+    @classmethod
+    def _attach(cls, cells: ctypes.Array[ctypes.c_int64], owner: int) -> _SharedEpoch:
+        shared = cls.__new__(cls)
+        shared._cells, shared._owner = cells, owner
+        return shared
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        if get_spawning_popen() is not None:  # multiprocessing can pass shared memory only then
+            return _SharedEpoch._attach, (self._cells, self._owner)
+        return _SharedEpoch, (self.epoch, self.mark)
+
+    @property
+    def owned(self) -> bool:
+        """Whether this process created the cells (a DataLoader worker only reads them)."""
+        return self._owner == os.getpid()
+
+    @property
+    def epoch(self) -> int:
+        return int(self._cells[0])
+
+    @property
+    def mark(self) -> int:
+        return int(self._cells[1])
+
+    def publish(self, epoch: int, mark: int) -> None:
+        self._cells[0], self._cells[1] = epoch, mark
+
+
+class _Refused(Iterator[dict[str, Any]]):
+    """Iterated by a DataLoader worker instead of an epoch it refuses. Torch reports an error
+    raised by ``next()`` in the main process, but one raised by ``iter()`` at the start of a
+    later epoch kills a persistent worker."""
+
+    def __init__(self, error: Exception) -> None:
+        self._error = error
+
+    def __next__(self) -> dict[str, Any]:
+        raise self._error
+
 
 class ShardStream(IterableDataset[dict[str, Any]]):
     """Samples of webdataset-style tar shards, streamed from S3 or local files.
@@ -41,9 +103,9 @@ class ShardStream(IterableDataset[dict[str, Any]]):
     The order is a pure function of (``seed``, epoch, rank, world size, worker): a seeded
     shard permutation per epoch, split exactly across ranks and DataLoader workers, then
     a window shuffle over ``window`` open shards with one chunk each resident. Call
-    :meth:`set_epoch` before each epoch for a new order. :meth:`state_dict` taken after
-    any sample resumes, in a new process, with exactly the samples that would have come
-    next.
+    :meth:`set_epoch` before each epoch for a new order; it reaches DataLoader workers,
+    ``persistent_workers=True`` included. :meth:`state_dict` taken after any sample
+    resumes, in a new process, with exactly the samples that would have come next.
 
     Memory: the ring holds ``(window + prefetch + 1) x chunk_bytes`` (chunk_bytes capped at
     the largest shard; the 1 is the engine's hedge slot, none with ``hedge=False``), per
@@ -148,16 +210,18 @@ class ShardStream(IterableDataset[dict[str, Any]]):
             adaptive=adaptive,
             hedge=hedge,
         )
-        self._epoch = 0
+        self._shared = _SharedEpoch()
         self._run: EpochRun | None = None
         self._engine: Engine | None = None  # kept from one epoch to the next when idle
-        self._pending: dict[str, Any] | None = None
+        self._pending: dict[str, Any] | None = None  # from load_state_dict, for the next epoch
+        self._pending_mark = 0  # the shared mark it was published with, or _LOCAL
+        self._loads = 0  # load_state_dict calls, numbering the marks
         self._closed = False
 
     def __repr__(self) -> str:
         s = self._settings
         return (
-            f"ShardStream({len(s.shards)} shards, {sum(s.counts)} samples, epoch={self._epoch}, "
+            f"ShardStream({len(s.shards)} shards, {sum(s.counts)} samples, epoch={self.epoch}, "
             f"window={s.window}, inflight={s.inflight}, prefetch={s.prefetch}, "
             f"chunk_bytes={s.slot_bytes}, "
             f"shuffle={s.shuffle}, rank={self._rank}/{self._world_size})"
@@ -172,7 +236,9 @@ class ShardStream(IterableDataset[dict[str, Any]]):
     @property
     def epoch(self) -> int:
         """The epoch the next iteration reads."""
-        return self._epoch
+        if self._pending is not None and self._pending_mark == _LOCAL:
+            return int(self._pending["epoch"])
+        return self._shared.epoch
 
     @property
     def ring_bytes(self) -> int:
@@ -190,28 +256,70 @@ class ShardStream(IterableDataset[dict[str, Any]]):
             raise ValueError(f"epoch must be an integer >= 0, got {epoch!r}")
         self._check_open()
         self._stop_run()
-        self._epoch = epoch
+        if not self._shared.owned:
+            self._shared = _SharedEpoch()  # a worker's copy choosing its own epoch keeps it
+        self._shared.publish(epoch, 0)
         self._pending = None
 
-    def __iter__(self) -> EpochRun:
+    def __iter__(self) -> Iterator[dict[str, Any]]:
         self._check_open()
         self._stop_run()
         topology = worker_topology(self._rank, self._world_size)
-        position = None
-        if self._pending is not None:
-            saved = Topology(*self._pending["topology"])
-            if saved != topology:
-                raise StateError(
-                    f"state_dict was saved by reader {saved}, this one is {topology}: "
-                    "resume with the same ranks and workers"
-                )
-            position = self._pending["position"]
-            self._pending = None
+        try:
+            epoch, state = self._next_start(topology)
+        except StateError as exc:
+            if get_worker_info() is None:
+                raise
+            return _Refused(exc)
         engine, self._engine = self._engine, None
         self._run = EpochRun(
-            self._settings, epoch=self._epoch, topology=topology, state=position, engine=engine
+            self._settings,
+            epoch=epoch,
+            topology=topology,
+            state=None if state is None else state["position"],
+            engine=engine,
         )
         return self._run
+
+    def _next_start(self, topology: Topology) -> tuple[int, dict[str, Any] | None]:
+        """The epoch and the loaded state (if any) the next iteration starts from.
+
+        The owner of the shared epoch, or a copy that loaded a state itself, uses its
+        pending state once. A DataLoader worker's copy follows the main process: its epoch,
+        and the state pending there, which the copy holds if it was made after
+        load_state_dict (as every epoch's workers are without ``persistent_workers``).
+
+        Raises:
+            StateError: the state was saved by another reader, or the main process loaded
+                a state after this worker was started.
+        """
+        shared, state = self._shared, self._pending
+        own = state is not None and (shared.owned or self._pending_mark == _LOCAL)
+        if not own:
+            mark = 0 if shared.owned else shared.mark
+            if mark == 0:
+                state = self._pending = None  # the main process holds none (any more)
+            elif state is None or mark != self._pending_mark:
+                raise StateError(
+                    "load_state_dict() was called after this DataLoader's persistent workers "
+                    "had started, and a state cannot reach them: create the DataLoader after "
+                    "load_state_dict(), or use persistent_workers=False"
+                )
+        if state is None:
+            return shared.epoch, None
+        saved = Topology(*state["topology"])
+        if saved != topology:
+            raise StateError(
+                f"state_dict was saved by reader {saved}, this one is {topology}: "
+                "resume with the same ranks and workers"
+            )
+        epoch = int(state["epoch"])
+        if own:
+            self._pending = None
+            if shared.owned:
+                shared.publish(epoch, 0)
+        # else: kept, as the main process keeps it until its next set_epoch
+        return epoch, state
 
     def state_dict(self) -> dict[str, Any]:
         """The exact position: plain JSON-able data.
@@ -220,20 +328,21 @@ class ShardStream(IterableDataset[dict[str, Any]]):
         resume with exactly the samples that would have come next.
         """
         self._check_open()
+        if self._run is not None:
+            return json_state(
+                self._settings, self._run.epoch, self._run.topology, self._run.state()
+            )
         if self._pending is not None:
             return self._pending
-        topology = (
-            self._run.topology if self._run else worker_topology(self._rank, self._world_size)
-        )
-        position = (
-            self._run.state()
-            if self._run is not None
-            else {"draws": 0, "next_piece": 0, "emitted": 0, "lanes": []}
-        )
-        return json_state(self._settings, self._epoch, topology, position)
+        topology = worker_topology(self._rank, self._world_size)
+        position = {"draws": 0, "next_piece": 0, "emitted": 0, "lanes": []}
+        return json_state(self._settings, self.epoch, topology, position)
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Resume from :meth:`state_dict`; the next iteration continues where it was.
+
+        With DataLoader workers, load before the DataLoader starts them: persistent workers
+        started earlier cannot receive the state, and refuse the next epoch.
 
         Raises:
             StateError: the state belongs to another dataset or configuration, or is
@@ -248,8 +357,12 @@ class ShardStream(IterableDataset[dict[str, Any]]):
         if not isinstance(epoch, int) or epoch < 0:
             raise StateError("state_dict epoch is corrupted")
         self._stop_run()
-        self._epoch = epoch
-        self._pending = state
+        if self._shared.owned:
+            self._loads += 1
+            self._shared.publish(epoch, self._loads)  # so workers started before refuse it
+            self._pending, self._pending_mark = state, self._loads
+        else:  # a DataLoader worker's copy: its state, then the main process's epochs again
+            self._pending, self._pending_mark = state, _LOCAL
 
     def stats(self) -> dict[str, Any]:
         """Statistics: samples, shuffle radius and remainder of the current epoch, and
@@ -261,7 +374,7 @@ class ShardStream(IterableDataset[dict[str, Any]]):
         self._check_open()
         if self._run is None:
             return {
-                "epoch": self._epoch,
+                "epoch": self.epoch,
                 "samples": 0,
                 "remainder_policy": self._settings.remainder,
             }

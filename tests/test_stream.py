@@ -2,8 +2,14 @@
 
 from __future__ import annotations
 
+import contextlib
+import copy as copy_module
+import functools
+import gc
 import json
 import multiprocessing
+import os
+import pickle
 import random
 from collections import Counter
 from collections.abc import Iterator
@@ -394,3 +400,149 @@ def test_engine_is_kept_between_clean_epochs(dataset: dict[str, Any]) -> None:
         last = s._run.engine if s._run is not None else None
     assert last is not None
     assert last._closed  # closed with the stream
+
+
+def worker_orders(dataset: dict[str, Any], epochs: int, **kwargs: Any) -> list[list[str]]:
+    """Each epoch's order through 2 fresh (non-persistent) DataLoader workers."""
+    orders = []
+    for epoch in range(epochs):
+        with stream(dataset, **kwargs) as s:
+            s.set_epoch(epoch)
+            orders.append(keys_of(DataLoader(s, batch_size=None, num_workers=2)))
+    return orders
+
+
+def note_start(starts: Any, worker_id: int) -> None:
+    """A worker_init_fn: count this worker's starts and note its pid."""
+    starts[2 * worker_id] += 1
+    starts[2 * worker_id + 1] = os.getpid()
+
+
+def alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rpartition(")")[2].split()[0] != "Z"
+    except FileNotFoundError:
+        return False
+
+
+@pytest.mark.parametrize("context", ["fork", "spawn", "forkserver"])
+def test_persistent_workers_follow_set_epoch(dataset: dict[str, Any], context: str) -> None:
+    reference = worker_orders(dataset, 2)
+    assert reference[0] != reference[1]
+    starts = multiprocessing.RawArray("q", 4)
+    orders = []
+    with stream(dataset) as s:
+        loader = DataLoader(
+            s,
+            batch_size=None,
+            num_workers=2,
+            persistent_workers=True,
+            multiprocessing_context=context,
+            worker_init_fn=functools.partial(note_start, starts),
+        )
+        for epoch in range(2):
+            s.set_epoch(epoch)
+            orders.append(keys_of(loader))
+        del loader  # stops the workers, which close their engines
+        gc.collect()
+    for order in orders:
+        assert Counter(order) == Counter(dataset["keys"])
+    assert orders == reference
+    assert starts[0] == starts[2] == 1  # the same two workers served both epochs
+    workers = [starts[1], starts[3]]
+    assert not [pid for pid in workers if alive(pid)]
+    prefixes = tuple(f"asyncstream-{pid}-" for pid in workers)
+    assert not [n for n in os.listdir("/dev/shm") if n.startswith(prefixes)]  # their rings
+
+
+def test_state_loaded_before_persistent_workers_start(dataset: dict[str, Any]) -> None:
+    with stream(dataset) as s:
+        it = iter(s)
+        for _ in range(10):
+            next(it)
+        state = s.state_dict()  # one reader: valid for one DataLoader worker
+    with stream(dataset) as s:
+        reference = keys_of(s)
+        s.set_epoch(1)
+        second = keys_of(s)
+    for persistent in (False, True):
+        with stream(dataset) as s:
+            s.load_state_dict(state)
+            loader = DataLoader(s, batch_size=None, num_workers=1, persistent_workers=persistent)
+            assert keys_of(loader) == reference[10:]
+            assert keys_of(loader) == reference[10:]  # kept until set_epoch, as ever
+            s.set_epoch(1)
+            assert keys_of(loader) == second
+
+
+def test_state_loaded_after_persistent_workers_start_is_refused(dataset: dict[str, Any]) -> None:
+    with stream(dataset) as s:
+        reference = keys_of(s)
+        s.set_epoch(0)
+        it = iter(s)
+        for _ in range(10):
+            next(it)
+        state = s.state_dict()
+    with stream(dataset) as s:
+        loader = DataLoader(s, batch_size=None, num_workers=1, persistent_workers=True)
+        assert keys_of(loader) == reference
+        s.load_state_dict(state)  # the worker cannot receive it: no silent fresh epoch
+        for _ in range(2):
+            with pytest.raises(StateError, match="persistent workers"):
+                keys_of(loader)
+        s.set_epoch(0)  # drops the state: the same worker goes on
+        assert keys_of(loader) == reference
+        s.load_state_dict(state)  # a DataLoader started afterwards receives it
+        fresh = DataLoader(s, batch_size=None, num_workers=1, persistent_workers=True)
+        assert keys_of(fresh) == reference[10:]
+
+
+def test_copies_are_independent_streams(dataset: dict[str, Any]) -> None:
+    with stream(dataset) as s:
+        s.set_epoch(3)
+        reference = keys_of(s)
+        s.set_epoch(2)
+        for copy in (pickle.loads(pickle.dumps(s)), copy_module.deepcopy(s)):
+            with copy:
+                assert copy.epoch == 2
+                copy.set_epoch(3)
+                assert s.epoch == 2  # a copy's epoch is its own
+                assert keys_of(copy) == reference
+        assert s.epoch == 2
+        it = iter(s)
+        for _ in range(7):
+            next(it)
+        state = s.state_dict()
+        s.load_state_dict(state)
+        with copy_module.deepcopy(s) as copy:
+            assert keys_of(copy) == keys_of(s)  # both resume from the pending state
+
+
+def heap_descriptors() -> list[str]:
+    """This process's descriptors of multiprocessing's shared heap (unlinked files)."""
+    found = []
+    for fd in os.listdir("/proc/self/fd"):
+        with contextlib.suppress(OSError):  # closed meanwhile (listdir's own, for one)
+            target = os.readlink(f"/proc/self/fd/{fd}")
+            if "/pym-" in target:
+                found.append(target)
+    return found
+
+
+def test_copies_leak_no_descriptor(dataset: dict[str, Any]) -> None:
+    def copies(n: int) -> None:
+        for _ in range(n):
+            with pickle.loads(pickle.dumps(s)), copy_module.deepcopy(s):
+                pass
+
+    with stream(dataset) as s:
+        copies(10)
+        gc.collect()
+        heap = heap_descriptors()
+        assert heap  # the shared epoch lives there
+        copies(300)
+        gc.collect()
+        assert heap_descriptors() == heap
+    assert all(target.endswith("(deleted)") for target in heap)  # nothing left in /dev/shm
+    assert not [n for n in os.listdir("/dev/shm") if n.startswith(f"pym-{os.getpid()}-")]
