@@ -642,6 +642,7 @@ class Engine:
         self._stats: dict[str, Any] | None = None
         self._starved = 0.0
         self._closed = False
+        self._pid = os.getpid()  # a forked child inherits this object, not the engine
         try:
             self._start()
         except BaseException:
@@ -703,7 +704,10 @@ class Engine:
     def idle(self) -> bool:
         """Nothing submitted and untaken, every slot FREE: ready to serve another epoch."""
         return (
-            not self._closed and not self._requests and self.ring.free_count() == self.ring.n_slots
+            not self._closed
+            and self.owned
+            and not self._requests
+            and self.ring.free_count() == self.ring.n_slots
         )
 
     def submit(self, requests: Sequence[ChunkRequest]) -> list[int]:
@@ -818,9 +822,19 @@ class Engine:
         except (BrokenPipeError, OSError) as exc:
             raise self._died() from exc
 
+    @property
+    def owned(self) -> bool:
+        """Whether this process started the engine (a forked child holds a mere copy)."""
+        return os.getpid() == self._pid
+
     def _check_open(self) -> None:
         if self._closed:
             raise EngineError("this engine is closed")
+        if not self.owned:
+            raise EngineError(
+                f"this engine belongs to process {self._pid}; a forked process (a "
+                "DataLoader worker, say) starts an engine of its own"
+            )
 
     def close(self, *, wait: bool = False) -> None:
         """Stop the engine and remove the ring. Idempotent.
@@ -832,6 +846,11 @@ class Engine:
         if self._closed:
             return
         self._closed = True
+        if not self.owned:  # a forked copy: let go of it, leave the owner's engine be
+            if self._conn is not None:
+                self._conn.close()  # this process's copy of the descriptor only
+            self.ring.close()
+            return
         try:
             if self._conn is not None:
                 with contextlib.suppress(OSError):

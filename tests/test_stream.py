@@ -22,6 +22,7 @@ from torch.utils.data import DataLoader
 from asyncstream import (
     CorruptTarError,
     DataError,
+    EngineError,
     LocalS3,
     S3Options,
     ShardStream,
@@ -546,3 +547,47 @@ def test_copies_leak_no_descriptor(dataset: dict[str, Any]) -> None:
         assert heap_descriptors() == heap
     assert all(target.endswith("(deleted)") for target in heap)  # nothing left in /dev/shm
     assert not [n for n in os.listdir("/dev/shm") if n.startswith(f"pym-{os.getpid()}-")]
+
+
+def test_a_stream_read_in_this_process_then_by_forked_workers(dataset: dict[str, Any]) -> None:
+    """Forked DataLoader workers inherit this process's run and engine (fork copies
+    everything): they must leave them alone and start their own."""
+    with stream(dataset) as s:
+        it = iter(s)
+        first = [next(it)["__key__"] for _ in range(5)]  # a look at the data, mid-epoch
+        engine = s._run.engine if s._run is not None else None
+        assert engine is not None
+        assert engine.owned
+        by_workers = keys_of(DataLoader(s, batch_size=None, num_workers=2))
+        assert Counter(by_workers) == Counter(dataset["keys"])
+        rest = keys_of(it)  # this process's run, and its engine, carry on
+        assert Counter(first + rest) == Counter(dataset["keys"])
+        assert s.stats()["fetch"]["transport"] == "direct"
+    assert engine._closed
+
+
+def test_a_forked_copy_of_an_engine_cannot_be_used_and_closes_harmlessly(
+    dataset: dict[str, Any],
+) -> None:
+    with stream(dataset) as s:
+        it = iter(s)
+        next(it)
+        engine = s._run.engine if s._run is not None else None
+        assert engine is not None
+        pid = os.fork()
+        if pid == 0:  # the child: its copy refuses work, and closing it stops nothing
+            code = 1
+            try:
+                try:
+                    engine.stats()
+                except EngineError as exc:
+                    code = 0 if "forked process" in str(exc) else 2
+                engine.close()
+                s.close()
+            finally:
+                os._exit(code)
+        _, status = os.waitpid(pid, 0)
+        assert os.waitstatus_to_exitcode(status) == 0
+        rest = keys_of(it)  # the parent's engine and ring are intact
+        assert len(rest) == 119
+        assert os.path.exists(f"/dev/shm/{engine.ring.name}")
