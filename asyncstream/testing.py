@@ -1224,6 +1224,15 @@ class FaultProxy:
             ready.set()
             await self._stop.wait()
         finally:
+            # Stop accepting first, and let connections accepted already get their
+            # transport: on Python 3.11 a transport made after server.close() fails half
+            # way (Server._attach) and leaks its socket (ResourceWarning: unclosed
+            # transport). _accept aborts them, as the proxy is stopping.
+            loop = asyncio.get_running_loop()
+            for sock in server.sockets:
+                loop.remove_reader(sock.fileno())
+            for _ in range(3):
+                await asyncio.sleep(0)
             server.close()
             tasks = set(self._tasks)
             for task in tasks:
@@ -1235,9 +1244,11 @@ class FaultProxy:
             self._transports.clear()
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(server.wait_closed(), _CLOSE_TIMEOUT)
-            # Let the transports' connection_lost callbacks run, which close the sockets.
-            for _ in range(3):
-                await asyncio.sleep(0)
+            # Let the transports' connection_lost callbacks run, which close the sockets
+            # (an aborted transport closes its socket in a callback of a later iteration;
+            # a loop closed before it runs leaves the socket to the garbage collector,
+            # which warns: ResourceWarning, "unclosed transport").
+            await asyncio.sleep(0.05)
 
     def _accept(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         if self._stop is None or self._stop.is_set():
