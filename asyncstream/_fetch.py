@@ -274,9 +274,12 @@ async def _get_direct(
     target = _Target(request, out, timeouts, check_etag)
     token = _target.set(target)
     try:
-        await client.get_object(**_get_params(request, check_etag))
+        response = await client.get_object(**_get_params(request, check_etag))
     finally:
         _target.reset(token)
+    if not target.headers_at:  # botocore sent it itself: the body is not in the slot
+        response["Body"].close()
+        raise RuntimeError("the direct transport is not enabled on this client")
     return target.headers_at
 
 

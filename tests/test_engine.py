@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import os
 import signal
@@ -14,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from aiobotocore.session import AioSession
 
 from asyncstream import (
     AccessDeniedError,
@@ -26,7 +28,7 @@ from asyncstream import (
     resolve_shards,
 )
 from asyncstream._engine import Engine, EngineConfig
-from asyncstream._fetch import ChunkRequest, direct_transport
+from asyncstream._fetch import ChunkRequest, direct_transport, fetch_s3
 from asyncstream._retry import RetryPolicy, Timeouts
 from asyncstream._urls import Shard
 from asyncstream.testing import FaultPlan, FaultProxy, NetworkProfile
@@ -298,7 +300,7 @@ _CONSUMER = textwrap.dedent(
     """
     import sys, time
     from asyncstream._engine import Engine, EngineConfig
-    from asyncstream._fetch import ChunkRequest, direct_transport
+    from asyncstream._fetch import ChunkRequest, direct_transport, fetch_s3
     if __name__ == "__main__":
         engine = Engine(EngineConfig(), n_slots=2, slot_bytes=4096)
         print(engine.ring.name, engine.pid, flush=True)
@@ -481,3 +483,27 @@ def test_the_direct_transport_is_for_plain_http_without_a_proxy(
     assert direct_transport("http://minio.cluster.local:9000")
     with pytest.raises(ValueError, match="transport"):
         EngineConfig(transport="curl")  # type: ignore[arg-type]
+
+
+def test_the_direct_transport_refuses_a_client_without_its_hook(
+    s3_server: LocalS3, dataset: dict[str, Any]
+) -> None:
+    """Without the before-send hook botocore would fetch the body itself and leave the
+    slot unwritten: an error, never a chunk of stale bytes."""
+    url = f"s3://{dataset['bucket']}/shard-004.tar"
+
+    async def fetch() -> None:
+        options = s3_server.options()
+        async with AioSession().create_client("s3", **options.client_kwargs()) as client:
+            out = memoryview(bytearray(100))
+            await fetch_s3(
+                client,
+                ChunkRequest(url, 0, 100),
+                out,
+                timeouts=SHORT,
+                check_etag=False,
+                direct=True,
+            )
+
+    with pytest.raises(RuntimeError, match="not enabled"):
+        asyncio.run(fetch())
