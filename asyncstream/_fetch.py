@@ -293,9 +293,11 @@ async def _send_direct(request: Any, **_: Any) -> AioAWSResponse | None:
     headers = {
         name: value.decode("latin-1") if isinstance(value, bytes) else str(value)
         for name, value in request.headers.items()
+        if name.lower() != "connection"
     }
-    # As botocore's signer writes it when the request has no Host: no default port.
-    headers.setdefault("Host", parts.netloc.removesuffix(":80"))
+    if not any(name.lower() == "host" for name in headers):
+        # As botocore's signer wrote it when the request has no Host: no default port.
+        headers["Host"] = parts.netloc.removesuffix(":80")
     headers["Connection"] = "close"
     target_line = parts.path + (f"?{parts.query}" if parts.query else "")
     head = f"{request.method} {target_line} HTTP/1.1\r\n"
