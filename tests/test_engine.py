@@ -379,12 +379,13 @@ def test_bytes_checksum_matches(proxy: FaultProxy, dataset: dict[str, Any], tran
 def _throttled_run(
     s3_server: LocalS3, dataset: dict[str, Any], *, adaptive: bool
 ) -> tuple[dict[str, bytes], dict[str, Any], dict[str, int]]:
-    """Every shard through a proxy that serves 2 GETs at once, with the engine asking for 8."""
+    """Every shard through a proxy that serves 2 GETs at once, with the engine asking for 8:
+    40 shards in 64 KiB chunks (about 160 requests, enough for the counts to settle)."""
     profile = NetworkProfile(first_byte_latency=(0.01, 0.02))
     with FaultProxy(s3_server.endpoint_url, profile=profile, capacity=2) as proxy:
         options = S3Options(endpoint_url=proxy.endpoint_url).resolve()
         shards = resolve_shards(f"s3://{dataset['bucket']}/", options)[:40]
-        requests = chunks_of(shards, 1 << 20)
+        requests = chunks_of(shards, 64 << 10)
         cfg = config(proxy.endpoint_url, adaptive=adaptive, hedge=False)
         with Engine(cfg, n_slots=10, slot_bytes=1 << 20) as engine:
             got = drain(engine, requests)
