@@ -35,11 +35,11 @@ import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
+from _procs import engine_pids
 from torch.utils.data import DataLoader
 
 from asyncstream import EngineError, ShardStream
 
-_ENGINE_MODULE = b"asyncstream._engine"
 _KEEP: list[Any] = []  # module globals that outlive the row, as in a script
 
 
@@ -50,25 +50,6 @@ class UserBug(Exception):
 def emit(event: str, **fields: Any) -> None:
     """One report line on stdout."""
     print(json.dumps({"event": event, **fields}), flush=True)
-
-
-def engine_pids() -> list[int]:
-    """Live children of this process that run the fetch engine (zombies are dead)."""
-    me = os.getpid()
-    found = []
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry}/stat") as f:
-                fields = f.read().rpartition(")")[2].split()
-            with open(f"/proc/{entry}/cmdline", "rb") as f:
-                cmdline = f.read().split(b"\0")
-        except OSError:
-            continue
-        if int(fields[1]) == me and fields[0] != "Z" and _ENGINE_MODULE in cmdline:
-            found.append(int(entry))
-    return found
 
 
 def worker_pids() -> list[int]:
@@ -134,6 +115,16 @@ def epochs(
         before_epoch()
 
 
+def started(stream: ShardStream, settings: dict[str, Any]) -> Iterator[dict[str, Any]]:
+    """The stream's iterator ``settings["at"]`` samples in, once its pids are reported."""
+    it = iter(stream)
+    for _ in range(settings["at"]):
+        next(it)
+    (engine,) = engine_pids()
+    emit("pids", pids=[os.getpid(), engine], engine=engine, segments=segments([os.getpid()]))
+    return it
+
+
 # -- rows ----------------------------------------------------------------------------
 
 
@@ -164,11 +155,7 @@ def engine_sigkill(settings: dict[str, Any]) -> None:
 def consumer_dies(settings: dict[str, Any]) -> None:
     """This process dies of ``settings["signal"]`` mid-epoch, its engine downloading."""
     with make_stream(settings) as stream:
-        it = iter(stream)
-        for _ in range(settings["at"]):
-            next(it)
-        (engine,) = engine_pids()
-        emit("pids", pids=[os.getpid(), engine], engine=engine, segments=segments([os.getpid()]))
+        started(stream, settings)  # the stream holds the run
         os.kill(os.getpid(), getattr(signal, settings["signal"]))
         time.sleep(30)  # the signal ends this process first
     emit("done")
@@ -177,11 +164,7 @@ def consumer_dies(settings: dict[str, Any]) -> None:
 def consumer_stalled(settings: dict[str, Any]) -> None:
     """Blocked on a stalled download when the test kills this process."""
     with make_stream(settings) as stream:
-        it = iter(stream)
-        for _ in range(settings["at"]):
-            next(it)
-        (engine,) = engine_pids()
-        emit("pids", pids=[os.getpid(), engine], engine=engine, segments=segments([os.getpid()]))
+        it = started(stream, settings)
         sys.stdin.readline()  # the test stalls every download from now on
         for _ in it:  # until a chunk that never comes: the test kills us there
             pass

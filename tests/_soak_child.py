@@ -25,9 +25,9 @@ import threading
 import time
 from typing import Any
 
-from asyncstream import RetryPolicy, ShardStream, Timeouts
+from _procs import engine_pids
 
-_ENGINE_MODULE = "asyncstream._engine"
+from asyncstream import RetryPolicy, ShardStream, Timeouts
 
 
 def digest(data: bytes) -> str:
@@ -59,26 +59,6 @@ def fds(pid: int | str) -> dict[str, int]:
         else:
             other += 1
     return {"sockets": sockets, "other": other}
-
-
-def engine_pids() -> list[int]:
-    """Live children of this process that run the fetch engine (zombies are dead)."""
-    me = os.getpid()
-    found = []
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry}/stat") as f:
-                stat = f.read()
-            with open(f"/proc/{entry}/cmdline", "rb") as f:
-                cmdline = f.read().split(b"\0")
-        except OSError:
-            continue
-        state, ppid = stat.rpartition(")")[2].split()[:2]
-        if int(ppid) == me and state != "Z" and _ENGINE_MODULE.encode() in cmdline:
-            found.append(int(entry))
-    return found
 
 
 def shm_bytes() -> dict[str, int]:

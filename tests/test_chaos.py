@@ -35,6 +35,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from _procs import alive
 
 from asyncstream import LocalS3, pack
 from asyncstream.testing import FaultPlan, FaultProxy
@@ -98,14 +99,6 @@ def dataset(s3_server: LocalS3, tmp_path_factory: pytest.TempPathFactory) -> dic
                 expected.setdefault(key, {})[ext] = digest(data.read())
     assert len(expected) == 120
     return {"url": url, "expected": expected}
-
-
-def alive(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rpartition(")")[2].split()[0] != "Z"
-    except FileNotFoundError:
-        return False
 
 
 def within(final: float, baseline: float, tolerance: float) -> bool:

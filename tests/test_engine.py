@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from _procs import alive
 from aiobotocore.session import AioSession
 
 from asyncstream import (
@@ -323,9 +324,9 @@ def test_sigkill_of_the_consumer_stops_the_engine_and_frees_shm(tmp_path: Path) 
         proc.kill()
         proc.wait()
         deadline = time.monotonic() + 10
-        while time.monotonic() < deadline and (_alive(engine_pid) or name in shm_names()):
+        while time.monotonic() < deadline and (alive(engine_pid) or name in shm_names()):
             time.sleep(0.05)
-        assert not _alive(engine_pid)
+        assert not alive(engine_pid)
         assert name not in shm_names()
     finally:
         if proc.poll() is None:
@@ -335,19 +336,6 @@ def test_sigkill_of_the_consumer_stops_the_engine_and_frees_shm(tmp_path: Path) 
         assert proc.stderr is not None
         proc.stdout.close()
         proc.stderr.close()
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    # A zombie is dead for our purposes.
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().split()[2] != "Z"
-    except FileNotFoundError:
-        return False
 
 
 def test_close_is_idempotent_and_refuses_reuse(tmp_path: Path) -> None:

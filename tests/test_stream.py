@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from _procs import alive
 from torch.utils.data import DataLoader
 
 from asyncstream import (
@@ -417,14 +418,6 @@ def note_start(starts: Any, worker_id: int) -> None:
     """A worker_init_fn: count this worker's starts and note its pid."""
     starts[2 * worker_id] += 1
     starts[2 * worker_id + 1] = os.getpid()
-
-
-def alive(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rpartition(")")[2].split()[0] != "Z"
-    except FileNotFoundError:
-        return False
 
 
 @pytest.mark.parametrize("context", ["fork", "spawn", "forkserver"])
