@@ -1,51 +1,53 @@
-"""One epoch of one reader: plan, engine, tar index and window shuffle together.
+"""One epoch of one reader: the stages of a stream, driven together.
 
-One epoch of one reader is an :class:`_EpochRun`: the epoch plan (:mod:`._plan`) gives its
-pieces, the fetch engine (:mod:`._engine`) streams their chunks into the ring, a
-:class:`~._tar.ShardReader` per open shard indexes each resident chunk in place, and the
-:class:`~._shuffle.WindowShuffle` decides which sample comes next. Each emitted sample is
-copied out of the ring into ``bytes``, so what user code holds never changes under it; a
-chunk's slot goes back to the engine as soon as its last sample is emitted.
+An :class:`EpochRun` chains small stages, in the manner of ``torchdata.nodes``, each of
+which can be changed alone:
 
-Prefetch: up to ``prefetch`` chunks are requested ahead, those predicted to be needed
-first (see :meth:`EpochRun._prefetch`: the lanes' next chunks, later chunks of their
-shards, and the chunks of the pieces that will take over from the lanes that finish
-first). A wrong guess only costs a wait, never the order: the shuffle takes chunks
-when it needs them, whatever arrived first. The ring has ``window + prefetch`` slots
-(plus the engine's hedge slot): ``window`` for the lanes' resident chunks, ``prefetch``
-for chunks downloading or downloaded and waiting for their lane. ``prefetch`` defaults
-to twice ``inflight``: lanes empty in random order, so some prefetched chunks always
-wait READY for their lane, and with only ``inflight`` slots for them fewer than
-``inflight`` downloads would run (measured under the S3-like profile: 6.4 of 8 on
-average, against 7.9 of 8 with twice the slots).
+1. **plan** (:mod:`._plan`, :mod:`._state`): where the reader starts (a fresh epoch's
+   share, a saved position, or a share of what several saved readers left) and the
+   pieces it reads;
+2. **chunk reader** (:mod:`._lanes`): each open piece read chunk by chunk out of the
+   shared-memory ring that the fetch engine (:mod:`._engine`) fills, indexed in place;
+3. **prefetch** (:mod:`._prefetch`): which chunks to ask for ahead of need;
+4. **window shuffle** (:mod:`._shuffle`): which sample comes next;
+5. **emit**: each sample copied out of the ring into ``bytes``, so what user code holds
+   never changes under it; a chunk's slot goes back to the engine as soon as its lane
+   moves on.
+
+:meth:`EpochRun.state` is the reader's :class:`~._state.ReaderState`; a run started from
+one (``Start.position``) continues exactly where it was.
+
+Prefetch memory: up to ``prefetch`` chunks are requested ahead; the ring has ``window +
+prefetch`` slots (plus the engine's hedge slot): ``window`` for the lanes' resident
+chunks, ``prefetch`` for chunks downloading or downloaded and waiting for their lane.
+``prefetch`` defaults to twice ``inflight``: lanes empty in random order, so some
+prefetched chunks always wait READY for their lane, and with only ``inflight`` slots for
+them fewer than ``inflight`` downloads would run (measured under the S3-like profile: 6.4
+of 8 on average, against 7.9 of 8 with twice the slots).
 """
 
 from __future__ import annotations
 
 import hashlib
-import heapq
-import itertools
-import json
 import multiprocessing
 import os
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from ._engine import Engine, EngineConfig, Ready
-from ._exceptions import DataError, StateError
-from ._fetch import ChunkRequest
-from ._plan import Piece, Topology, epoch_plan
+from ._engine import Engine, EngineConfig
+from ._exceptions import StateError
+from ._lanes import ChunkReader, Item, LaneReader
+from ._plan import Topology
+from ._prefetch import soonest
 from ._retry import RetryPolicy, Timeouts
 from ._s3 import S3Options
 from ._shuffle import Lane, WindowShuffle, mix_key
-from ._tar import Sample, ShardReader
+from ._state import BASE, Identity, Position, ReaderState, Start, epoch_sequence
+from ._tar import Sample
 from ._urls import Shard
 
-__all__ = ["STATE_VERSION", "EpochRun", "StreamSettings", "default_topology"]
-
-STATE_VERSION = 1
-Item = tuple[int, Sample]  # (in-shard sample index, sample)
+__all__ = ["EpochRun", "StreamSettings", "default_topology", "worker_topology"]
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -115,71 +117,52 @@ def worker_topology(rank: int, world_size: int) -> Topology:
     return Topology(rank, world_size, info.id, info.num_workers)
 
 
-@dataclass
-class _LaneState:
-    """What a lane needs beyond its items: its piece, reader and current chunk."""
-
-    piece: Piece
-    shard: Shard
-    reader: ShardReader
-    count: int  # samples in the whole shard
-    chunk_bytes: int
-    chunk: int = -1  # index of the resident chunk
-    returned: int = 0  # samples the reader has returned so far (next in-shard index)
-    returned_before: int = 0  # ... before the resident chunk was fed
-    reader_start: int = 0  # reader.pending_offset before the resident chunk was fed
-    ready: Ready | None = None
-
-    @property
-    def n_chunks(self) -> int:
-        return -(-self.shard.size // self.chunk_bytes)
-
-    @property
-    def wants_more(self) -> bool:
-        # A piece that runs to the shard's end reads it all, so a wrong count is caught.
-        needed = self.returned < self.piece.stop or self.piece.stop == self.count
-        return needed and self.chunk + 1 < self.n_chunks
+def shuffle_key(seed: int, start: Start, topology: Topology) -> int:
+    """The window shuffle's key: the epoch's own for its plan, a fresh one per resume."""
+    parts = [seed, start.epoch, topology.rank, topology.worker]
+    if start.lineage != BASE:
+        parts.append(int(start.lineage[:16], 16))
+    return mix_key(*parts)
 
 
 class EpochRun(Iterator[dict[str, Any]]):
-    """One epoch of one reader; iterate it for samples. Close it to stop the engine."""
+    """One epoch of one reader; iterate it for samples. Close it to stop the engine.
+
+    Args:
+        settings: the stream's settings.
+        start: where the reader starts (see :mod:`._state`).
+        topology: the reader's rank and worker.
+        engine: an idle engine of the previous epoch, to reuse.
+    """
 
     def __init__(
         self,
         settings: StreamSettings,
         *,
-        epoch: int,
+        start: Start,
         topology: Topology,
-        state: dict[str, Any] | None = None,
         engine: Engine | None = None,
     ) -> None:
         self.settings = settings
-        self.epoch = epoch
+        self.start = start
+        self.epoch = start.epoch
         self.topology = topology
-        self.pieces, self.remainder_samples = epoch_plan(
-            settings.counts,
-            seed=settings.seed,
-            epoch=epoch,
-            shuffle=settings.shuffle,
-            topology=topology,
-            remainder=settings.remainder,
-        )
+        self.remainder_samples = start.extra
+        self.pieces = epoch_sequence(settings, start.epoch).pieces(start.assignment)
         self.shuffle: WindowShuffle[Item] = WindowShuffle(
             len(self.pieces),
             window=settings.window,
-            key=mix_key(settings.seed, epoch, topology.rank, topology.worker),
+            key=shuffle_key(settings.seed, start, topology),
             mode=settings.mode,
             shuffle=settings.shuffle,
         )
-        self.emitted = 0
-        self.requested: dict[tuple[int, int], int] = {}  # (piece position, chunk) -> id
         self.engine = engine  # an idle engine of the previous epoch, reused
+        self.reader = ChunkReader(settings, self.pieces, self._engine)
+        self.emitted = 0
         self.closed = False
         self.primed = False
-        self._state = state
+        self._restore_pending = start.position
         self._engine()  # boots while the caller sets up (a DALI pipeline, say)
-
-    # -- engine -------------------------------------------------------------------------
 
     def _engine(self) -> Engine:
         if self.engine is None:
@@ -203,106 +186,39 @@ class EpochRun(Iterator[dict[str, Any]]):
             )
         return self.engine
 
-    def _request(self, position: int, chunk: int) -> ChunkRequest:
-        shard = self.settings.shards[self.pieces[position].shard]
-        size = self.settings.slot_bytes
-        offset = chunk * size
-        length = min(size, shard.size - offset)
-        return ChunkRequest(shard.url, offset, length, shard.etag, offset + length >= shard.size)
+    # -- stages -------------------------------------------------------------------------
 
-    def _take(self, position: int, chunk: int) -> Ready:
-        engine = self._engine()
-        rid = self.requested.pop((position, chunk), None)
-        if rid is None:
-            (rid,) = engine.submit([self._request(position, chunk)])
-        return engine.wait(rid)
+    @staticmethod
+    def _lane(lane: Lane[Item]) -> LaneReader:
+        reader: LaneReader = lane.meta["reader"]
+        return reader
 
     def _prefetch(self) -> None:
-        """Request the ``prefetch`` chunks needed soonest, as far as it can be told.
-
-        Need time is counted in samples drawn from a lane (lanes drain at about the same
-        rate): a lane's next chunk is needed once its resident samples are drawn, each
-        later chunk of its shard one chunk's worth of samples after that; a piece still to
-        open takes the place of the lane that finishes first, and its chunks follow from
-        there. Chunks beyond the next are asked for only where the piece runs to its
-        shard's end (so they are surely read). Downloads start in request order; a wrong
-        guess costs a wait, never the order.
-        """
+        """Ask for the chunks the prefetch stage ranks soonest, within the budget."""
         budget = self.settings.prefetch
-        room = budget - len(self.requested)
+        room = budget - len(self.reader.requested)
         if room <= 0:
             return
-        streams: list[Iterator[tuple[float, int, int]]] = []
-        finish: list[float] = []
-        for lane in self.shuffle.lanes:
-            meta: _LaneState = lane.meta["state"]
-            t = float(lane.remaining)
-            if meta.wants_more:
-                left = meta.n_chunks - meta.chunk - 1
-                last = meta.n_chunks if meta.piece.stop == meta.count else meta.chunk + 2
-                per = (meta.count - meta.returned) / left
-                streams.append(_chunk_needs(t, lane.piece, meta.chunk + 1, last, per))
-                t += max(0, meta.piece.stop - meta.returned)
-            finish.append(t)
-        finish += [0.0] * max(0, self.shuffle.window - len(self.shuffle.lanes))
-        heapq.heapify(finish)
-        upcoming = self.shuffle.next_piece
-        for position in range(upcoming, min(len(self.pieces), upcoming + budget)):
-            t = heapq.heappop(finish)
-            piece = self.pieces[position]
-            count = self.settings.counts[piece.shard]
-            n_chunks = -(-self.settings.shards[piece.shard].size // self.settings.slot_bytes)
-            last = n_chunks if piece.stop == count else 1
-            streams.append(_chunk_needs(t, position, 0, last, count / n_chunks))
-            heapq.heappush(finish, t + piece.stop - piece.first)
-        fresh: list[tuple[int, int]] = []
-        for _, position, chunk in itertools.islice(heapq.merge(*streams), budget):
-            if (position, chunk) not in self.requested:
-                fresh.append((position, chunk))
-                if len(fresh) == room:
-                    break
-        if fresh:
-            ids = self._engine().submit([self._request(p, c) for p, c in fresh])
-            self.requested.update(zip(fresh, ids, strict=True))
-
-    # -- lanes --------------------------------------------------------------------------
-
-    def _load(self, meta: _LaneState, position: int) -> list[Item]:
-        """Make the lane's next chunk resident and index it; returns its new items."""
-        if meta.ready is not None:
-            self._engine().release(meta.ready.slot)
-            meta.ready = None
-        meta.chunk += 1
-        ready = self._take(position, meta.chunk)
-        meta.reader_start = meta.reader.pending_offset
-        meta.returned_before = meta.returned
-        samples = meta.reader.feed(
-            self._engine().view(ready), ready.request.offset, final=ready.request.final
-        )
-        meta.ready = ready
-        first = meta.returned
-        meta.returned += len(samples)
-        if ready.request.final and meta.returned != meta.count:
-            raise DataError(
-                f"{meta.shard.url}: holds {meta.returned} samples, but {meta.count} were "
-                "expected (samples_per_shard or the manifest is out of date)"
+        s = self.settings
+        upcoming = [
+            (p, self.pieces[p], s.shards[self.pieces[p].shard], s.counts[self.pieces[p].shard])
+            for p in range(
+                self.shuffle.next_piece, min(len(self.pieces), self.shuffle.next_piece + budget)
             )
-        piece = meta.piece
-        lo, hi = max(piece.first - first, 0), min(piece.stop - first, len(samples))
-        return [(first + i, samples[i]) for i in range(lo, hi)]
+        ]
+        wanted = soonest(
+            [(lane.remaining, self._lane(lane)) for lane in self.shuffle.lanes],
+            upcoming,
+            window=self.shuffle.window,
+            slot_bytes=s.slot_bytes,
+            budget=budget,
+        )
+        fresh = [key for key in wanted if key not in self.reader.requested][:room]
+        self.reader.request(fresh)
 
-    def _new_lane_state(self, position: int, start: int = 0) -> _LaneState:
-        piece = self.pieces[position]
-        shard = self.settings.shards[piece.shard]
-        reader = ShardReader(shard.url, shard.size, start)
-        count = self.settings.counts[piece.shard]
-        return _LaneState(piece, shard, reader, count, self.settings.slot_bytes)
-
-    def _release_lane(self, lane: Lane[Item]) -> None:
-        meta: _LaneState = lane.meta["state"]
-        if meta.ready is not None and self.engine is not None:
-            self.engine.release(meta.ready.slot)
-            meta.ready = None
+    def _release(self, lane: Lane[Item]) -> None:
+        if self.engine is not None:
+            self.reader.release(self._lane(lane))
 
     # -- iteration ----------------------------------------------------------------------
 
@@ -313,9 +229,9 @@ class EpochRun(Iterator[dict[str, Any]]):
         if self.closed:
             raise StopIteration
         try:
-            if self._state is not None:
-                self._restore(self._state)
-                self._state = None
+            if self._restore_pending is not None:
+                self.reset(self._restore_pending)
+                self._restore_pending = None
             elif not self.primed:
                 self._prefetch()  # the first window's chunks, all at once
             self.primed = True
@@ -334,20 +250,18 @@ class EpochRun(Iterator[dict[str, Any]]):
             if need.kind == "draw":
                 index, (_, sample) = shuffle.draw()
                 self.emitted += 1
-                return self._emit(sample, shuffle.lanes[index].meta["state"].shard.url)
+                return self._emit(sample, self._lane(shuffle.lanes[index]).shard.url)
             if need.kind == "done":
                 raise StopIteration
             if need.kind == "open":
-                meta = self._new_lane_state(need.piece)
-                items = self._load(meta, need.piece)
-                shuffle.open(items, {"state": meta})
+                lane = self.reader.lane(need.piece)
+                shuffle.open(self.reader.load(lane), {"reader": lane})
             else:
-                lane = shuffle.lanes[need.lane]
-                meta = lane.meta["state"]
-                if meta.wants_more:
-                    shuffle.refill(need.lane, self._load(meta, lane.piece))
+                lane = self._lane(shuffle.lanes[need.lane])
+                if lane.wants_more:
+                    shuffle.refill(need.lane, self.reader.load(lane))
                 else:
-                    self._release_lane(shuffle.close(need.lane))
+                    self._release(shuffle.close(need.lane))
             self._prefetch()
 
     @staticmethod
@@ -359,60 +273,45 @@ class EpochRun(Iterator[dict[str, Any]]):
 
     # -- state --------------------------------------------------------------------------
 
-    def state(self) -> dict[str, Any]:
-        """The exact position, as plain JSON-able data (see ``ShardStream.state_dict``)."""
-        if self._state is not None:
-            return self._state
-        lanes = []
-        for lane in self.shuffle.lanes:
-            meta: _LaneState = lane.meta["state"]
-            lanes.append(
-                {
-                    "piece": lane.piece,
-                    "chunk": meta.chunk,
-                    "reader_start": meta.reader_start,
-                    "returned_before": meta.returned_before,
-                    "remaining": [index for index, _ in lane.items[lane.cursor :]],
-                }
-            )
-        return {
-            "draws": self.shuffle.draws,
-            "next_piece": self.shuffle.next_piece,
-            "emitted": self.emitted,
-            "lanes": lanes,
-        }
+    def position(self) -> Position:
+        """Where the reader is."""
+        if self._restore_pending is not None:
+            return self._restore_pending
+        lanes = tuple(
+            self._lane(lane).state([index for index, _ in lane.items[lane.cursor :]])
+            for lane in self.shuffle.lanes
+        )
+        draws, next_piece = self.shuffle.state()
+        return Position(draws, next_piece, self.emitted, lanes)
 
-    def _restore(self, state: dict[str, Any]) -> None:
-        self.shuffle.draws = state["draws"]
-        self.emitted = state["emitted"]
-        for entry in state["lanes"]:
-            position = entry["piece"]
-            meta = self._new_lane_state(position, entry["reader_start"])
-            meta.returned = entry["returned_before"]
-            chunk_start = entry["chunk"] * self.settings.slot_bytes
-            offset = entry["reader_start"]
-            while offset < chunk_start:  # the carried sample's earlier bytes
-                length = min(self.settings.slot_bytes, chunk_start - offset)
-                request = ChunkRequest(meta.shard.url, offset, length, meta.shard.etag, False)
-                engine = self._engine()
-                (rid,) = engine.submit([request])
-                ready = engine.wait(rid)
-                if meta.reader.feed(engine.view(ready), offset):
-                    raise StateError("state_dict does not match the shard's contents")
-                engine.release(ready.slot)
-                offset += length
-            meta.chunk = entry["chunk"] - 1
-            items = dict(self._load(meta, position))
+    def state(self) -> ReaderState:
+        """The reader's exact state (see :mod:`._state`)."""
+        return ReaderState(
+            Identity.of(self.settings),
+            self.epoch,
+            self.topology,
+            self.start.lineage,
+            self.start.assignment,
+            self.position(),
+        )
+
+    def reset(self, position: Position) -> None:
+        """Reopen the lanes of a saved position, each with its undrawn samples resident."""
+        if position.next_piece > len(self.pieces):
+            raise StateError("state_dict position is corrupted: next_piece is past the plan")
+        lanes = []
+        for saved in position.lanes:
+            lane, items = self.reader.restore(saved)
             try:
-                chosen = [(i, items[i]) for i in entry["remaining"]]
+                chosen = [(i, items[i]) for i in saved.remaining]
             except KeyError as exc:
                 raise StateError(
                     f"state_dict names sample {exc} that the resident chunk of "
-                    f"{meta.shard.url} does not hold"
+                    f"{lane.shard.url} does not hold"
                 ) from None
-            self.shuffle.next_piece = position
-            self.shuffle.open(chosen, {"state": meta})
-        self.shuffle.next_piece = state["next_piece"]
+            lanes.append((saved.piece, chosen, {"reader": lane}))
+        self.shuffle.reset(position.draws, position.next_piece, lanes)
+        self.emitted = position.emitted
         self._prefetch()
 
     def stats(self) -> dict[str, Any]:
@@ -425,9 +324,13 @@ class EpochRun(Iterator[dict[str, Any]]):
             "remainder_policy": self.settings.remainder,
             "remainder_samples": self.remainder_samples,
         }
+        if self.start.lineage != BASE:
+            out["resumed_from"] = self.start.lineage
         if self.engine is not None:
             out["fetch"] = self.engine.stats()
         return out
+
+    # -- lifetime -----------------------------------------------------------------------
 
     def __del__(self) -> None:
         if "closed" in self.__dict__:  # not when __init__ failed
@@ -449,84 +352,3 @@ class EpochRun(Iterator[dict[str, Any]]):
         if self.engine is not None:
             self.engine.close()
             self.engine = None
-
-
-def _chunk_needs(
-    start: float, position: int, first: int, stop: int, per_chunk: float
-) -> Iterator[tuple[float, int, int]]:
-    """``(need time, piece position, chunk)`` for chunks ``first..stop-1`` of a piece."""
-    for chunk in range(first, stop):
-        yield start + (chunk - first) * per_chunk, position, chunk
-
-
-def json_state(
-    settings: StreamSettings, epoch: int, topology: Topology, run: dict[str, Any]
-) -> dict[str, Any]:
-    """The full state dict: identity of the stream plus the run's position."""
-    return {
-        "version": STATE_VERSION,
-        "dataset": settings.fingerprint(),
-        "seed": settings.seed,
-        "epoch": epoch,
-        "shuffle": settings.shuffle,
-        "mode": settings.mode,
-        "window": settings.window,
-        "chunk_bytes": settings.slot_bytes,
-        "remainder": settings.remainder,
-        "topology": [topology.rank, topology.world_size, topology.worker, topology.num_workers],
-        "position": run,
-    }
-
-
-def check_state(
-    state: Any, settings: StreamSettings, topology_of_state: Topology | None = None
-) -> None:
-    """Refuse a state dict that does not belong to this stream, with the reason."""
-    if not isinstance(state, dict):
-        raise StateError(f"a state_dict must be a dict, got {type(state).__name__}")
-    try:
-        json.dumps(state)
-    except (TypeError, ValueError) as exc:
-        raise StateError(f"state_dict is not plain JSON data: {exc}") from exc
-    expected = {
-        "version": STATE_VERSION,
-        "dataset": settings.fingerprint(),
-        "seed": settings.seed,
-        "shuffle": settings.shuffle,
-        "mode": settings.mode,
-        "window": settings.window,
-        "chunk_bytes": settings.slot_bytes,
-        "remainder": settings.remainder,
-    }
-    for name, value in expected.items():
-        if name not in state:
-            raise StateError(f"state_dict has no {name!r}: not a ShardStream state, or corrupted")
-        if state[name] != value:
-            what = "another dataset" if name == "dataset" else f"{name}={state[name]!r}"
-            raise StateError(f"state_dict was saved from {what}, this stream has {name}={value!r}")
-    _check_position(state.get("position"), settings)
-
-
-def _check_position(position: Any, settings: StreamSettings) -> None:
-    def bad(why: str) -> StateError:
-        return StateError(f"state_dict position is corrupted: {why}")
-
-    if not isinstance(position, dict):
-        raise bad("missing")
-    for name in ("draws", "next_piece", "emitted"):
-        if not isinstance(position.get(name), int) or position[name] < 0:
-            raise bad(f"{name} must be an integer >= 0")
-    lanes = position.get("lanes")
-    if not isinstance(lanes, list) or len(lanes) > settings.window:
-        raise bad("lanes must be a list of at most window entries")
-    for lane in lanes:
-        if not isinstance(lane, dict):
-            raise bad("a lane must be a dict")
-        for name in ("piece", "chunk", "reader_start", "returned_before"):
-            if not isinstance(lane.get(name), int) or lane[name] < 0:
-                raise bad(f"lane {name} must be an integer >= 0")
-        remaining = lane.get("remaining")
-        if not isinstance(remaining, list) or not all(isinstance(i, int) for i in remaining):
-            raise bad("lane remaining must be a list of integers")
-        if lane["piece"] >= position["next_piece"]:
-            raise bad("a lane's piece is not yet opened")

@@ -178,6 +178,21 @@ class WindowShuffle(Generic[T]):
             self._empty.append(self.lanes[index])
         return index, item
 
+    def state(self) -> tuple[int, int]:
+        """``(draws, next_piece)``: with each lane's piece and undrawn items, its state."""
+        return self.draws, self.next_piece
+
+    def reset(
+        self, draws: int, next_piece: int, lanes: list[tuple[int, list[T], dict[str, Any]]]
+    ) -> None:
+        """Restore a state: the draw count, the next piece to open, and the open lanes as
+        ``(piece, undrawn items in their saved order, meta)``."""
+        if any(not 0 <= piece < next_piece <= self.n_pieces for piece, _, _ in lanes):
+            raise ValueError("a lane's piece is not among the pieces opened")
+        self.draws, self.next_piece = draws, next_piece
+        self.lanes = [Lane(piece, items, meta=meta) for piece, items, meta in lanes]
+        self._empty = [lane for lane in self.lanes if not lane.items]
+
     def resident(self) -> int:
         """Samples resident and not yet emitted: the effective shuffle radius."""
         return sum(lane.remaining for lane in self.lanes)

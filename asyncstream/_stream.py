@@ -6,12 +6,10 @@ the engine process, which imports the package too, never pays for torch.
 
 from __future__ import annotations
 
-import ctypes
-import os
+import threading
+import weakref
 from collections.abc import Iterator, Sequence
 from dataclasses import replace
-from multiprocessing.context import get_spawning_popen
-from multiprocessing.sharedctypes import RawArray
 from typing import Any, Literal
 
 from torch.utils.data import IterableDataset, get_worker_info
@@ -19,78 +17,66 @@ from torch.utils.data import IterableDataset, get_worker_info
 from ._engine import Engine
 from ._exceptions import StateError
 from ._manifest import sample_counts
-from ._plan import Topology
+from ._plan import Topology, reader_samples
 from ._retry import RetryPolicy, Timeouts
-from ._run import (
-    EpochRun,
-    StreamSettings,
-    check_state,
-    default_topology,
-    json_state,
-    worker_topology,
-)
+from ._run import EpochRun, StreamSettings, default_topology, worker_topology
 from ._s3 import S3Options
+from ._state import Identity, Position, ReaderState, Start, find_states, fresh, resume
 from ._urls import resolve_shards
+from ._workers import LOCAL, Refused, SharedEpoch
 
 __all__ = ["ShardStream"]
 
-_LOCAL = -1  # the pending mark of a state loaded by a copy itself, not by the stream it copies
+_PLAIN_DATALOADER = (
+    "ShardStream.state_dict() was called in the main process while DataLoader workers "
+    "read this stream: the workers read the samples, and what they have handed out is "
+    "known only to a loader that tracks it. Use torchdata's StatefulDataLoader "
+    "(torchdata.stateful_dataloader) and save its state_dict(), or DALIImageLoader's; "
+    "see the README's checkpointing section. (Between epochs, set_epoch() makes this "
+    "stream's own state valid again.)"
+)
 
 
-class _SharedEpoch:
-    """The epoch a stream publishes to its DataLoader workers, read live by them.
+class _Iteration(Iterator[dict[str, Any]]):
+    """The iterator ``iter(stream)`` returns: one epoch's run, guarded against misuse.
 
-    Persistent workers keep the copy of the stream they started with, so a plain attribute
-    set by :meth:`ShardStream.set_epoch` in the main process would never reach them. Two
-    int64 cells in shared memory do: the epoch, and the mark of the state
-    :meth:`ShardStream.load_state_dict` left pending (0 for none). Only the process that
-    created the cells (the owner) writes them. Forked workers inherit them; spawned ones
-    get them while being spawned. Plain pickling and ``copy.deepcopy`` make an independent
-    copy with cells of its own.
+    A stream serves one iterator at a time (one engine, one ring, one position). A new
+    ``iter()`` from the thread that made the live iterator replaces it: DataLoader and
+    StatefulDataLoader do that when they restart an epoch, while the old iterator is
+    still referenced, so refusing the new one would break them; the replaced iterator
+    then raises :class:`StateError` if used again, instead of silently stopping. A new
+    ``iter()`` from *another* thread while the live one is being read, or two threads
+    calling ``next()`` at once, raise :class:`StateError` at once.
     """
 
-    def __init__(self, epoch: int = 0, mark: int = 0) -> None:
-        self._cells = RawArray(ctypes.c_int64, [epoch, mark])
-        self._owner = os.getpid()
-
-    @classmethod
-    def _attach(cls, cells: ctypes.Array[ctypes.c_int64], owner: int) -> _SharedEpoch:
-        shared = cls.__new__(cls)
-        shared._cells, shared._owner = cells, owner
-        return shared
-
-    def __reduce__(self) -> tuple[Any, ...]:
-        if get_spawning_popen() is not None:  # multiprocessing can pass shared memory only then
-            return _SharedEpoch._attach, (self._cells, self._owner)
-        return _SharedEpoch, (self.epoch, self.mark)
-
-    @property
-    def owned(self) -> bool:
-        """Whether this process created the cells (a DataLoader worker only reads them)."""
-        return self._owner == os.getpid()
-
-    @property
-    def epoch(self) -> int:
-        return int(self._cells[0])
-
-    @property
-    def mark(self) -> int:
-        return int(self._cells[1])
-
-    def publish(self, epoch: int, mark: int) -> None:
-        self._cells[0], self._cells[1] = epoch, mark
-
-
-class _Refused(Iterator[dict[str, Any]]):
-    """Iterated by a DataLoader worker instead of an epoch it refuses. Torch reports an error
-    raised by ``next()`` in the main process, but one raised by ``iter()`` at the start of a
-    later epoch kills a persistent worker."""
-
-    def __init__(self, error: Exception) -> None:
-        self._error = error
+    def __init__(self, run: EpochRun) -> None:
+        self.run = run
+        self.thread = threading.get_ident()
+        self.started = False
+        self.replaced = False
+        self._lock = threading.Lock()
 
     def __next__(self) -> dict[str, Any]:
-        raise self._error
+        if not self._lock.acquire(blocking=False):
+            raise StateError(
+                "two threads are reading one ShardStream iterator at once; give each "
+                "thread a stream of its own (or use DataLoader workers)"
+            )
+        try:
+            if self.replaced:
+                raise StateError(
+                    "this ShardStream iterator was ended by a newer iter(), set_epoch(), "
+                    "load_state_dict() or close() on its stream: a stream serves one "
+                    "iterator at a time"
+                )
+            self.started = True
+            return next(self.run)
+        finally:
+            self._lock.release()
+
+    @property
+    def live(self) -> bool:
+        return self.started and not self.replaced and not self.run.closed
 
 
 class ShardStream(IterableDataset[dict[str, Any]]):
@@ -210,11 +196,12 @@ class ShardStream(IterableDataset[dict[str, Any]]):
             adaptive=adaptive,
             hedge=hedge,
         )
-        self._shared = _SharedEpoch()
+        self._shared = SharedEpoch()
         self._run: EpochRun | None = None
+        self._live: weakref.ref[_Iteration] | None = None  # the iterator last handed out
         self._engine: Engine | None = None  # kept from one epoch to the next when idle
-        self._pending: dict[str, Any] | None = None  # from load_state_dict, for the next epoch
-        self._pending_mark = 0  # the shared mark it was published with, or _LOCAL
+        self._pending: list[ReaderState] | None = None  # from load_state_dict, for next epoch
+        self._pending_mark = 0  # the shared mark it was published with, or LOCAL
         self._loads = 0  # load_state_dict calls, numbering the marks
         self._closed = False
 
@@ -231,14 +218,25 @@ class ShardStream(IterableDataset[dict[str, Any]]):
         state = self.__dict__.copy()
         state["_run"] = None  # a DataLoader worker starts its own engine
         state["_engine"] = None
+        state["_live"] = None
         return state
 
     @property
     def epoch(self) -> int:
         """The epoch the next iteration reads."""
-        if self._pending is not None and self._pending_mark == _LOCAL:
-            return int(self._pending["epoch"])
+        if self._pending is not None and self._pending_mark == LOCAL:
+            return self._pending[0].epoch
         return self._shared.epoch
+
+    @property
+    def rank(self) -> int:
+        """This process's rank."""
+        return self._rank
+
+    @property
+    def world_size(self) -> int:
+        """The number of ranks."""
+        return self._world_size
 
     @property
     def ring_bytes(self) -> int:
@@ -250,6 +248,13 @@ class ShardStream(IterableDataset[dict[str, Any]]):
         """Samples in the dataset (all shards)."""
         return sum(self._settings.counts)
 
+    def __len__(self) -> int:
+        """Samples this reader yields in a full epoch: this rank's share (the remainder
+        policy applied), or in a DataLoader worker that worker's share of it. So
+        ``len(DataLoader(stream, batch_size=B))`` is this rank's number of batches."""
+        topology = worker_topology(self._rank, self._world_size)
+        return reader_samples(self.num_samples, topology, self._settings.remainder)
+
     def set_epoch(self, epoch: int) -> None:
         """Choose the epoch (and so the order) of the next iteration."""
         if not isinstance(epoch, int) or epoch < 0:
@@ -257,32 +262,36 @@ class ShardStream(IterableDataset[dict[str, Any]]):
         self._check_open()
         self._stop_run()
         if not self._shared.owned:
-            self._shared = _SharedEpoch()  # a worker's copy choosing its own epoch keeps it
+            self._shared = SharedEpoch()  # a worker's copy choosing its own epoch keeps it
         self._shared.publish(epoch, 0)
         self._pending = None
 
     def __iter__(self) -> Iterator[dict[str, Any]]:
         self._check_open()
+        live = self._live() if self._live is not None else None
+        if live is not None and live.live and live.thread != threading.get_ident():
+            raise StateError(
+                "another thread is reading this ShardStream: a stream serves one iterator "
+                "at a time; give each thread a stream of its own"
+            )
         self._stop_run()
         topology = worker_topology(self._rank, self._world_size)
         try:
-            epoch, state = self._next_start(topology)
+            start = self._next_start(topology)
         except StateError as exc:
             if get_worker_info() is None:
                 raise
-            return _Refused(exc)
+            return Refused(exc)
+        if not self._shared.owned:
+            self._shared.worker_started()
         engine, self._engine = self._engine, None
-        self._run = EpochRun(
-            self._settings,
-            epoch=epoch,
-            topology=topology,
-            state=None if state is None else state["position"],
-            engine=engine,
-        )
-        return self._run
+        self._run = EpochRun(self._settings, start=start, topology=topology, engine=engine)
+        iteration = _Iteration(self._run)
+        self._live = weakref.ref(iteration)
+        return iteration
 
-    def _next_start(self, topology: Topology) -> tuple[int, dict[str, Any] | None]:
-        """The epoch and the loaded state (if any) the next iteration starts from.
+    def _next_start(self, topology: Topology) -> Start:
+        """Where the next iteration starts: the epoch's plan, or the loaded state(s).
 
         The owner of the shared epoch, or a copy that loaded a state itself, uses its
         pending state once. A DataLoader worker's copy follows the main process: its epoch,
@@ -290,79 +299,100 @@ class ShardStream(IterableDataset[dict[str, Any]]):
         load_state_dict (as every epoch's workers are without ``persistent_workers``).
 
         Raises:
-            StateError: the state was saved by another reader, or the main process loaded
-                a state after this worker was started.
+            StateError: the state does not fit this reader (see :func:`._state.resume`),
+                or the main process loaded a state after this worker was started.
         """
-        shared, state = self._shared, self._pending
-        own = state is not None and (shared.owned or self._pending_mark == _LOCAL)
+        shared, states = self._shared, self._pending
+        own = states is not None and (shared.owned or self._pending_mark == LOCAL)
         if not own:
             mark = 0 if shared.owned else shared.mark
             if mark == 0:
-                state = self._pending = None  # the main process holds none (any more)
-            elif state is None or mark != self._pending_mark:
+                states = self._pending = None  # the main process holds none (any more)
+            elif states is None or mark != self._pending_mark:
                 raise StateError(
                     "load_state_dict() was called after this DataLoader's persistent workers "
                     "had started, and a state cannot reach them: create the DataLoader after "
                     "load_state_dict(), or use persistent_workers=False"
                 )
-        if state is None:
-            return shared.epoch, None
-        saved = Topology(*state["topology"])
-        if saved != topology:
-            raise StateError(
-                f"state_dict was saved by reader {saved}, this one is {topology}: "
-                "resume with the same ranks and workers"
-            )
-        epoch = int(state["epoch"])
+        if states is None:
+            return fresh(self._settings, shared.epoch, topology)
+        start = resume(states, self._settings, topology)
         if own:
             self._pending = None
             if shared.owned:
-                shared.publish(epoch, 0)
+                shared.publish(start.epoch, 0)
         # else: kept, as the main process keeps it until its next set_epoch
-        return epoch, state
+        return start
 
     def state_dict(self) -> dict[str, Any]:
-        """The exact position: plain JSON-able data.
+        """This reader's exact position: plain JSON-able data.
 
         Taken after any sample (or before the first), it makes :meth:`load_state_dict`
         resume with exactly the samples that would have come next.
+
+        Raises:
+            StateError: in the main process, while DataLoader workers read the stream
+                (use ``torchdata.stateful_dataloader.StatefulDataLoader``'s state, which
+                collects the workers' own; see the README).
         """
         self._check_open()
         if self._run is not None:
-            return json_state(
-                self._settings, self._run.epoch, self._run.topology, self._run.state()
-            )
-        if self._pending is not None:
-            return self._pending
+            return self._run.state().to_dict()
+        if self._shared.owned and self._shared.worker_iterations:
+            raise StateError(_PLAIN_DATALOADER)
         topology = worker_topology(self._rank, self._world_size)
-        position = {"draws": 0, "next_piece": 0, "emitted": 0, "lanes": []}
-        return json_state(self._settings, self.epoch, topology, position)
+        if self._pending is not None:
+            start = resume(self._pending, self._settings, topology)
+        else:
+            start = fresh(self._settings, self.epoch, topology)
+        state = ReaderState(
+            Identity.of(self._settings),
+            start.epoch,
+            topology,
+            start.lineage,
+            start.assignment,
+            start.position or Position(),
+        )
+        return state.to_dict()
 
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Resume from :meth:`state_dict`; the next iteration continues where it was.
+    def load_state_dict(self, state: Any) -> None:
+        """Resume from saved state; the next iteration continues where it was.
+
+        ``state`` is what :meth:`state_dict` returned (the same topology), or the states of
+        every reader of one save, in any order: a list of them, or of the state dicts of
+        the loaders that hold them (``StatefulDataLoader``: one per rank, its workers'
+        states inside; ``DALIImageLoader``). With the same ranks and workers each reader
+        continues exactly where it was; with others, what all old readers had left is
+        split over the new ones (see the README's checkpointing section).
 
         With DataLoader workers, load before the DataLoader starts them: persistent workers
         started earlier cannot receive the state, and refuse the next epoch.
 
         Raises:
-            StateError: the state belongs to another dataset or configuration, or is
-                corrupted.
+            StateError: the state belongs to another dataset or configuration, has an
+                unknown version, is corrupted, or does not cover every old reader.
         """
         self._check_open()
-        check_state(state, self._settings)
-        topology = state.get("topology")
-        if not (isinstance(topology, list) and len(topology) == 4):
-            raise StateError("state_dict topology is corrupted")
-        epoch = state.get("epoch")
-        if not isinstance(epoch, int) or epoch < 0:
-            raise StateError("state_dict epoch is corrupted")
+        found = list(find_states(state))
+        if not found and isinstance(state, dict):
+            found = [state]  # parsing it says what it lacks
+        if not found:
+            raise StateError(
+                f"no ShardStream state in the {type(state).__name__} given to load_state_dict"
+            )
+        states = [ReaderState.from_dict(data, self._settings) for data in found]
+        epochs = {s.epoch for s in states}
+        if len(epochs) > 1:
+            raise StateError(
+                f"the states come from different epochs {sorted(epochs)}; pass one save's"
+            )
         self._stop_run()
         if self._shared.owned:
             self._loads += 1
-            self._shared.publish(epoch, self._loads)  # so workers started before refuse it
-            self._pending, self._pending_mark = state, self._loads
+            self._shared.publish(states[0].epoch, self._loads)  # workers started before refuse
+            self._pending, self._pending_mark = states, self._loads
         else:  # a DataLoader worker's copy: its state, then the main process's epochs again
-            self._pending, self._pending_mark = state, _LOCAL
+            self._pending, self._pending_mark = states, LOCAL
 
     def stats(self) -> dict[str, Any]:
         """Statistics: samples, shuffle radius and remainder of the current epoch, and
@@ -384,6 +414,10 @@ class ShardStream(IterableDataset[dict[str, Any]]):
         if self._run is not None:
             self._engine = self._run.finish()
             self._run = None
+        live = self._live() if self._live is not None else None
+        if live is not None:
+            live.replaced = True  # if it is used again, it says why it ended
+        self._live = None
 
     def _check_open(self) -> None:
         if self._closed:

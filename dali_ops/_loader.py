@@ -36,7 +36,6 @@ torch.distributed or RANK/WORLD_SIZE); ``device_id`` defaults to ``LOCAL_RANK``,
 from __future__ import annotations
 
 import copy
-import math
 from collections import deque
 from dataclasses import asdict, replace
 from typing import Any, Literal
@@ -156,7 +155,6 @@ class DALIImageLoader:
         self._epoch_batches = 0  # batches handed out this epoch, while no pass runs
         self._last: FedBatch | None = None
         self._closed = False
-        self._length = self._compute_length()
 
     def __repr__(self) -> str:
         return (
@@ -164,23 +162,10 @@ class DALIImageLoader:
             f"drop_last={self.drop_last}, on_error={self.on_error!r}, {self.settings!r})"
         )
 
-    def _compute_length(self) -> int | None:
-        state = self._stream.state_dict()
-        try:
-            world, remainder = int(state["topology"][1]), state["remainder"]
-        except (KeyError, IndexError, TypeError, ValueError):
-            return None
-        total = self._stream.num_samples
-        per_rank = total // world if remainder == "drop" else -(-total // world)
-        if self.drop_last:
-            return per_rank // self.batch_size
-        return math.ceil(per_rank / self.batch_size)
-
     def __len__(self) -> int:
         """Batches in a full epoch of this rank (an upper bound when images are skipped)."""
-        if self._length is None:
-            raise TypeError("the stream does not tell its length")
-        return self._length
+        samples = len(self._stream)
+        return samples // self.batch_size if self.drop_last else -(-samples // self.batch_size)
 
     @property
     def torch_device(self) -> torch.device:
@@ -269,23 +254,36 @@ class DALIImageLoader:
             "stream": copy.deepcopy(stream_state),
         }
 
-    def load_state_dict(self, state: dict[str, Any]) -> None:
+    def load_state_dict(self, state: dict[str, Any] | list[dict[str, Any]]) -> None:
         """Resume from :meth:`state_dict`: the next pass starts with the batch after it.
+
+        For the same ranks, give this rank's own state. For another number of ranks, give
+        the list of every old rank's state (any order): what they all had left is split
+        over the new ranks (see :meth:`asyncstream.ShardStream.load_state_dict`), and the
+        pass counts its batches from there.
 
         Raises:
             StateError: the state is not a loader state or does not fit the stream.
         """
         self._check_open()
-        if not isinstance(state, dict) or state.get("version") != _STATE_VERSION:
-            raise StateError("not a DALIImageLoader state_dict (or another version)")
-        batches = state.get("batches")
-        if isinstance(batches, bool) or not isinstance(batches, int) or batches < 0:
-            raise StateError("DALIImageLoader state_dict batches is corrupted")
+        entries = state if isinstance(state, list) else [state]
+        for entry in entries:
+            if not isinstance(entry, dict) or entry.get("version") != _STATE_VERSION:
+                raise StateError("not a DALIImageLoader state_dict (or another version)")
+            batches = entry.get("batches")
+            if isinstance(batches, bool) or not isinstance(batches, int) or batches < 0:
+                raise StateError("DALIImageLoader state_dict batches is corrupted")
         self._stop()
-        self._stream.load_state_dict(state.get("stream"))  # type: ignore[arg-type]
+        self._stream.load_state_dict([entry.get("stream") for entry in entries])
         self._resume = None
         self._loaded = True
-        self._epoch_batches = batches
+        mine = [
+            e["batches"]
+            for e in entries
+            if e["stream"]["topology"][:2] == [self._stream.rank, self._stream.world_size]
+        ]
+        same = all(e["stream"]["topology"][1] == self._stream.world_size for e in entries)
+        self._epoch_batches = mine[0] if mine and same else 0  # else a new count from here
 
     def stats(self) -> dict[str, Any]:
         """Counters since construction, plus the stream's statistics of its epoch."""

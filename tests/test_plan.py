@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import subprocess
 import sys
 from collections import Counter
@@ -11,7 +12,18 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from asyncstream._plan import Piece, Topology, epoch_plan, shard_order
+from asyncstream._plan import (
+    EpochSequence,
+    Piece,
+    Segment,
+    Span,
+    Topology,
+    assign,
+    cut,
+    epoch_plan,
+    reader_samples,
+    shard_order,
+)
 
 Remainder = Literal["drop", "pad"]
 
@@ -25,7 +37,7 @@ SIZES = st.lists(
 
 def samples(pieces: list[Piece]) -> list[tuple[int, int]]:
     """The (shard, in-shard index) of every sample of ``pieces``, in order."""
-    return [(p.shard, i) for p in pieces for i in range(p.first, p.stop)]
+    return [(p.shard, i) for p in pieces for i in (*p.take, *range(p.first, p.stop))]
 
 
 def sequence(sizes: list[int], seed: int, epoch: int, shuffle: bool) -> list[tuple[int, int]]:
@@ -272,3 +284,92 @@ def test_fewer_samples_than_ranks() -> None:
     pad = plan_all(sizes, seed=0, epoch=0, world=3, workers=2, remainder="pad")
     counts = Counter(s for pieces, _ in pad.values() for s in samples(pieces))
     assert sorted(counts.values()) == [1, 2]
+
+
+# -- segments: what is left of several readers, split again -------------------------------
+
+
+@st.composite
+def segment_lists(draw: st.DrawFn) -> tuple[EpochSequence, list[Segment]]:
+    """An epoch and a list of disjoint segments of it: spans and partial pieces (a piece
+    that takes a few samples, then a range, as a saved lane leaves)."""
+    sizes = draw(st.lists(st.integers(0, 40), min_size=1, max_size=8))
+    sequence = EpochSequence(sizes, shard_order(len(sizes), seed=1, epoch=0, shuffle=True))
+    segments: list[Segment] = []
+    position = 0
+    while position < sequence.total:
+        n = draw(st.integers(1, sequence.total - position))
+        if draw(st.booleans()):
+            segments.append(Span(position, position + n))
+        else:
+            for piece in sequence.pieces([Span(position, position + n)]):
+                wanted = list(range(piece.first, piece.stop))
+                split = draw(st.integers(0, len(wanted)))
+                take = tuple(
+                    sorted(draw(st.sets(st.sampled_from(wanted[:split]))) if split else ())
+                )
+                segments.append(Piece(piece.shard, piece.first + split, piece.stop, take))
+        position += n
+    return sequence, segments
+
+
+def segment_samples(sequence: EpochSequence, segments: list[Segment]) -> list[tuple[int, int]]:
+    return samples(sequence.pieces(segments))
+
+
+@settings(max_examples=150, deadline=None)
+@given(data=segment_lists(), world=st.integers(1, 5), workers=st.integers(1, 4))
+def test_assign_tiles_any_segments_exactly(
+    data: tuple[EpochSequence, list[Segment]], world: int, workers: int
+) -> None:
+    sequence, segments = data
+    whole = segment_samples(sequence, segments)
+    shares = []
+    for rank in range(world):
+        rank_samples: list[tuple[int, int]] = []
+        for worker in range(workers):
+            topology = Topology(rank, world, worker, workers)
+            mine, _ = assign(segments, topology, "drop")
+            got = segment_samples(sequence, mine)
+            assert len(got) == reader_samples(len(whole), topology, "drop")
+            rank_samples.extend(got)
+        shares.append(rank_samples)
+    assert len({len(share) for share in shares}) == 1  # equal steps per rank
+    assert [x for share in shares for x in share] == whole[: len(whole) - len(whole) % world]
+
+
+@settings(max_examples=100, deadline=None)
+@given(data=segment_lists(), world=st.integers(1, 5))
+def test_assign_pads_by_repeating_from_the_start(
+    data: tuple[EpochSequence, list[Segment]], world: int
+) -> None:
+    sequence, segments = data
+    whole = segment_samples(sequence, segments)
+    got = []
+    for rank in range(world):
+        mine, _ = assign(segments, Topology(rank, world), "pad")
+        got.append(segment_samples(sequence, mine))
+    assert len({len(g) for g in got}) == 1
+    flat = [x for g in got for x in g]
+    repeats = -(-len(flat) // len(whole)) if whole else 0
+    assert flat == (whole * repeats)[: len(flat)]  # the list, then again from its start
+
+
+@settings(max_examples=150, deadline=None)
+@given(data=segment_lists(), cuts=st.lists(st.integers(0, 400), max_size=4))
+def test_cut_keeps_every_sample_in_order(
+    data: tuple[EpochSequence, list[Segment]], cuts: list[int]
+) -> None:
+    sequence, segments = data
+    whole = segment_samples(sequence, segments)
+    bounds = sorted({0, len(whole), *(c % (len(whole) + 1) for c in cuts)})
+    parts = [segment_samples(sequence, cut(segments, a, b)) for a, b in itertools.pairwise(bounds)]
+    assert [x for part in parts for x in part] == whole
+
+
+def test_a_cut_piece_reads_no_further_than_its_last_sample() -> None:
+    piece = Piece(3, 10, 20, take=(2, 5, 7), offset=1024, index0=2)
+    head = cut([piece], 0, 2)
+    assert head == [Piece(3, 6, 6, (2, 5), 1024, 2)]  # ends after sample 5
+    assert cut([piece], 2, 5) == [Piece(3, 10, 12, (7,), 1024, 2)]
+    assert cut([piece], 5, 13) == [Piece(3, 12, 20, (), 1024, 2)]

@@ -1,0 +1,44 @@
+"""Resume saved loader states in a fresh process: ``python tests/_resume_child.py SPEC OUT``.
+
+SPEC (JSON): ``folder``, ``stream`` (ShardStream keyword arguments), ``loader``
+(StatefulDataLoader keyword arguments), ``epochs`` and ``saves``, a list of ``{"epoch":
+e, "state": loader state}``. For each save, a new stream and loader load the state and read
+from epoch ``e`` to the last; OUT gets the batches each read (lists of sample keys).
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from typing import Any
+
+from torchdata.stateful_dataloader import StatefulDataLoader
+
+from asyncstream import ShardStream
+
+
+def keys(batch: list[dict[str, Any]]) -> list[str]:
+    """The collate function: a batch's sample keys."""
+    return [sample["__key__"] for sample in batch]
+
+
+def main(spec_path: str, out_path: str) -> None:
+    with open(spec_path) as f:
+        spec = json.load(f)
+    results = []
+    for save in spec["saves"]:
+        with ShardStream(spec["folder"], **spec["stream"]) as stream:
+            loader = StatefulDataLoader(stream, collate_fn=keys, **spec["loader"])
+            loader.load_state_dict(save["state"])
+            batches = []
+            for epoch in range(save["epoch"], spec["epochs"]):
+                stream.set_epoch(epoch)
+                batches.extend(loader)
+            del loader
+        results.append(batches)
+    with open(out_path, "w") as f:
+        json.dump(results, f)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1], sys.argv[2])
