@@ -68,22 +68,16 @@ import time
 import traceback
 import weakref
 from collections.abc import Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from multiprocessing.connection import Connection
 from typing import Any, Literal
 
 from ._exceptions import AsyncStreamError, EngineError
-from ._fetch import (
-    ChunkRequest,
-    Timing,
-    direct_transport,
-    enable_direct,
-    fetch_local,
-    fetch_s3,
-)
 from ._retry import RetryPolicy, Timeouts, retrying
 from ._ring import Ring
 from ._s3 import S3Options
+from ._s3store import S3Store
+from ._store import ChunkRequest, LocalStore, Store, Timing, scheme_of
 
 __all__ = ["Engine", "EngineConfig", "Ready"]
 
@@ -106,10 +100,10 @@ class EngineConfig:
         hedge: send a second request for a chunk far slower than recent ones.
         hedge_factor: how many times the predicted time a chunk may take before its hedge.
         hedge_budget: the most hedges, as a fraction of the chunks started.
-        transport: ``"auto"``: the direct transport (a socket of the engine's own,
-            bodies received straight into the slot) for ``http://`` endpoints without
-            an HTTP proxy, botocore's aiohttp request otherwise; ``"aiohttp"``: always
-            botocore's (see :mod:`asyncstream._fetch`).
+        transport: ``"auto"``: the S3 store's direct transport (kept-alive connections
+            of its own, bodies received straight into the slot, HTTP and HTTPS) where no
+            HTTP proxy is configured, botocore's aiohttp request otherwise; ``"aiohttp"``:
+            always botocore's (see :mod:`asyncstream._s3store`).
     """
 
     inflight: int = 8
@@ -271,7 +265,7 @@ class _Core:
         self.last_cut = -1e9
         self.predictor = _Predictor()
         self.hedging = 0  # hedges running
-        self.direct = False  # the direct transport (decided with the client)
+        self.stores: dict[str, Store] = {}
 
     async def run(self) -> None:
         loop = asyncio.get_running_loop()
@@ -287,38 +281,30 @@ class _Core:
                 target=self._read_control, args=(loop,), name="asyncstream-control", daemon=True
             )
             reader.start()
-            async with self._client() as client:
-                self.direct = self.config.transport == "auto" and direct_transport(
-                    client.meta.endpoint_url
-                )
-                if self.direct:
-                    enable_direct(client)
+            s3 = S3Store(
+                self.config.s3,
+                timeouts=self.config.timeouts,
+                check_etag=self.config.check_etag,
+                connections=max(self.config.inflight * 2, 4),
+                transport=self.config.transport,
+            )
+            self.stores = {"s3": s3, "file": LocalStore()}
+            try:
+                await s3.open()
                 self._send(("started",))
-                scheduler = asyncio.create_task(self._schedule(client))
+                scheduler = asyncio.create_task(self._schedule())
                 await self.stop.wait()
                 scheduler.cancel()
                 for task in list(self.tasks):
                     task.cancel()
                 await asyncio.gather(scheduler, *self.tasks, return_exceptions=True)
+            finally:
+                for store in self.stores.values():
+                    await store.aclose()
         finally:
             if self.orphaned:
                 self.ring.unlink()  # the consumer died: nobody else will
             self.ring.close()
-
-    def _client(self) -> Any:
-        from aiobotocore.session import AioSession
-
-        t = self.config.timeouts
-        options = replace(
-            self.config.s3,
-            max_pool_connections=max(self.config.inflight * 2, 4),
-            connect_timeout=t.connect,
-            # Our own first-byte and stall timeouts fire first; this is only a backstop.
-            read_timeout=max(t.first_byte, t.stall) + 5.0,
-        )
-        return AioSession(profile=options.profile).create_client(
-            "s3", **options.client_kwargs(retries=False)
-        )
 
     def _read_control(self, loop: asyncio.AbstractEventLoop) -> None:
         """Reader thread: hand each control message to the loop; stop at "stop" or EOF."""
@@ -344,7 +330,8 @@ class _Core:
         elif kind == "stats":
             stats = self.stats.as_dict()
             stats["concurrency_limit"] = int(self.limit)
-            stats["transport"] = "direct" if self.direct else "aiohttp"
+            for store in self.stores.values():
+                stats.update(store.stats())
             stats["tasks"] = len(asyncio.all_tasks())
             self._send(("stats", stats))
         elif kind == "stop":
@@ -360,7 +347,7 @@ class _Core:
             self.orphaned = True
             self.stop.set()
 
-    async def _schedule(self, client: Any) -> None:
+    async def _schedule(self) -> None:
         while True:
             while not self.pending:
                 self.work.clear()
@@ -371,7 +358,7 @@ class _Core:
             slot = await self._free_slot()
             rid, request = self.pending.popleft()
             self.active += 1
-            task = asyncio.create_task(self._fetch(client, rid, request, slot))
+            task = asyncio.create_task(self._fetch(rid, request, slot))
             self.tasks.add(task)
             task.add_done_callback(self.tasks.discard)
 
@@ -410,7 +397,7 @@ class _Core:
 
     # -- downloads -------------------------------------------------------------------
 
-    async def _fetch(self, client: Any, rid: int, request: ChunkRequest, slot: int) -> None:
+    async def _fetch(self, rid: int, request: ChunkRequest, slot: int) -> None:
         stats = self.stats
         stats.add_inflight(1)
         stats.started_chunks += 1
@@ -422,7 +409,7 @@ class _Core:
                     f"{self.ring.slot_bytes}"
                 )
             began = time.monotonic()
-            slot, timing = await self._hedged(client, request, slot)
+            slot, timing = await self._hedged(request, slot)
             waited = time.monotonic() - began  # what the consumer saw, hedge or not
         except asyncio.CancelledError:
             raise
@@ -447,25 +434,13 @@ class _Core:
             self.active -= 1
             self.capacity.set()
 
-    async def _download(self, client: Any, request: ChunkRequest, slot: int) -> Timing:
+    async def _download(self, request: ChunkRequest, slot: int) -> Timing:
         """One chunk into one slot, with retries; the slot stays FILLING either way."""
         out = self.ring.view(slot)
         try:
-
-            async def attempt() -> Timing:
-                if request.url.startswith("file://"):
-                    return await fetch_local(request, out)
-                return await fetch_s3(
-                    client,
-                    request,
-                    out,
-                    timeouts=self.config.timeouts,
-                    check_etag=self.config.check_etag,
-                    direct=self.direct,
-                )
-
+            store = self.stores[scheme_of(request.url)]
             return await retrying(
-                attempt,
+                lambda: store.read_into(request, out),
                 url=request.url,
                 policy=self.config.retry,
                 rng=self.rng,
@@ -476,19 +451,19 @@ class _Core:
 
     def _hedge_after(self, request: ChunkRequest) -> float | None:
         """Seconds after which this chunk gets a hedge, or None for no hedge."""
-        if not self.config.hedge or request.url.startswith("file://"):
+        if not self.config.hedge or not self.stores[scheme_of(request.url)].hedgeable:
             return None
         if self.stats.hedged >= self.config.hedge_budget * self.stats.started_chunks:
             return None
         predicted = self.predictor.predict(request.length)
         return None if predicted is None else self.config.hedge_factor * predicted
 
-    async def _hedged(self, client: Any, request: ChunkRequest, slot: int) -> tuple[int, Timing]:
+    async def _hedged(self, request: ChunkRequest, slot: int) -> tuple[int, Timing]:
         """Download into ``slot``; past the hedge time, race a second request.
 
         Returns the slot that holds the chunk; every other slot used is FREE again.
         """
-        primary = asyncio.ensure_future(self._download(client, request, slot))
+        primary = asyncio.ensure_future(self._download(request, slot))
         racing: dict[asyncio.Future[Timing], int] = {primary: slot}
         hedging = False
         try:
@@ -501,9 +476,7 @@ class _Core:
                         self.stats.hedged += 1
                         self.hedging += 1
                         hedging = True
-                        racing[asyncio.ensure_future(self._download(client, request, spare))] = (
-                            spare
-                        )
+                        racing[asyncio.ensure_future(self._download(request, spare))] = spare
             running = set(racing)
             while True:
                 done, running = await asyncio.wait(running, return_when=asyncio.FIRST_COMPLETED)
@@ -771,7 +744,7 @@ class Engine:
         """The engine's statistics, plus ``starved_s``: the consumer's time spent waiting.
 
         ``transport`` says which transport its S3 downloads take (``"direct"`` or
-        ``"aiohttp"``, see :mod:`asyncstream._fetch`).
+        ``"aiohttp"``, see :mod:`asyncstream._s3store`).
         """
         self._check_open()
         self._stats = None

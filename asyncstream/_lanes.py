@@ -23,9 +23,9 @@ from typing import TYPE_CHECKING
 
 from ._engine import Engine, Ready
 from ._exceptions import DataError, StateError
-from ._fetch import ChunkRequest
 from ._plan import Piece
 from ._state import LaneState
+from ._store import ChunkRequest
 from ._tar import Sample, ShardReader
 from ._urls import Shard
 
@@ -131,7 +131,9 @@ class ChunkReader:
         slot, base = self.settings.slot_bytes, piece.offset // self.settings.slot_bytes
         start = piece.offset if chunk == 0 else (base + chunk) * slot
         end = min((base + chunk + 1) * slot, shard.size)
-        return ChunkRequest(shard.url, start, end - start, shard.etag, end >= shard.size)
+        return ChunkRequest(
+            shard.url, start, end - start, shard.etag, end >= shard.size, shard.size
+        )
 
     def request(self, wanted: list[tuple[int, int]]) -> None:
         """Ask the engine for these chunks now, in this order (prefetch)."""
@@ -189,7 +191,11 @@ class ChunkReader:
         while offset < chunk_start:  # the carried sample's earlier bytes
             length = min(self.settings.slot_bytes, chunk_start - offset)
             (rid,) = engine.submit(
-                [ChunkRequest(lane.shard.url, offset, length, lane.shard.etag, False)]
+                [
+                    ChunkRequest(
+                        lane.shard.url, offset, length, lane.shard.etag, False, lane.shard.size
+                    )
+                ]
             )
             ready = engine.wait(rid)
             try:

@@ -1,19 +1,9 @@
 """Retry policy and timeouts of chunk downloads.
 
-Which errors are retried is decided by :func:`classify`, once, at the edge: every
-failure of a chunk download becomes a *cause* (a short name that also keys the retry
-statistics) and a verdict, retry or not.
-
-Retried: ``slowdown`` (503 SlowDown and other throttling), ``server_error`` (500, 502,
-504, InternalError, ServiceUnavailable), ``request_timeout`` (S3's 400 RequestTimeout),
-``connection`` (refused, reset, closed mid-response), ``truncated`` (fewer bytes than the
-range), ``stall`` (no byte for ``Timeouts.stall`` seconds), ``first_byte`` (no response
-headers within ``Timeouts.first_byte``), ``chunk_timeout`` and ``checksum`` (a length or
-ETag that does not match).
-
-Not retried, raised at once: 400 (other codes), 403 (also bad credentials), 404
-(NoSuchKey, NoSuchBucket), 412 (the object changed since it was listed), and anything
-that is not an I/O failure (a bug must not be retried into a hang).
+Which errors are retried is decided once, at the edge, by the one table of
+:mod:`asyncstream._errors`: every failure of a chunk download becomes a *cause* (a short
+name that also keys the retry statistics) and a verdict, retry or not (the list is in
+that module's docstring).
 """
 
 from __future__ import annotations
@@ -24,30 +14,12 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import TypeVar
 
-import aiohttp
-import botocore.exceptions
+from ._errors import ChunkFailure, verdict
+from ._exceptions import FetchError, TransientFetchError
 
-from ._exceptions import FetchError, PermanentFetchError, TransientFetchError
-from ._s3 import error_code, fetch_error_from
-
-__all__ = ["RetryPolicy", "Timeouts", "classify", "retrying"]
+__all__ = ["ChunkFailure", "RetryPolicy", "Timeouts", "classify", "retrying"]
 
 T = TypeVar("T")
-
-_THROTTLE_CODES = {"SlowDown", "Throttling", "ThrottlingException", "RequestLimitExceeded"}
-_SERVER_CODES = {"InternalError", "ServiceUnavailable", "BadGateway", "GatewayTimeout"}
-
-
-class ChunkFailure(Exception):
-    """A failure of one attempt that the fetch code itself detected (short body, stall...).
-
-    Attributes:
-        cause: the cause name, one of the retried causes in the module docstring.
-    """
-
-    def __init__(self, cause: str, message: str) -> None:
-        super().__init__(message)
-        self.cause = cause
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -105,7 +77,7 @@ class Timeouts:
 
 
 def classify(exc: BaseException, url: str) -> tuple[str, FetchError | None]:
-    """Decide what a failed attempt was.
+    """Decide what a failed attempt was (the table is :mod:`asyncstream._errors`).
 
     Args:
         exc: what the attempt raised.
@@ -115,50 +87,8 @@ def classify(exc: BaseException, url: str) -> tuple[str, FetchError | None]:
         ``(cause, None)`` when the failure is retryable, or ``(cause, error)`` with the
         error to raise at once.
     """
-    if isinstance(exc, ChunkFailure):
-        return exc.cause, None
-    if isinstance(exc, botocore.exceptions.ClientError):
-        code, status = error_code(exc)
-        if code in _THROTTLE_CODES or status == 429 or (status == 503 and code != "NotImplemented"):
-            return "slowdown", None
-        if code == "RequestTimeout":
-            return "request_timeout", None
-        if code in _SERVER_CODES or (status is not None and status >= 500):
-            return "server_error", None
-        if code == "PreconditionFailed" or status == 412:
-            return "changed", PermanentFetchError(
-                f"{url}: the object changed since it was listed (its ETag no longer matches); "
-                "a shard replaced mid-epoch cannot be read consistently",
-                url=url,
-            )
-        error = fetch_error_from(exc, url)
-        if not isinstance(error, PermanentFetchError):
-            error = PermanentFetchError(str(error), url=url)
-        return code or str(status), error
-    if isinstance(exc, aiohttp.ClientPayloadError):
-        return "truncated", None
-    if isinstance(
-        exc,
-        aiohttp.ClientConnectionError
-        | botocore.exceptions.HTTPClientError
-        | botocore.exceptions.ConnectionError
-        | ConnectionError
-        | asyncio.IncompleteReadError,
-    ):
-        return "connection", None
-    if isinstance(exc, botocore.exceptions.ReadTimeoutError | TimeoutError):
-        return "stall", None
-    if isinstance(exc, OSError):
-        return "connection", None
-    return type(exc).__name__, _not_io(exc, url)
-
-
-def _not_io(exc: BaseException, url: str) -> FetchError:
-    error = fetch_error_from(exc, url)
-    if isinstance(error, TransientFetchError):
-        # Not an I/O failure we know: never retry it (it may be a bug), but keep the type.
-        return PermanentFetchError(f"{url}: {type(exc).__name__}: {exc}", url=url)
-    return error
+    judged = verdict(exc, url)
+    return judged.cause, None if judged.retry else judged.error
 
 
 async def retrying(

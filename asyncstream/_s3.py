@@ -20,43 +20,12 @@ from dataclasses import dataclass, field, replace
 from typing import Any, Literal
 
 import botocore.config
-import botocore.exceptions
 import botocore.session
 
-from ._exceptions import (
-    AccessDeniedError,
-    FetchError,
-    NotFoundError,
-    PermanentFetchError,
-    TransientFetchError,
-)
+from ._errors import verdict
+from ._exceptions import FetchError
 
 __all__ = ["S3Credentials", "S3Options", "fetch_error_from", "sync_client"]
-
-_NOT_FOUND = {"NoSuchKey", "NoSuchBucket", "NotFound", "404", "NoSuchUpload"}
-_DENIED = {
-    "AccessDenied",
-    "403",
-    "Forbidden",
-    "InvalidAccessKeyId",
-    "SignatureDoesNotMatch",
-    "ExpiredToken",
-    "InvalidToken",
-    "AllAccessDisabled",
-}
-_TRANSIENT = {
-    "SlowDown",
-    "Throttling",
-    "ThrottlingException",
-    "RequestTimeout",
-    "RequestTimeTooSkewed",
-    "InternalError",
-    "ServiceUnavailable",
-    "503",
-    "500",
-    "502",
-    "504",
-}
 
 
 @dataclass(frozen=True)
@@ -95,6 +64,10 @@ class S3Options:
         read_timeout: seconds without a byte before botocore gives up on a response.
         metadata_attempts: botocore's attempts for listing, HEAD and uploads.
         credentials: explicit credentials instead of the standard chain.
+        ca_bundle: a PEM file of the certificate authorities to trust for ``https://``
+            (a private CA, or a test server's self-signed certificate); ``None`` means
+            ``AWS_CA_BUNDLE`` if set, else the system's.
+        verify: ``False`` turns certificate verification off (test servers only).
     """
 
     endpoint_url: str | None = None
@@ -106,6 +79,8 @@ class S3Options:
     read_timeout: float = 60.0
     metadata_attempts: int = 5
     credentials: S3Credentials | None = None
+    ca_bundle: str | None = None
+    verify: bool = True
 
     def __post_init__(self) -> None:
         if self.endpoint_url is not None and not self.endpoint_url.startswith(
@@ -141,7 +116,8 @@ class S3Options:
             or None
         )
         region = self.region_name or env.get("AWS_REGION") or env.get("AWS_DEFAULT_REGION")
-        return replace(self, endpoint_url=endpoint, region_name=region)
+        ca_bundle = self.ca_bundle or env.get("AWS_CA_BUNDLE") or None
+        return replace(self, endpoint_url=endpoint, region_name=region, ca_bundle=ca_bundle)
 
     def client_kwargs(self, *, retries: bool = True) -> dict[str, Any]:
         """Keyword arguments for ``session.create_client("s3", ...)``.
@@ -160,12 +136,15 @@ class S3Options:
             read_timeout=self.read_timeout,
             retries={"mode": "standard", "total_max_attempts": attempts},
             s3={"addressing_style": style},
+            # SigV4 everywhere, presigned URLs included (botocore would presign with SigV2).
+            signature_version="s3v4",
             # Response checksums cost CPU per byte; the engine validates length and ETag
-            # itself, and only where the server offers them (see _fetch.py).
+            # itself, and only where the server offers them (see _s3store.py).
             request_checksum_calculation="when_required",
             response_checksum_validation="when_required",
         )
-        kwargs: dict[str, Any] = {"config": config}
+        verify: str | bool = (self.ca_bundle or True) if self.verify else False
+        kwargs: dict[str, Any] = {"config": config, "verify": verify}
         if self.endpoint_url:
             kwargs["endpoint_url"] = self.endpoint_url
         kwargs["region_name"] = self.region_name or "us-east-1"
@@ -186,18 +165,9 @@ def sync_client(options: S3Options) -> Any:
     return session.create_client("s3", **options.client_kwargs(retries=True))
 
 
-def error_code(exc: BaseException) -> tuple[str, int | None]:
-    """The S3 error code and HTTP status of a botocore ``ClientError`` (else ``("", None)``)."""
-    if isinstance(exc, botocore.exceptions.ClientError):
-        err = exc.response.get("Error", {})
-        meta = exc.response.get("ResponseMetadata", {})
-        status = meta.get("HTTPStatusCode")
-        return str(err.get("Code", "")), int(status) if status is not None else None
-    return "", None
-
-
 def fetch_error_from(exc: BaseException, url: str) -> FetchError:
-    """Map a botocore/aiohttp/OS error to the asyncstream exception tree.
+    """Map a botocore/aiohttp/OS error to the asyncstream exception tree (the one table of
+    :mod:`asyncstream._errors`).
 
     The caller raises the result ``from exc``. The message always names ``url``.
 
@@ -205,30 +175,4 @@ def fetch_error_from(exc: BaseException, url: str) -> FetchError:
         exc: the third-party exception.
         url: the shard or prefix the request was for.
     """
-    if isinstance(exc, FetchError):
-        return exc
-    code, status = error_code(exc)
-    if isinstance(exc, botocore.exceptions.ClientError):
-        detail = exc.response.get("Error", {}).get("Message") or code
-        what = f"{code or 'error'} (HTTP {status}): {detail}"
-        if code in _NOT_FOUND or status == 404:
-            return NotFoundError(f"{url}: not found: {what}", url=url)
-        if code in _DENIED or status == 403:
-            return AccessDeniedError(
-                f"{url}: access denied, check the credentials and permissions: {what}", url=url
-            )
-        if code in _TRANSIENT or (status is not None and status >= 500):
-            return TransientFetchError(f"{url}: {what}", url=url)
-        return PermanentFetchError(f"{url}: {what}", url=url)
-    if isinstance(
-        exc, botocore.exceptions.NoCredentialsError | botocore.exceptions.PartialCredentialsError
-    ):
-        return AccessDeniedError(
-            f"{url}: no usable AWS credentials found (environment, shared files or profile): {exc}",
-            url=url,
-        )
-    if isinstance(exc, botocore.exceptions.ProfileNotFound):
-        return AccessDeniedError(f"{url}: {exc}", url=url)
-    if isinstance(exc, botocore.exceptions.ParamValidationError):
-        return PermanentFetchError(f"{url}: invalid request: {exc}", url=url)
-    return TransientFetchError(f"{url}: {type(exc).__name__}: {exc}", url=url)
+    return verdict(exc, url).error

@@ -28,7 +28,7 @@ from typing import Any
 
 from asyncstream import LocalS3, S3Options, resolve_shards
 from asyncstream._engine import Engine, EngineConfig
-from asyncstream._fetch import ChunkRequest
+from asyncstream._store import ChunkRequest
 from asyncstream._urls import Shard
 
 from ._proxy import ProxyProcess

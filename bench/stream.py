@@ -30,7 +30,7 @@ from typing import Any, Literal
 from asyncstream import LocalS3, S3Options, ShardStream, pack, resolve_shards
 from asyncstream._datagen import generate_imagefolder
 from asyncstream._engine import Engine, EngineConfig
-from asyncstream._fetch import ChunkRequest
+from asyncstream._store import ChunkRequest
 
 from ._proxy import ProxyProcess
 

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import hashlib
 import os
 import signal
@@ -16,7 +15,6 @@ from typing import Any
 
 import pytest
 from _procs import alive
-from aiobotocore.session import AioSession
 
 from asyncstream import (
     AccessDeniedError,
@@ -29,8 +27,9 @@ from asyncstream import (
     resolve_shards,
 )
 from asyncstream._engine import Engine, EngineConfig
-from asyncstream._fetch import ChunkRequest, direct_transport, fetch_s3
 from asyncstream._retry import RetryPolicy, Timeouts
+from asyncstream._s3store import S3Store
+from asyncstream._store import ChunkRequest
 from asyncstream._urls import Shard
 from asyncstream.testing import FaultPlan, FaultProxy, NetworkProfile
 
@@ -301,7 +300,7 @@ _CONSUMER = textwrap.dedent(
     """
     import sys, time
     from asyncstream._engine import Engine, EngineConfig
-    from asyncstream._fetch import ChunkRequest, direct_transport, fetch_s3
+    from asyncstream._store import ChunkRequest
     if __name__ == "__main__":
         engine = Engine(EngineConfig(), n_slots=2, slot_bytes=4096)
         print(engine.ring.name, engine.pid, flush=True)
@@ -457,42 +456,25 @@ def test_hedging_off_waits_for_the_slow_request(proxy: FaultProxy, dataset: dict
     assert stats["chunk_s"]["max"] >= 1.5
 
 
-def test_the_direct_transport_is_for_plain_http_without_a_proxy(
+def test_the_direct_transport_is_for_endpoints_without_a_proxy(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    for name in ("HTTP_PROXY", "http_proxy", "NO_PROXY", "no_proxy"):
+    for name in ("HTTP_PROXY", "http_proxy", "HTTPS_PROXY", "https_proxy", "NO_PROXY", "no_proxy"):
         monkeypatch.delenv(name, raising=False)
-    assert direct_transport("http://127.0.0.1:9000")
-    assert direct_transport("http://minio.cluster.local:9000")
-    assert not direct_transport("https://s3.us-east-1.amazonaws.com")
-    assert not direct_transport(None)
+
+    def transport(endpoint: str | None) -> str:
+        store = S3Store(S3Options(endpoint_url=endpoint), timeouts=SHORT)
+        return str(store.stats()["transport"])
+
+    assert transport("http://127.0.0.1:9000") == "direct"
+    assert transport("https://minio.cluster.local:9000") == "direct"  # TLS too
+    assert transport(None) == "direct"  # AWS itself
     monkeypatch.setenv("HTTP_PROXY", "http://proxy.example:3128")
-    assert not direct_transport("http://minio.cluster.local:9000")  # botocore's proxy path
+    assert transport("http://minio.cluster.local:9000") == "aiohttp"  # botocore's proxy path
+    assert transport("https://minio.cluster.local:9000") == "direct"
+    monkeypatch.setenv("HTTPS_PROXY", "http://proxy.example:3128")
+    assert transport("https://minio.cluster.local:9000") == "aiohttp"
     monkeypatch.setenv("NO_PROXY", "minio.cluster.local")
-    assert direct_transport("http://minio.cluster.local:9000")
+    assert transport("http://minio.cluster.local:9000") == "direct"
     with pytest.raises(ValueError, match="transport"):
         EngineConfig(transport="curl")  # type: ignore[arg-type]
-
-
-def test_the_direct_transport_refuses_a_client_without_its_hook(
-    s3_server: LocalS3, dataset: dict[str, Any]
-) -> None:
-    """Without the before-send hook botocore would fetch the body itself and leave the
-    slot unwritten: an error, never a chunk of stale bytes."""
-    url = f"s3://{dataset['bucket']}/shard-004.tar"
-
-    async def fetch() -> None:
-        options = s3_server.options()
-        async with AioSession().create_client("s3", **options.client_kwargs()) as client:
-            out = memoryview(bytearray(100))
-            await fetch_s3(
-                client,
-                ChunkRequest(url, 0, 100),
-                out,
-                timeouts=SHORT,
-                check_etag=False,
-                direct=True,
-            )
-
-    with pytest.raises(RuntimeError, match="not enabled"):
-        asyncio.run(fetch())

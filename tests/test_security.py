@@ -144,7 +144,7 @@ def test_errors_from_the_engine_process_do_not_show_credentials(
 ) -> None:
     """The engine signs with wrong credentials; its 403 crosses the process boundary."""
     from asyncstream._engine import Engine, EngineConfig
-    from asyncstream._fetch import ChunkRequest
+    from asyncstream._store import ChunkRequest
 
     options = S3Options(endpoint_url=auth_server.endpoint_url, credentials=CREDENTIALS)
     config = EngineConfig(s3=options.resolve(), retry=RetryPolicy(max_attempts=2, base_delay=0))

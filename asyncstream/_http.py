@@ -1,0 +1,421 @@
+"""The S3 store's own HTTP/1.1 client: keep-alive connections, bodies straight into a buffer.
+
+Why not aiohttp (which botocore's async client uses, and which asyncstream keeps as the
+fallback for HTTP proxies): aiohttp hands a body over as ``bytes`` pieces its parser cut
+from the socket buffer, to be copied again into the ring slot, one small read at a time;
+over TLS, asyncio's SSL transport adds its own buffers in front of that. Here:
+
+* plain HTTP: ``loop.sock_recv_into(sock, slot)``: the kernel copies the bytes into the
+  ring slot and nothing in user space touches them;
+* HTTPS: a non-blocking :class:`ssl.SSLSocket`, whose ``recv_into(slot)`` has OpenSSL read
+  the socket and decrypt straight into the slot: no Python object is made per piece.
+  (An :class:`ssl.SSLObject` over memory BIOs would need one more copy, into the BIO.)
+
+Connections persist (HTTP/1.1 keep-alive) in a bounded pool per origin, last used first.
+A connection goes back to the pool only after its response was read to its end and the
+server did not say ``Connection: close``. An idle connection the server has closed (it is
+readable: an end of file, or bytes nobody asked for) is dropped before reuse; a reused
+connection that dies before the first byte of its response is replaced by a fresh one,
+once, without counting as a retry (the server may close an idle connection at any time).
+
+Errors: a refused, reset or closed connection is ``OSError`` (retryable); a certificate
+that does not verify, ``https://`` against a plain-HTTP port and ``http://`` against a
+TLS port are :class:`TLSMismatch` (permanent: retrying cannot fix them), named so.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import contextlib
+import select
+import socket
+import ssl
+from collections.abc import Mapping
+from dataclasses import dataclass
+from urllib.parse import urlsplit
+
+from ._retry import ChunkFailure, Timeouts
+
+__all__ = ["ConnectionPool", "Origin", "Reply", "TLSMismatch"]
+
+_HEAD_LIMIT = 64 << 10  # response headers larger than this are refused
+_ERROR_BODY_LIMIT = 64 << 10  # an error document is read up to this
+_TLS_RECORD = b"\x16\x03"  # a TLS handshake record: a TLS server's first bytes
+_TLS_ALERT = b"\x15\x03"  # a TLS alert record
+
+
+class TLSMismatch(Exception):
+    """TLS cannot work with this endpoint: a certificate that does not verify, or one
+    side speaking TLS to a plain-HTTP peer. Permanent."""
+
+
+@dataclass(frozen=True)
+class Origin:
+    """Where requests go: scheme, host and port."""
+
+    scheme: str
+    host: str
+    port: int
+
+    @classmethod
+    def of(cls, url: str) -> Origin:
+        parts = urlsplit(url)
+        if parts.scheme not in ("http", "https") or not parts.hostname:
+            raise ValueError(f"not an http:// or https:// URL: {url!r}")
+        port = parts.port or (443 if parts.scheme == "https" else 80)
+        return cls(parts.scheme, parts.hostname, port)
+
+    @property
+    def tls(self) -> bool:
+        return self.scheme == "https"
+
+    def __str__(self) -> str:
+        return f"{self.scheme}://{self.host}:{self.port}"
+
+
+@dataclass(frozen=True)
+class Reply:
+    """A response: status, header fields (lower-case names) and, for an error status, its
+    document (a success's body went into the caller's buffer)."""
+
+    status: int
+    fields: Mapping[str, str]
+    body: bytes = b""
+
+
+class _Conn:
+    """One connection, plain or TLS, non-blocking, driven by the running loop."""
+
+    def __init__(self, sock: socket.socket) -> None:
+        self.sock = sock  # the SSLSocket itself for TLS (wrapping detaches the plain one)
+        self.tls = sock if isinstance(sock, ssl.SSLSocket) else None
+        self.requests = 0
+
+    @property
+    def fd(self) -> int:
+        return self.sock.fileno()
+
+    def idle_and_open(self) -> bool:
+        """Whether an idle connection can take a request: not readable (a closed or
+        misbehaving peer makes it readable) and, for TLS, nothing left decrypted."""
+        if self.sock.fileno() < 0 or (self.tls is not None and self.tls.pending()):
+            return False
+        poller = select.poll()
+        poller.register(self.sock.fileno(), select.POLLIN | select.POLLHUP | select.POLLERR)
+        return not poller.poll(0)
+
+    async def _ready(self, write: bool) -> None:
+        loop = asyncio.get_running_loop()
+        future: asyncio.Future[None] = loop.create_future()
+
+        def wake() -> None:
+            if not future.done():
+                future.set_result(None)
+
+        if write:
+            loop.add_writer(self.fd, wake)
+        else:
+            loop.add_reader(self.fd, wake)
+        try:
+            await future
+        finally:
+            (loop.remove_writer if write else loop.remove_reader)(self.fd)
+
+    async def handshake(self) -> None:
+        assert self.tls is not None
+        while True:
+            try:
+                self.tls.do_handshake()
+                return
+            except ssl.SSLWantReadError:
+                await self._ready(write=False)
+            except ssl.SSLWantWriteError:
+                await self._ready(write=True)
+
+    async def sendall(self, data: bytes) -> None:
+        if self.tls is None:
+            await asyncio.get_running_loop().sock_sendall(self.sock, data)
+            return
+        view = memoryview(data)
+        while view:
+            try:
+                view = view[self.tls.send(view) :]
+            except ssl.SSLWantReadError:
+                await self._ready(write=False)
+            except ssl.SSLWantWriteError:
+                await self._ready(write=True)
+
+    async def recv_into(self, view: memoryview) -> int:
+        """Bytes received into ``view`` (0 at the end of the stream)."""
+        if self.tls is None:
+            return await asyncio.get_running_loop().sock_recv_into(self.sock, view)
+        while True:
+            try:
+                return self.tls.recv_into(view, len(view))
+            except ssl.SSLWantReadError:
+                await self._ready(write=False)
+            except ssl.SSLWantWriteError:
+                await self._ready(write=True)
+            except ssl.SSLEOFError:
+                return 0  # the peer closed without close_notify: an end, as for plain TCP
+
+    def close(self) -> None:
+        self.sock.close()
+
+
+class ConnectionPool:
+    """Keep-alive connections to one origin, at most ``limit`` of them idle.
+
+    Args:
+        origin: scheme, host, port.
+        ssl_context: for ``https://``; ``None`` makes a default (verifying) one.
+        limit: the most idle connections kept.
+    """
+
+    def __init__(
+        self, origin: Origin, *, ssl_context: ssl.SSLContext | None = None, limit: int = 16
+    ) -> None:
+        self.origin = origin
+        self.ssl_context = ssl_context or (ssl.create_default_context() if origin.tls else None)
+        self.limit = limit
+        self._idle: collections.deque[_Conn] = collections.deque()
+        self.opened = 0  # connections made
+        self.reused = 0  # requests sent on a connection that had served one before
+        self._probed = False
+
+    def close(self) -> None:
+        """Close the idle connections (the pool can still be used)."""
+        while self._idle:
+            self._idle.pop().close()
+
+    async def _connect(self, timeouts: Timeouts) -> _Conn:
+        loop = asyncio.get_running_loop()
+        error: OSError = ConnectionError(f"no address for {self.origin}")
+        infos = await loop.getaddrinfo(self.origin.host, self.origin.port, type=socket.SOCK_STREAM)
+        for family, kind, proto, _, address in infos:
+            sock: socket.socket = socket.socket(family, kind, proto)
+            try:
+                sock.setblocking(False)
+                sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+                async with asyncio.timeout(timeouts.connect) as limit:
+                    await loop.sock_connect(sock, address)
+                    if self.ssl_context is not None:
+                        sock = self.ssl_context.wrap_socket(
+                            sock, server_hostname=self.origin.host, do_handshake_on_connect=False
+                        )
+                        await self._handshake(_Conn(sock))
+                self.opened += 1
+                return _Conn(sock)
+            except TimeoutError:
+                sock.close()
+                if not limit.expired():
+                    raise
+                error = ConnectionError(
+                    f"connecting to {self.origin} took over {timeouts.connect:g} s"
+                )
+            except OSError as exc:
+                sock.close()
+                error = exc
+            except BaseException:
+                sock.close()
+                raise
+        raise error
+
+    async def _handshake(self, conn: _Conn) -> None:
+        try:
+            await conn.handshake()
+        except ssl.SSLCertVerificationError as exc:
+            raise TLSMismatch(
+                f"{self.origin}: the server's certificate does not verify ({exc.verify_message}):"
+                " give the CA bundle that signed it (S3Options(ca_bundle=...) or "
+                "AWS_CA_BUNDLE), or verify=False for a test server"
+            ) from exc
+        except ssl.SSLError as exc:
+            raise TLSMismatch(
+                f"{self.origin}: the TLS handshake failed ({exc.reason or exc}): is this a "
+                "plain-HTTP port? Use http:// for it"
+            ) from exc
+
+    async def _acquire(self, timeouts: Timeouts) -> _Conn:
+        while self._idle:
+            conn = self._idle.pop()
+            if conn.idle_and_open():
+                return conn
+            conn.close()
+        return await self._connect(timeouts)
+
+    def _release(self, conn: _Conn, reusable: bool) -> None:
+        if reusable and len(self._idle) < self.limit:
+            self._idle.append(conn)
+        else:
+            conn.close()
+
+    async def get(
+        self,
+        url: str,
+        headers: Mapping[str, str],
+        out: memoryview,
+        timeouts: Timeouts,
+    ) -> tuple[Reply, float]:
+        """``GET url`` (of this origin): a success's body goes into ``out``, which it must
+        fill exactly.
+
+        Returns the reply and the loop time its header arrived.
+
+        Raises:
+            ChunkFailure: a body of another length, a stall, no response in time.
+            TLSMismatch: see the module docstring.
+            OSError: the connection failed.
+        """
+        parts = urlsplit(url)
+        target = (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
+        default = ":443" if self.origin.tls else ":80"
+        host = parts.netloc.removesuffix(default)  # as the request was signed
+        head = f"GET {target} HTTP/1.1\r\nHost: {host}\r\n"
+        head += "".join(f"{name}: {value}\r\n" for name, value in headers.items()) + "\r\n"
+        request = head.encode("latin-1")
+        for attempt in range(2):
+            conn = await self._acquire(timeouts)
+            fresh = conn.requests == 0
+            if not fresh:
+                self.reused += 1
+            try:
+                return await self._exchange(conn, request, out, timeouts)
+            except _Stale:
+                conn.close()
+                if fresh or attempt:
+                    if fresh and not self.origin.tls:
+                        await self._probe_tls(timeouts)
+                    raise ConnectionResetError(
+                        f"{self.origin} closed the connection before responding"
+                    ) from None
+            except BaseException:
+                conn.close()
+                raise
+        raise AssertionError("unreachable")  # pragma: no cover
+
+    async def _probe_tls(self, timeouts: Timeouts) -> None:
+        """After a fresh plain connection ended unanswered: is the port a TLS one? Checked
+        once per pool (a TLS ClientHello, one second at most); raises TLSMismatch if so."""
+        if self._probed:
+            return
+        self._probed = True
+        probe = ssl.create_default_context()
+        probe.check_hostname, probe.verify_mode = False, ssl.CERT_NONE
+        pool = ConnectionPool(
+            Origin("https", self.origin.host, self.origin.port), ssl_context=probe
+        )
+        quick = Timeouts(connect=1.0, first_byte=1.0, stall=1.0, chunk=1.0)
+        try:
+            (await pool._connect(quick)).close()
+        except (OSError, TLSMismatch, TimeoutError):
+            return  # not a TLS server either: a plain failure, retried as such
+        raise TLSMismatch(f"{self.origin} is a TLS (https://) endpoint: use https:// for it")
+
+    async def _exchange(
+        self, conn: _Conn, request: bytes, out: memoryview, timeouts: Timeouts
+    ) -> tuple[Reply, float]:
+        loop = asyncio.get_running_loop()
+        conn.requests += 1
+        try:
+            await conn.sendall(request)
+        except OSError:
+            raise _Stale() from None
+        try:
+            async with asyncio.timeout(timeouts.first_byte) as first:
+                status, fields, extra, keep = await self._read_head(conn)
+        except TimeoutError:
+            if first.expired():
+                raise ChunkFailure(
+                    "first_byte", f"no response within {timeouts.first_byte:g} s"
+                ) from None
+            raise
+        headers_at = loop.time()
+        declared = fields.get("content-length", "")
+        if "chunked" in fields.get("transfer-encoding", "") or not declared.isdigit():
+            if status < 300:
+                raise ChunkFailure("length", "a response without a Content-Length")
+            body = await self._error_body(conn, extra, None, timeouts)
+            return Reply(status, fields, body), headers_at
+        length = int(declared)
+        if status >= 300:
+            body = await self._error_body(conn, extra, length, timeouts)
+            self._release(conn, keep and len(body) == length)
+            return Reply(status, fields, body), headers_at
+        if length != len(out):
+            raise ChunkFailure("length", f"asked for {len(out)} bytes, the response has {length}")
+        if len(extra) > length:
+            raise ChunkFailure("length", f"more than the {length} bytes asked for")
+        out[: len(extra)] = extra
+        await _receive(conn, out, len(extra), timeouts)
+        self._release(conn, keep)
+        return Reply(status, fields), headers_at
+
+    async def _read_head(self, conn: _Conn) -> tuple[int, dict[str, str], bytes, bool]:
+        """Status, header fields, the body bytes that came with them, and whether the
+        connection may be reused."""
+        buffer = bytearray(65536)
+        data = b""
+        while (end := data.find(b"\r\n\r\n")) < 0:
+            if len(data) > _HEAD_LIMIT:
+                raise ChunkFailure("length", f"response headers over {_HEAD_LIMIT} bytes")
+            n = await conn.recv_into(memoryview(buffer))
+            if not n:
+                if not data:
+                    raise _Stale()
+                raise ConnectionResetError(f"{self.origin} closed the connection mid-response")
+            data += buffer[:n]
+        status_line, *lines = data[:end].decode("latin-1").split("\r\n")
+        version, _, rest = status_line.partition(" ")
+        code = rest[:3]
+        if not version.startswith("HTTP/1.") or not code.isdigit():
+            if data.startswith((_TLS_RECORD, _TLS_ALERT)):
+                raise TLSMismatch(f"{self.origin} answered in TLS: it is an https:// endpoint")
+            raise ConnectionResetError(f"not an HTTP/1 response: {status_line[:60]!r}")
+        fields: dict[str, str] = {}
+        for line in lines:
+            name, _, value = line.partition(":")
+            fields[name.strip().lower()] = value.strip()
+        keep = version == "HTTP/1.1" and "close" not in fields.get("connection", "").lower()
+        return int(code), fields, bytes(data[end + 4 :]), keep
+
+    async def _error_body(
+        self, conn: _Conn, body: bytes, length: int | None, timeouts: Timeouts
+    ) -> bytes:
+        limit = _ERROR_BODY_LIMIT if length is None else min(length, _ERROR_BODY_LIMIT)
+        buffer = bytearray(limit)
+        with contextlib.suppress(OSError, TimeoutError):
+            async with asyncio.timeout(timeouts.stall):
+                while len(body) < limit:
+                    n = await conn.recv_into(memoryview(buffer)[: limit - len(body)])
+                    if not n:
+                        break
+                    body += buffer[:n]
+        return body[:limit]
+
+
+class _Stale(Exception):
+    """A connection that ended before the first byte of its response."""
+
+
+async def _receive(conn: _Conn, out: memoryview, pos: int, timeouts: Timeouts) -> None:
+    """Fill ``out[pos:]`` from the connection; a stall or an early end fails."""
+    loop = asyncio.get_running_loop()
+    length = len(out)
+    try:
+        async with asyncio.timeout(timeouts.stall) as stall:
+            while pos < length:
+                n = await conn.recv_into(out[pos:])
+                if not n:
+                    break
+                pos += n
+                stall.reschedule(loop.time() + timeouts.stall)
+    except TimeoutError:
+        if stall.expired():
+            raise ChunkFailure(
+                "stall", f"no byte for {timeouts.stall:g} s after {pos} of {length}"
+            ) from None
+        raise
+    if pos < length:
+        raise ChunkFailure("truncated", f"the body ended after {pos} of {length} bytes")
