@@ -43,7 +43,7 @@ import numpy.typing as npt
 
 from asyncstream._exceptions import AsyncStreamError
 
-__all__ = ["Ring", "RingError", "SlotState"]
+__all__ = ["Ring", "RingError", "SlotState", "check_room", "shm_free"]
 
 _MAGIC = b"ASRING\x00\x00"
 _VERSION = 1
@@ -53,6 +53,31 @@ _ALIGN = 4096
 _MAX_SLOTS = 1 << 20
 _MAX_BYTES = 1 << 40
 _TAG = re.compile(r"[A-Za-z0-9_.][A-Za-z0-9_.-]{0,11}")  # "<tag>-<pid>-<8 hex>" <= 30 chars
+
+
+def shm_free() -> int | None:
+    """Bytes free in /dev/shm, or ``None`` where there is none (shared memory lives
+    elsewhere there)."""
+    if not os.path.isdir("/dev/shm"):
+        return None
+    st = os.statvfs("/dev/shm")
+    return st.f_bavail * st.f_frsize
+
+
+def check_room(nbytes: int, hint: str = "use fewer or smaller slots") -> None:
+    """Refuse a ring larger than the free space in /dev/shm: tmpfs accepts any size, then
+    kills the process with SIGBUS at the first write past its end.
+
+    Raises:
+        ValueError: with both numbers and the two ways out.
+    """
+    free = shm_free()
+    if free is not None and nbytes > free:
+        raise ValueError(
+            f"a ring of {nbytes / 2**20:.0f} MiB does not fit the {free / 2**20:.0f} MiB "
+            f"free in /dev/shm: {hint}, or enlarge /dev/shm (docker run --shm-size=..., "
+            "or a Kubernetes emptyDir with medium: Memory)"
+        )
 
 
 class RingError(AsyncStreamError, RuntimeError):
@@ -132,13 +157,7 @@ class Ring:
         total = _layout(n_slots, slot_bytes)[2]
         if total > _MAX_BYTES:
             raise ValueError(f"a ring of {total} bytes exceeds the limit of {_MAX_BYTES} bytes")
-        if os.path.isdir("/dev/shm"):  # tmpfs accepts any size, then SIGBUSes on write
-            st = os.statvfs("/dev/shm")
-            if total > st.f_bavail * st.f_frsize:
-                raise ValueError(
-                    f"a ring of {total} bytes does not fit the {st.f_bavail * st.f_frsize} bytes "
-                    "free in /dev/shm: use fewer or smaller slots or enlarge it (--shm-size)"
-                )
+        check_room(total)
         while True:
             name = f"{tag}-{os.getpid()}-{secrets.token_hex(4)}"
             with contextlib.suppress(FileExistsError):

@@ -28,6 +28,7 @@ of 8 on average, against 7.9 of 8 with twice the slots).
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import multiprocessing
 import os
@@ -79,9 +80,24 @@ class StreamSettings:
         return digest.hexdigest()[:32]
 
     @property
+    def lanes(self) -> int:
+        """The most shards a reader keeps open: ``window``, or fewer where the dataset has
+        fewer shards (a reader's pieces are its shards plus at most two partial ones, so
+        for the epoch's own plan this changes nothing but the ring's size)."""
+        return max(1, min(self.window, len(self.shards) + 2))
+
+    @functools.cached_property
+    def prefetch_slots(self) -> int:
+        """Chunks requested ahead at most: ``prefetch``, or the dataset's chunk count if
+        smaller. The same number sizes the ring's prefetch slots: every requested chunk
+        fits at once, so a chunk a lane waits for never queues behind prefetched ones."""
+        chunks = sum(-(-s.size // self.slot_bytes) for s in self.shards)
+        return max(1, min(self.prefetch, chunks))
+
+    @property
     def ring_bytes(self) -> int:
-        """Shared memory of one reader's ring: window, prefetch and hedge slots."""
-        return (self.window + self.prefetch + int(self.hedge)) * self.slot_bytes
+        """Shared memory of one reader's ring: lane, prefetch and hedge slots."""
+        return (self.lanes + self.prefetch_slots + int(self.hedge)) * self.slot_bytes
 
     @property
     def slot_bytes(self) -> int:
@@ -151,7 +167,7 @@ class EpochRun(Iterator[dict[str, Any]]):
         self.pieces = epoch_sequence(settings, start.epoch).pieces(start.assignment)
         self.shuffle: WindowShuffle[Item] = WindowShuffle(
             len(self.pieces),
-            window=settings.window,
+            window=settings.lanes,
             key=shuffle_key(settings.seed, start, topology),
             mode=settings.mode,
             shuffle=settings.shuffle,
@@ -182,7 +198,7 @@ class EpochRun(Iterator[dict[str, Any]]):
                 "thread" if multiprocessing.current_process().daemon else "process"
             )
             self.engine = Engine(
-                config, n_slots=s.window + s.prefetch, slot_bytes=s.slot_bytes, mode=mode
+                config, n_slots=s.lanes + s.prefetch_slots, slot_bytes=s.slot_bytes, mode=mode
             )
         return self.engine
 
@@ -195,7 +211,7 @@ class EpochRun(Iterator[dict[str, Any]]):
 
     def _prefetch(self) -> None:
         """Ask for the chunks the prefetch stage ranks soonest, within the budget."""
-        budget = self.settings.prefetch
+        budget = self.settings.prefetch_slots
         room = budget - len(self.reader.requested)
         if room <= 0:
             return

@@ -19,6 +19,7 @@ from ._exceptions import StateError
 from ._manifest import sample_counts
 from ._plan import Topology, reader_samples
 from ._retry import RetryPolicy, Timeouts
+from ._ring import check_room
 from ._run import EpochRun, StreamSettings, default_topology, worker_topology
 from ._s3 import S3Options
 from ._state import Identity, Position, ReaderState, Start, find_states, fresh, resume
@@ -93,9 +94,12 @@ class ShardStream(IterableDataset[dict[str, Any]]):
     ``persistent_workers=True`` included. :meth:`state_dict` taken after any sample
     resumes, in a new process, with exactly the samples that would have come next.
 
-    Memory: the ring holds ``(window + prefetch + 1) x chunk_bytes`` (chunk_bytes capped at
-    the largest shard; the 1 is the engine's hedge slot, none with ``hedge=False``), per
-    reader: each DataLoader worker runs its own engine and ring (:attr:`ring_bytes`).
+    Memory: the ring holds ``(window + prefetch + 1) x chunk_bytes`` per reader (each
+    DataLoader worker runs its own engine and ring), with ``chunk_bytes`` capped at the
+    largest shard, ``window`` at the number of shards plus two and ``prefetch`` at the
+    dataset's number of chunks; the 1 is the engine's hedge slot, none with
+    ``hedge=False`` (:attr:`ring_bytes`). A ring larger than the free space in /dev/shm is
+    refused at construction.
 
     Args:
         urls: shard URLs: ``s3://bucket/train-{0000..0099}.tar``, an ``s3://`` prefix,
@@ -132,7 +136,8 @@ class ShardStream(IterableDataset[dict[str, Any]]):
         CorruptTarError, DataError, TransientFetchError: at construction, when samples
             are counted (no manifest, no ``samples_per_shard``) and a shard is not a
             readable tar, holds no sample, or cannot be read.
-        ValueError: bad arguments.
+        ValueError: bad arguments, or a ring that does not fit the free space in /dev/shm
+            (the message gives both sizes and the fixes).
     """
 
     def __init__(
@@ -196,6 +201,8 @@ class ShardStream(IterableDataset[dict[str, Any]]):
             adaptive=adaptive,
             hedge=hedge,
         )
+        # Each reader's ring is made when it starts reading: say now if it cannot fit.
+        check_room(self._settings.ring_bytes, "lower window, prefetch or chunk_bytes")
         self._shared = SharedEpoch()
         self._run: EpochRun | None = None
         self._live: weakref.ref[_Iteration] | None = None  # the iterator last handed out
@@ -240,7 +247,8 @@ class ShardStream(IterableDataset[dict[str, Any]]):
 
     @property
     def ring_bytes(self) -> int:
-        """Shared memory of one reader's ring, ``(window + prefetch + 1) x chunk``."""
+        """Shared memory of one reader's ring, ``(window + prefetch + 1) x chunk`` (each
+        capped by what the dataset can use; see the class docstring)."""
         return self._settings.ring_bytes
 
     @property

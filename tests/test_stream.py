@@ -30,7 +30,9 @@ from asyncstream import (
     StateError,
     pack,
 )
+from asyncstream._ring import shm_free
 from asyncstream.testing import FaultPlan, FaultProxy
+from tests._foreign import write_foreign_shards
 
 CHUNK = 4096  # small chunks: many per shard, samples straddling their ends
 
@@ -594,3 +596,23 @@ def test_a_forked_copy_of_an_engine_cannot_be_used_and_closes_harmlessly(
         rest = keys_of(it)  # the parent's engine and ring are intact
         assert len(rest) == 119
         assert os.path.exists(f"/dev/shm/{engine.ring.name}")
+
+
+def test_the_ring_is_sized_to_what_the_dataset_can_use(tmp_path: Path) -> None:
+    data = write_foreign_shards(tmp_path / "one", 0, counts=[40])
+    size = next(data.folder.glob("*.tar")).stat().st_size
+    with ShardStream(str(data.folder), samples_per_shard=data.counts, window=64) as s:
+        # One shard: at most 3 lanes (not 64), and only as many prefetch slots as chunks.
+        assert s.ring_bytes == (3 + 1 + 1) * size
+        assert sorted(keys_of(s)) == sorted(data.keys)  # and the epoch is whole
+
+
+def test_a_ring_that_cannot_fit_dev_shm_is_refused_at_construction(tmp_path: Path) -> None:
+    free = shm_free()
+    if free is None:
+        pytest.skip("no /dev/shm on this system")
+    shard = tmp_path / "huge.tar"
+    with shard.open("wb") as f:  # sparse: no disk used, nothing is read at construction
+        f.truncate(free + (1 << 30))
+    with pytest.raises(ValueError, match=r"does not fit the \d+ MiB free in /dev/shm.*shm-size"):
+        ShardStream(str(shard), samples_per_shard=1, chunk_bytes=free + (1 << 30))
