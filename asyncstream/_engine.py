@@ -628,6 +628,7 @@ class Engine:
             multiprocessing.util.Finalize(
                 self, _close_engine, args=(weakref.ref(self),), exitpriority=10
             )
+            _close_on_sigterm()
 
     def __repr__(self) -> str:
         return (
@@ -868,6 +869,35 @@ def _close_live_engines() -> None:
     for engine in list(_LIVE):
         with contextlib.suppress(Exception):
             engine.close(wait=True)
+
+
+def _close_on_sigterm() -> None:
+    """In a DataLoader worker: close the engines before SIGTERM ends the process.
+
+    Persistent workers are still alive when the main process exits, and multiprocessing's
+    exit hook SIGTERMs daemonic children, so their finalizers never run: each worker's
+    ring would stay registered with the resource tracker, which then removes it and warns
+    of a leak that is none. The handler closes the live engines (unlinking their rings),
+    then hands the signal to the handler there was before, or (the default) ends the
+    worker with status 0: it was being shut down, and a worker dead of a signal makes
+    torch's watchdog in the main process raise ``RuntimeError`` during its exit.
+    """
+    if threading.current_thread() is not threading.main_thread():
+        return
+    previous = signal.getsignal(signal.SIGTERM)
+    if getattr(previous, "asyncstream", False):
+        return  # installed already
+
+    def on_sigterm(signum: int, frame: Any) -> None:
+        _close_live_engines()
+        if callable(previous):
+            signal.signal(signal.SIGTERM, previous)
+            previous(signum, frame)
+        elif previous != signal.SIG_IGN:
+            os._exit(0)
+
+    on_sigterm.asyncstream = True  # type: ignore[attr-defined]
+    signal.signal(signal.SIGTERM, on_sigterm)
 
 
 def _reap(proc: subprocess.Popen[bytes]) -> None:

@@ -11,6 +11,8 @@ import multiprocessing
 import os
 import pickle
 import random
+import subprocess
+import sys
 from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
@@ -616,3 +618,40 @@ def test_a_ring_that_cannot_fit_dev_shm_is_refused_at_construction(tmp_path: Pat
         f.truncate(free + (1 << 30))
     with pytest.raises(ValueError, match=r"does not fit the \d+ MiB free in /dev/shm.*shm-size"):
         ShardStream(str(shard), samples_per_shard=1, chunk_bytes=free + (1 << 30))
+
+
+CLEAN_EXIT = """
+import sys
+from torch.utils.data import DataLoader
+from asyncstream import ShardStream
+if __name__ == "__main__":
+    stream = ShardStream(sys.argv[1], samples_per_shard=int(sys.argv[2]), window=2, inflight=2)
+    loader = DataLoader(stream, batch_size=None, num_workers=2, persistent_workers=True)
+    for epoch in range(2):
+        stream.set_epoch(epoch)
+        n = sum(1 for _ in loader)
+    print(n)
+"""
+
+
+def test_a_clean_exit_with_persistent_workers_warns_of_no_leak(tmp_path: Path) -> None:
+    """Persistent workers are SIGTERMed by multiprocessing at exit; they close their rings
+    first, so the resource tracker has nothing to clean up and says nothing."""
+    data = write_foreign_shards(tmp_path / "shards", 0, counts=[30, 30, 30])
+    script = tmp_path / "train.py"
+    script.write_text(CLEAN_EXIT)
+    before = set(os.listdir("/dev/shm")) if os.path.isdir("/dev/shm") else set()
+    result = subprocess.run(
+        [sys.executable, str(script), str(data.folder), "30"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**os.environ, "PYTHONPATH": str(Path(__file__).parent.parent)},
+        check=False,
+    )
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.split() == ["90"]
+    assert "leaked" not in result.stderr
+    assert "Traceback" not in result.stderr
+    after = set(os.listdir("/dev/shm")) if os.path.isdir("/dev/shm") else set()
+    assert not {n for n in after - before if n.startswith("asyncstream")}
