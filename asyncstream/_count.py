@@ -26,8 +26,8 @@ import sys
 import time
 from collections import deque
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass, field
-from typing import Any, Literal
+from dataclasses import dataclass, field, fields
+from typing import TYPE_CHECKING, Any, Literal
 
 from ._engine import Engine, EngineConfig
 from ._exceptions import AsyncStreamError
@@ -36,6 +36,9 @@ from ._retry import RetryPolicy, Timeouts
 from ._s3 import S3Options
 from ._tar import ShardReader, check_not_empty
 from ._urls import Shard
+
+if TYPE_CHECKING:
+    from ._run import StreamSettings
 
 __all__ = [
     "CountProgress",
@@ -72,6 +75,11 @@ class CountSettings:
     check_etag: bool = True
     adaptive: bool = True
     hedge: bool = True
+
+    @classmethod
+    def like(cls, settings: StreamSettings) -> CountSettings:
+        """A stream's reading settings, for its counting."""
+        return cls(**{f.name: getattr(settings, f.name) for f in fields(cls)})
 
     def __post_init__(self) -> None:
         for name in ("inflight", "chunk_bytes"):
@@ -145,15 +153,9 @@ def count_shards(
         check_not_empty(shard.url, shard.size)  # an empty object has no chunk to count
     slot = max(1, min(settings.chunk_bytes, max(s.size for s in shards)))
     n_slots = 2 * settings.inflight
-    config = EngineConfig(
-        inflight=settings.inflight,
-        retry=settings.retry,
-        timeouts=settings.timeouts,
-        check_etag=settings.check_etag,
-        s3=settings.s3,
-        adaptive=settings.adaptive,
-        hedge=settings.hedge,
-    )
+    # Every setting but the chunk size is the engine's own, under the same name.
+    reading = {f.name: getattr(settings, f.name) for f in fields(settings)}
+    config = EngineConfig(**{k: v for k, v in reading.items() if k != "chunk_bytes"})
     # DataLoader workers are daemonic and may not start processes.
     mode: Literal["thread", "process"] = (
         "thread" if multiprocessing.current_process().daemon else "process"

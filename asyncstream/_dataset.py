@@ -11,55 +11,33 @@ from, first that answers, per shard:
 4. counting through the fetch engine (:mod:`._count`), which a log line announces, with
    the ``asyncstream index`` command that makes it unnecessary. The counts go to the cache.
 
-The index is the truth about which shards make the dataset. Under a prefix (or local
-folder), the shallowest folder with an index governs every shard below it: shards of
-its chosen split are read, shards of its other splits left out silently, and any other
-``.tar`` is stale: left out with a :class:`~asyncstream.StaleShardWarning` naming it
-(``strict=True``: a :class:`~asyncstream.DataError`). Shards named one by one (a brace
-pattern, a list) are read whether or not the index beside them lists them; those it does
-not list are counted. Wherever an index and the store disagree (a shard it lists is
-missing, its size or ETag differs, or its count cannot fit the shard: every member
-takes a 512-byte header) the open fails with a ``DataError`` naming the shard and the
-index file, never a silent guess.
-
-An index given as the dataset URL that records every shard's size (asyncstream's
-manifest; wids with ``filesize``) opens with that one GET: no listing, no HEAD.
+Which shards make the dataset is the index's to say (:mod:`._opener`: stale shards,
+splits, an index that disagrees with the store). The cache is opened only when a shard
+has no index to count it.
 """
 
 from __future__ import annotations
 
 import logging
 import os
-import warnings
-from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
 from ._count import CountSettings, OnProgress, count_shards, count_shared, distributed
-from ._exceptions import DataError, NotFoundError, ShardURLError, StaleShardWarning
-from ._index import Entry, Index, find_index, folder_of, parse_index
+from ._exceptions import DataError
+from ._index import folder_of
 from ._index_cache import IndexCache
-from ._objects import Objects
+from ._opener import Opener, names
 from ._s3 import S3Options
 from ._tar import check_not_empty
-from ._urls import (
-    Resolved,
-    Shard,
-    folder_url,
-    local_path,
-    local_uri,
-    reject_duplicates,
-    resolve_shards,
-    resolve_urls,
-)
+from ._urls import Shard, resolve_shards, resolve_urls, url_items
 
-__all__ = ["Dataset", "IndexInfo", "OnProgress", "open_dataset", "plan_dataset"]
+__all__ = ["Dataset", "DatasetPlan", "IndexInfo", "open_dataset", "plan_dataset"]
 
 _log = logging.getLogger("asyncstream")
-_HEADER = 512
 _SOURCES = ("index", "given", "cache", "counted")
-_NAMED_IN_MESSAGES = 5
+_STALE_EXAMPLES = 5
 
 
 @dataclass(frozen=True)
@@ -140,208 +118,6 @@ class DatasetPlan:
     hint: str
 
 
-class _Opener:
-    """One open: the store, the indexes read so far, and what each shard got."""
-
-    def __init__(self, options: S3Options, split: str | None, needs_s3: bool) -> None:
-        self.options = options
-        self.objects = Objects(options)
-        self.client = self.objects.client if needs_s3 else None
-        self.split = split
-        self.shards: list[Shard] = []
-        self.counts: dict[str, int] = {}
-        self.sources: Counter[str] = Counter()
-        self.indexes: dict[str, str] = {}  # index url -> kind
-        self.split_used = False
-        self.stale: list[tuple[str, Index]] = []
-
-    def use(self, shard: Shard, index: Index | None, entry: Entry | None) -> None:
-        self.shards.append(shard)
-        if index is not None and entry is not None:
-            _check(shard, entry, index)
-            self.counts[shard.url] = entry.samples
-            self.sources["index"] += 1
-            self.indexes.setdefault(index.url, index.kind)
-
-    def members(self, index: Index) -> list[str]:
-        self.split_used |= index.splits is not None
-        self.indexes.setdefault(index.url, index.kind)
-        return index.members(self.split)
-
-    # -- an index given as the dataset URL --------------------------------------------------
-
-    def index_url(self, url: str) -> None:
-        canonical = url if url.startswith("s3://") else local_uri(url)
-        raw = self.objects.read(canonical)
-        if raw is None:
-            raise NotFoundError(f"{url}: no such index file", url=url)
-        index = parse_index(canonical, raw, expect=None, rebase=False)
-        if index is None:  # pragma: no cover - expect=None never returns None
-            raise DataError(f"{url}: not an index")
-        members = self.members(index)
-        entries = [index.entries[u] for u in members]
-        if all(e.size is not None for e in entries):
-            shards = [Shard(u, e.size or 0, e.etag) for u, e in zip(members, entries, strict=True)]
-        else:
-            try:
-                shards = resolve_shards(members, self.options, client=self.client)
-            except NotFoundError as exc:
-                raise DataError(f"{exc.url}: listed by {index.url}, but not found") from exc
-        for shard, entry in zip(shards, entries, strict=True):
-            self.use(shard, index, entry)
-
-    # -- shards named one by one ------------------------------------------------------------
-
-    def named(self, run: Resolved) -> None:
-        by_folder: dict[str, list[Shard]] = {}
-        for shard in run.shards:
-            by_folder.setdefault(folder_of(shard.url), []).append(shard)
-        found: dict[str, Index | None] = {}
-        children = _children(run.listed)
-        for folder, shards in by_folder.items():
-            # A folder listed on the way (many shards named in it) has its named shards in
-            # the listing; one sized by HEAD has nothing listed, and its index files are probed.
-            known = children.get(folder) or None
-            if folder.startswith("file://"):
-                known = _local_children(folder)
-            found[folder] = find_index(
-                folder, self.objects.read, known=known, shard_urls=[s.url for s in shards]
-            )
-        for shard in run.shards:
-            index = found[folder_of(shard.url)]
-            entry = index.entries.get(shard.url) if index is not None else None
-            if index is not None and index.splits is not None:
-                self.split_used = True
-            self.use(shard, index, entry)
-
-    # -- a prefix or a local folder ---------------------------------------------------------
-
-    def prefix(self, run: Resolved) -> None:
-        root = folder_url(run.url)
-        folders: set[str] = set()
-        for shard in run.shards:
-            folder = folder_of(shard.url)
-            while folder.startswith(root) and folder not in folders:
-                folders.add(folder)
-                folder = folder_of(folder)
-        governing: dict[str, Index] = {}
-        children = _children(run.listed)
-        for folder in sorted(folders, key=lambda f: (f.count("/"), f)):
-            if any(_under(folder, g) for g in governing):
-                continue  # an index higher up governs this folder already
-            local = folder.startswith("file://")
-            known = _local_children(folder) if local else children.get(folder, set())
-            index = find_index(folder, self.objects.read, known=known)
-            if index is not None:
-                governing[folder] = index
-        governed: dict[str, list[Shard]] = {folder: [] for folder in governing}
-        for shard in run.shards:
-            owner = next((g for g in governing if _under(folder_of(shard.url), g)), None)
-            if owner is None:
-                self.use(shard, None, None)
-            else:
-                governed[owner].append(shard)
-        for folder, index in governing.items():
-            self._governed(run, index, governed[folder])
-
-    def _governed(self, run: Resolved, index: Index, shards: list[Shard]) -> None:
-        members = self.members(index)
-        listed = {s.url: s for s in shards}
-        absent = [u for u in members if u not in listed]
-        if absent:
-            raise DataError(
-                f"{_names(absent)}: listed by {index.url}, but not under {run.url} "
-                f"({len(absent)} of its {len(members)} shards are missing)"
-            )
-        chosen = set(members)
-        for shard in shards:
-            if shard.url in chosen:
-                continue
-            if shard.url not in index.entries:  # in no split at all: stale
-                self.stale.append((shard.url, index))
-        for url in members:
-            self.use(listed[url], index, index.entries[url])
-
-    def plan(self, urls: Sequence[str], strict: bool, cache: IndexCache | None) -> DatasetPlan:
-        if self.split is not None and not self.split_used:
-            raise ValueError(
-                f"split={self.split!r} was given, but no index with splits was found for "
-                f"{', '.join(urls)}"
-            )
-        if self.stale:
-            self._report_stale(strict)
-        reject_duplicates(self.shards)
-        for shard in self.shards:
-            check_not_empty(shard.url, shard.size)
-        uncovered = [i for i, s in enumerate(self.shards) if s.url not in self.counts]
-        if uncovered and cache is not None:
-            cached = cache.get([self.shards[i] for i in uncovered])
-            self.counts.update(cached)
-            self.sources["cache"] += len(cached)
-        info = IndexInfo(
-            indexes=tuple((kind, url) for url, kind in self.indexes.items()),
-            split=self.split,
-            sources={source: self.sources[source] for source in _SOURCES},
-            stale=len(self.stale),
-            stale_examples=tuple(u for u, _ in self.stale[:_NAMED_IN_MESSAGES]),
-        )
-        return DatasetPlan(self.shards, self.counts, uncovered, info, _hint(urls, self.shards))
-
-    def _report_stale(self, strict: bool) -> None:
-        urls = [u for u, _ in self.stale]
-        sources = ", ".join(sorted({index.url for _, index in self.stale}))
-        message = (
-            f"{_names(urls)}: {len(urls)} .tar not listed by the index {sources}, so not "
-            "part of the dataset (stale shards of an earlier pack, say; 'asyncstream pack "
-            "--overwrite' removes them)"
-        )
-        if strict:
-            raise DataError(message)
-        warnings.warn(message + "; strict=True makes this an error", StaleShardWarning, 2)
-
-
-def _names(urls: Sequence[str]) -> str:
-    shown = ", ".join(urls[:_NAMED_IN_MESSAGES])
-    return shown + (f", ... ({len(urls)} in all)" if len(urls) > _NAMED_IN_MESSAGES else "")
-
-
-def _check(shard: Shard, entry: Entry, index: Index) -> None:
-    """Refuse an index entry that does not fit the shard in the store."""
-    where = f"{shard.url}: the {index.kind} index {index.url}"
-    if entry.size is not None and entry.size != shard.size:
-        raise DataError(f"{where} gives {entry.size} bytes, the store has {shard.size}")
-    if entry.etag and shard.etag and entry.etag.strip('"') != shard.etag.strip('"'):
-        raise DataError(
-            f"{where} gives ETag {entry.etag}, the store has {shard.etag} (the shard was "
-            "rewritten since it was indexed: run 'asyncstream index' again)"
-        )
-    if entry.samples * _HEADER > shard.size:
-        raise DataError(
-            f"{where} gives {entry.samples} samples, more than a shard of {shard.size} bytes "
-            "can hold (every member takes a 512-byte header)"
-        )
-
-
-def _under(folder: str, ancestor: str) -> bool:
-    return folder == ancestor or folder.startswith(ancestor + "/")
-
-
-def _children(listed: dict[str, Shard]) -> dict[str, set[str]]:
-    """Folder URL to the URLs of the listed objects directly in it."""
-    out: dict[str, set[str]] = {}
-    for url in listed:
-        out.setdefault(folder_of(url), set()).add(url)
-    return out
-
-
-def _local_children(folder: str) -> set[str] | None:
-    path = local_path(folder)
-    try:
-        return {(path / name).absolute().as_uri() for name in os.listdir(path)}
-    except OSError:
-        return None
-
-
 def _hint(urls: Sequence[str], shards: Sequence[Shard]) -> str:
     if len(urls) == 1 and "{" not in urls[0]:
         return urls[0]
@@ -376,20 +152,15 @@ def plan_dataset(
 ) -> DatasetPlan:
     """The dataset's shards and the counts known without reading a shard (see
     :func:`open_dataset`, which counts the rest)."""
-    items = [urls] if isinstance(urls, str) else list(urls)
-    if not items:
-        raise ShardURLError("no shard URL given")
-    for item in items:
-        if not isinstance(item, str):
-            raise TypeError(f"shard URLs must be strings, got {type(item).__name__}: {item!r}")
-    opener = _Opener(options, split, any(item.startswith("s3://") for item in items))
+    items = url_items(urls)
+    opener = Opener(options, split, any(item.startswith("s3://") for item in items))
     if samples_per_shard is not None:
         shards = resolve_shards(items, options, client=opener.client)
         for shard in shards:
             check_not_empty(shard.url, shard.size)
-        counts = _given_counts(samples_per_shard, shards)
+        given = _given_counts(samples_per_shard, shards)
         info = IndexInfo(split=split, sources={**dict.fromkeys(_SOURCES, 0), "given": len(shards)})
-        known = {s.url: n for s, n in zip(shards, counts, strict=True)}
+        known = {s.url: n for s, n in zip(shards, given, strict=True)}
         return DatasetPlan(shards, known, [], info, "")
     segment: list[str] = []
 
@@ -406,7 +177,21 @@ def plan_dataset(
         else:
             segment.append(item)
     flush()
-    return opener.plan(items, strict, cache)
+    opener.finish(items, strict)
+    shards, counts, sources = opener.shards, opener.counts, opener.sources
+    uncovered = [i for i, s in enumerate(shards) if s.url not in counts]
+    if uncovered and cache is not None:
+        cached = cache.get([shards[i] for i in uncovered])
+        counts.update(cached)
+        sources["cache"] += len(cached)
+    info = IndexInfo(
+        indexes=tuple((kind, url) for url, kind in opener.indexes.items()),
+        split=split,
+        sources={source: sources[source] for source in _SOURCES},
+        stale=len(opener.stale),
+        stale_examples=tuple(u for u, _ in opener.stale[:_STALE_EXAMPLES]),
+    )
+    return DatasetPlan(shards, counts, uncovered, info, _hint(items, shards))
 
 
 def open_dataset(
@@ -460,7 +245,7 @@ def open_dataset(
     counts = tuple(plan.counts[s.url] for s in plan.shards)
     if plan.shards and not any(counts):
         raise DataError(
-            f"{_names([s.url for s in plan.shards])}: no sample in any of these "
+            f"{names([s.url for s in plan.shards])}: no sample in any of these "
             f"{len(plan.shards)} shards"
         )
     return Dataset(tuple(plan.shards), counts, replace(plan.info, sources=sources))

@@ -191,13 +191,16 @@ def _fail(url: str, what: str) -> DataError:
     return DataError(f"{url}: not a valid index: {what}")
 
 
+def _objects(doc: dict[str, Any], key: str, url: str) -> list[dict[str, Any]]:
+    """``doc[key]``, which must be a list of JSON objects."""
+    items = doc.get(key)
+    if not isinstance(items, list) or not all(isinstance(item, dict) for item in items):
+        raise _fail(url, f"{key!r} must be a list of objects, got {items!r:.80}")
+    return items
+
+
 def _manifest(doc: dict[str, Any], b: _Builder) -> Index:
-    shards = doc.get("shards")
-    if not isinstance(shards, list):
-        raise _fail(b.url, "'shards' must be a list")
-    for item in shards:
-        if not isinstance(item, dict):
-            raise _fail(b.url, f"a shard entry must be an object, got {item!r}")
+    for item in _objects(doc, "shards", b.url):
         b.add(item.get("url"), item.get("samples"), item.get("size"), item.get("etag"))
     raw = doc.get("splits")
     if raw is None:
@@ -216,12 +219,7 @@ def _wids(doc: dict[str, Any], b: _Builder) -> Index:
     base = doc.get("base")
     if isinstance(base, str) and base:
         b.base = join_url(b.folder, base.rstrip("/"))
-    shardlist = doc.get("shardlist")
-    if not isinstance(shardlist, list):
-        raise _fail(b.url, "'shardlist' must be a list")
-    for item in shardlist:
-        if not isinstance(item, dict):
-            raise _fail(b.url, f"a shardlist entry must be an object, got {item!r}")
+    for item in _objects(doc, "shardlist", b.url):
         b.add(item.get("url"), item.get("nsamples"), item.get("filesize"))
     return b.build()
 

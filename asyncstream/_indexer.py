@@ -6,8 +6,11 @@ read. :func:`index_dataset` builds it:
 
 * **The shards**: every ``.tar`` the URL resolves to (a prefix, a pattern, a folder), or
   the shards of an index given as the URL (a wids index, ``_info.json``, ...). A new
-  shard under the prefix is indexed, whatever an older manifest said. Splits of an
-  ``_info.json`` (or of the older manifest) in that folder are carried over.
+  shard under the prefix is indexed, whatever an older ``asyncstream.json`` said; but
+  where another tool's index lies in the prefix's folder, its shards (every split) are
+  the dataset, as for a stream, and a ``.tar`` it does not list is left out with a
+  :class:`~asyncstream.StaleShardWarning`. Splits (of an ``_info.json``, or of the older
+  manifest) are carried over.
 * **What is read**: nothing for a shard whose entry in the manifest already there keeps
   its size and ETag (a local file, which has no ETag, is read again unless the local
   index cache has it); nothing for a shard the local index cache has; every other shard
@@ -36,6 +39,7 @@ from ._exceptions import DataError, NotFoundError, ShardURLError
 from ._index import MANIFEST_NAME, Index, find_index, folder_of, manifest_bytes, parse_index
 from ._index_cache import IndexCache
 from ._objects import Objects
+from ._opener import governed, report_stale
 from ._s3 import S3Options
 from ._tar import check_not_empty
 from ._urls import (
@@ -126,8 +130,15 @@ def _shards_and_splits(
         found = find_index(folder, objects.read, known=known or None)
     except DataError as exc:  # a broken index is what indexing replaces
         _log.warning("%s (ignored: every shard is indexed anew)", exc)
-        found = None
-    return shards, _splits(found, shards) if found is not None else None, folder
+        return shards, None, folder
+    if found is None:
+        return shards, None, folder
+    if found.kind != "asyncstream" and len(runs) == 1 and runs[0].prefix:
+        # Another tool's index says which shards make the dataset (all its splits).
+        shards, stale = governed(found, list(found.entries), shards, url)
+        if stale:
+            report_stale([(u, found) for u in stale], strict=False)
+    return shards, _splits(found, shards), folder
 
 
 def _splits(index: Index, shards: Sequence[Shard]) -> dict[str, list[str]] | None:

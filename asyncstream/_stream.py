@@ -213,29 +213,9 @@ class ShardStream(IterableDataset[dict[str, Any]]):
         options = options.resolve()
         self._rank, self._world_size = default_topology(rank, world_size)
         Topology(self._rank, self._world_size)  # validates
-        retry, timeouts = retry or RetryPolicy(), timeouts or Timeouts()
-        dataset = open_dataset(
-            urls,
-            options,
-            samples_per_shard=samples_per_shard,
-            split=split,
-            strict=strict,
-            index_cache=index_cache,
-            counting=CountSettings(
-                inflight=inflight,
-                chunk_bytes=chunk_bytes,
-                s3=options,
-                retry=retry,
-                timeouts=timeouts,
-                check_etag=check_etag,
-                adaptive=adaptive,
-                hedge=hedge,
-            ),
-        )
-        self._index = dataset.info
-        self._settings = StreamSettings(
-            shards=dataset.shards,
-            counts=dataset.counts,
+        settings = StreamSettings(
+            shards=(),
+            counts=(),
             window=window,
             inflight=inflight,
             prefetch=2 * inflight if prefetch is None else prefetch,
@@ -245,12 +225,23 @@ class ShardStream(IterableDataset[dict[str, Any]]):
             mode=shuffle_mode,
             remainder=remainder,
             s3=options,
-            retry=retry,
-            timeouts=timeouts,
+            retry=retry or RetryPolicy(),
+            timeouts=timeouts or Timeouts(),
             check_etag=check_etag,
             adaptive=adaptive,
             hedge=hedge,
         )
+        dataset = open_dataset(
+            urls,
+            options,
+            samples_per_shard=samples_per_shard,
+            split=split,
+            strict=strict,
+            index_cache=index_cache,
+            counting=CountSettings.like(settings),  # counted as an epoch reads
+        )
+        self._index = dataset.info
+        self._settings = replace(settings, shards=dataset.shards, counts=dataset.counts)
         self._shared = _SharedEpoch()
         self._run: EpochRun | None = None
         self._engine: Engine | None = None  # kept from one epoch to the next when idle

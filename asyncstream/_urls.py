@@ -39,6 +39,7 @@ __all__ = [
     "reject_duplicates",
     "resolve_shards",
     "resolve_urls",
+    "url_items",
 ]
 
 _BUCKET_RE = re.compile(r"^[a-z0-9][a-z0-9.\-]{1,61}[a-z0-9]$")
@@ -302,6 +303,22 @@ class Resolved:
     listed: dict[str, Shard]
 
 
+def url_items(urls: str | Sequence[str]) -> list[str]:
+    """One URL or a list of them, as a list, checked: non-empty, strings only.
+
+    Raises:
+        ShardURLError: an empty list.
+        TypeError: an item that is not a string.
+    """
+    items = [urls] if isinstance(urls, str) else list(urls)
+    if not items:
+        raise ShardURLError("no shard URL given")
+    for item in items:
+        if not isinstance(item, str):
+            raise TypeError(f"shard URLs must be strings, got {type(item).__name__}: {item!r}")
+    return items
+
+
 def resolve_urls(
     urls: str | Sequence[str], options: S3Options | None = None, *, client: Any = None
 ) -> list[Resolved]:
@@ -315,12 +332,7 @@ def resolve_urls(
         The errors of :func:`resolve_shards`, except that a shard named twice is not
         checked here.
     """
-    items = [urls] if isinstance(urls, str) else list(urls)
-    if not items:
-        raise ShardURLError("no shard URL given")
-    for item in items:
-        if not isinstance(item, str):
-            raise TypeError(f"shard URLs must be strings, got {type(item).__name__}: {item!r}")
+    items = url_items(urls)
     runs: list[Resolved] = []
     pending_keys: list[str] = []
 

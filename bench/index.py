@@ -23,11 +23,8 @@ unchanged dataset, which reads nothing (every manifest entry keeps its size and 
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import json
-import os
-import platform
 import tempfile
 import time
 from dataclasses import replace
@@ -39,6 +36,7 @@ from asyncstream._count import CountProgress, CountSettings
 from asyncstream._datagen import generate_imagefolder
 
 from ._proxy import ProxyProcess
+from ._run import arguments, header, report
 from .stream import raw_fetch
 
 MB = 1e6
@@ -83,16 +81,10 @@ class _Interrupt:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--quick", action="store_true", help="small sizes (a smoke run)")
-    parser.add_argument("--repeat", type=int, default=3)
-    parser.add_argument("--json", help="write the figures to this file")
-    args = parser.parse_args()
+    args = arguments(__doc__ or "")
     images, n_shards = (200, 4) if args.quick else (2_000, 20)
     out: dict[str, Any] = {
-        "date": time.strftime("%Y-%m-%d"),
-        "machine": f"{platform.machine()}, {os.cpu_count()} cores, "
-        f"Python {platform.python_version()}",
+        **header(),
         "settings": f"chunk {CHUNK >> 20} MiB, inflight {INFLIGHT}, S3-like profile",
     }
     with (
@@ -133,9 +125,7 @@ def main() -> None:
         out["index_wall_mb_per_s"] = total / min(walls) / MB
         out["runs"] = {"raw": raws, "index": indexes, "index_wall_s": walls}
         out["resume"] = resume(url, settings, proxy, root / "cache-resume", n_shards, paths)
-    print(render(out))
-    if args.json:
-        Path(args.json).write_text(json.dumps(out, indent=1))
+    report(out, render(out), args.json)
 
 
 def resume(

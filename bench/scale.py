@@ -25,12 +25,9 @@ Figures per size:
 
 from __future__ import annotations
 
-import argparse
 import gc
 import hashlib
 import json
-import os
-import platform
 import time
 import tracemalloc
 from dataclasses import replace
@@ -42,6 +39,7 @@ from asyncstream._plan import Topology, epoch_plan
 from asyncstream._run import check_state
 
 from ._proxy import ProxyProcess
+from ._run import arguments, header, report
 
 SAMPLE_BYTES = 110_000
 SIZES = ((1_024, 1_280_000), (100_000, 1_000_000_000))
@@ -145,17 +143,8 @@ def measure(
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--quick", action="store_true", help="small sizes (a smoke run)")
-    parser.add_argument("--repeat", type=int, default=3)
-    parser.add_argument("--json", help="write the figures to this file")
-    args = parser.parse_args()
-    out: dict[str, Any] = {
-        "date": time.strftime("%Y-%m-%d"),
-        "machine": f"{platform.machine()}, {os.cpu_count()} cores, "
-        f"Python {platform.python_version()}",
-        "rows": [],
-    }
+    args = arguments(__doc__ or "")
+    out: dict[str, Any] = {**header(), "rows": []}
     with (
         LocalS3(mode="process") as server,
         ProxyProcess(server.endpoint_url, profile="loopback") as proxy,
@@ -169,10 +158,7 @@ def main() -> None:
                 f"{row['requests']} requests, plan {row['plan_s'] * 1e3:.0f} ms",
                 flush=True,
             )
-    print(render(out))
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump(out, f, indent=1)
+    report(out, render(out), args.json)
 
 
 def render(out: dict[str, Any]) -> str:

@@ -9,10 +9,6 @@ from __future__ import annotations
 
 import io
 import json
-import os
-import socket
-import subprocess
-import sys
 import tarfile
 import textwrap
 from collections import Counter
@@ -21,6 +17,7 @@ from typing import Any
 
 import pytest
 from _foreign import foreign_shards, upload
+from _torchrun import torchrun
 
 from asyncstream import CorruptTarError, LocalS3, RetryPolicy, S3Options, Timeouts, resolve_shards
 from asyncstream._count import CountProgress, CountSettings, count_shards
@@ -141,41 +138,14 @@ RANK = textwrap.dedent(
 )
 
 
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
 @pytest.mark.slow
 def test_ranks_split_the_counting_and_share_it(
     s3_server: LocalS3, dataset: dict[str, Any], tmp_path: Path
 ) -> None:
     script = tmp_path / "rank.py"
     script.write_text(RANK)
-    root = str(Path(__file__).resolve().parent.parent)  # this checkout, not an installed copy
-    path = os.pathsep.join(filter(None, [root, os.environ.get("PYTHONPATH")]))
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": path}
     with FaultProxy(s3_server.endpoint_url) as proxy:
-        result = subprocess.run(
-            [
-                sys.executable,
-                "-m",
-                "torch.distributed.run",
-                "--nproc_per_node=2",
-                f"--master_port={free_port()}",
-                "--master_addr=127.0.0.1",
-                str(script),
-                dataset["url"],
-                proxy.endpoint_url,
-                str(tmp_path),
-            ],
-            env=env,
-            capture_output=True,
-            text=True,
-            timeout=200,
-            check=False,
-        )
+        result = torchrun(script, dataset["url"], proxy.endpoint_url, str(tmp_path), timeout=200)
         gets = Counter(path for method, path, _ in proxy.requests() if method == "GET")
     assert result.returncode == 0, result.stderr[-3000:]
     ranks = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(2)]

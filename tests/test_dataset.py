@@ -1,4 +1,5 @@
-"""Opening datasets that other tools made: their indexes, the cache, counting, stale shards.
+"""Opening datasets that other tools made (``_dataset.py``, ``_opener.py``): their indexes,
+the cache, counting, stale shards.
 
 Everything runs against the real S3 server (moto) through the fault proxy, whose request
 log tells which objects were read: "zero shard GETs" is counted there. Shards are written
@@ -322,6 +323,7 @@ def test_stale_shards_are_warned_about_and_never_read(
     with pytest.warns(StaleShardWarning) as caught:
         stream = open_stream(f"s3://{bucket}/ds/", options)
     (warning,) = caught
+    assert warning.filename == __file__  # the user's line, not asyncstream's
     for stale in NAMES[3:]:
         assert f"s3://{bucket}/ds/{stale}" in str(warning.message)
     assert f"s3://{bucket}/ds/asyncstream.json" in str(warning.message)

@@ -160,7 +160,7 @@ def test_openclip_sizes_json() -> None:
         ({"__kind__": MANIFEST_KIND, "shards": [{"url": "a.tar", "samples": -1}]}, ">= 0"),
         ({"__kind__": MANIFEST_KIND, "shards": [{"url": "a.tar", "samples": True}]}, ">= 0"),
         ({"__kind__": MANIFEST_KIND, "shards": [{"url": "", "samples": 1}]}, "non-empty"),
-        ({"__kind__": MANIFEST_KIND, "shards": "nope"}, "'shards' must be a list"),
+        ({"__kind__": MANIFEST_KIND, "shards": "nope"}, "'shards' must be a list of objects"),
         (
             {"__kind__": MANIFEST_KIND, "shards": [], "splits": {"t": ["x.tar"]}},
             "not in 'shards'",

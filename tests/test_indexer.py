@@ -11,14 +11,21 @@ import subprocess
 import sys
 import time
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 from _foreign import Foreign, foreign_shards, upload
 
-from asyncstream import LocalS3, S3Options, ShardStream, index_dataset, resolve_shards
+from asyncstream import (
+    LocalS3,
+    S3Options,
+    ShardStream,
+    StaleShardWarning,
+    index_dataset,
+    resolve_shards,
+)
 from asyncstream._cli import main
 from asyncstream._count import CountProgress, CountSettings
 from asyncstream._index_cache import IndexCache
@@ -85,13 +92,12 @@ def test_the_command_writes_the_manifest_and_opens_then_read_no_shard(
     assert shard_gets(proxy, before) == Counter()
 
 
-class _Interrupt:
-    def __init__(self, after: int) -> None:
-        self.after = after
+def ctrl_c_after(shards: int) -> Callable[[CountProgress], None]:
+    def progress(p: CountProgress) -> None:
+        if p.shards >= shards:
+            raise KeyboardInterrupt  # as Ctrl-C would, between two chunks
 
-    def __call__(self, p: CountProgress) -> None:
-        if p.shards >= self.after:
-            raise KeyboardInterrupt
+    return progress
 
 
 def test_an_interrupted_index_resumes_without_rereading_finished_shards(
@@ -102,7 +108,7 @@ def test_an_interrupted_index_resumes_without_rereading_finished_shards(
     url, cache = f"s3://{bucket}/raw/", tmp_path / "cache"
     with pytest.raises(KeyboardInterrupt):
         index_dataset(
-            url, options=options, counting=settings, index_cache=cache, progress=_Interrupt(4)
+            url, options=options, counting=settings, index_cache=cache, progress=ctrl_c_after(4)
         )
     finished = [s.name for s in shards[:4]]
     before = len(proxy.requests())
@@ -209,3 +215,16 @@ def test_timm_splits_are_carried_into_the_manifest(
     with ShardStream(f"s3://{bucket}/t/", s3=options, split="train") as stream:
         assert stream.stats()["index"]["kind"] == "asyncstream"
         assert stream.num_samples == 7
+
+
+def test_another_tools_index_says_which_shards_are_indexed(
+    s3_server: LocalS3, s3_client: Any, bucket: str, shards: list[Foreign], proxy: FaultProxy
+) -> None:
+    sizes = {s.name: len(s.keys) for s in shards[:7]}  # three .tar of an earlier write linger
+    s3_client.put_object(Bucket=bucket, Key="raw/sizes.json", Body=json.dumps(sizes).encode())
+    options = options_for(s3_server, proxy)
+    with pytest.warns(StaleShardWarning, match="00007.tar") as caught:
+        result = index_dataset(f"s3://{bucket}/raw/", options=options, index_cache=False)
+    assert "00009.tar" in str(caught[0].message)
+    assert (result.shards, result.read) == (7, 7)  # its counts are checked by reading, too
+    assert set(shard_gets(proxy)) == set(sizes)
