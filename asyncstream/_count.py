@@ -30,7 +30,7 @@ from dataclasses import dataclass, field, fields
 from typing import TYPE_CHECKING, Any, Literal
 
 from ._engine import Engine, EngineConfig
-from ._exceptions import AsyncStreamError
+from ._exceptions import AsyncStreamError, EngineError
 from ._fetch import ChunkRequest
 from ._retry import RetryPolicy, Timeouts
 from ._s3 import S3Options
@@ -165,7 +165,11 @@ def count_shards(
     counts: list[int] = []
     samples = done = retries = 0
     with Engine(config, n_slots=n_slots, slot_bytes=slot, mode=mode) as engine:
-        engine.stats()  # the engine is up: reading starts now (its start-up is not timed)
+        try:
+            engine.stats()  # the engine is up: reading is timed from now, not its start-up
+        except EngineError as exc:
+            if exc.__cause__ is not None:  # it died; no cause: only slow to start
+                raise
         began = asked = time.monotonic()
         submitted: deque[int] = deque()
 
