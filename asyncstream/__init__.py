@@ -2,7 +2,8 @@
 
 The public API is what this module exports; every other module is private.
 :class:`ShardStream` is loaded on first use, because it imports PyTorch and the fetch
-engine's process, which imports this package too, has no use for it.
+engine's process, which imports this package too, has no use for it; so is
+:func:`index_dataset`, which imports the fetch engine's client side.
 """
 
 from typing import TYPE_CHECKING, Any
@@ -18,6 +19,7 @@ from ._exceptions import (
     NotFoundError,
     PermanentFetchError,
     ShardURLError,
+    StaleShardWarning,
     StateError,
     TransientFetchError,
 )
@@ -29,6 +31,7 @@ from ._shuffle import ShuffleQuality, shuffle_quality
 from ._urls import Shard, expand_braces, resolve_shards
 
 if TYPE_CHECKING:
+    from ._indexer import IndexResult, index_dataset
     from ._stream import ShardStream
 
 __version__ = "0.1.0"
@@ -41,6 +44,7 @@ __all__ = [
     "DecodeError",
     "EngineError",
     "FetchError",
+    "IndexResult",
     "LocalS3",
     "NotFoundError",
     "PackResult",
@@ -53,11 +57,13 @@ __all__ = [
     "ShardStream",
     "ShardURLError",
     "ShuffleQuality",
+    "StaleShardWarning",
     "StateError",
     "Timeouts",
     "TransientFetchError",
     "__version__",
     "expand_braces",
+    "index_dataset",
     "pack",
     "resolve_shards",
     "shuffle_quality",
@@ -69,4 +75,8 @@ def __getattr__(name: str) -> Any:
         from ._stream import ShardStream
 
         return ShardStream
+    if name in ("IndexResult", "index_dataset"):
+        from . import _indexer
+
+        return getattr(_indexer, name)
     raise AttributeError(f"module 'asyncstream' has no attribute {name!r}")

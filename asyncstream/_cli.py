@@ -1,4 +1,4 @@
-"""The ``asyncstream`` command: ``pack``, ``ls``, ``generate`` and ``demo``.
+"""The ``asyncstream`` command: ``pack``, ``ls``, ``index``, ``generate`` and ``demo``.
 
 ``demo``, the end-to-end run, is registered by ``dali_ops`` (it needs DALI, which
 asyncstream never imports) through the ``asyncstream.commands`` entry point group.
@@ -13,16 +13,16 @@ import json
 import re
 import sys
 import time
-from collections.abc import Iterator, Sequence
-from concurrent.futures import ThreadPoolExecutor
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 from tqdm import tqdm
 
+from ._count import CountProgress, CountSettings
+from ._dataset import IndexInfo, open_dataset, plan_dataset
 from ._exceptions import AsyncStreamError
-from ._manifest import count_shard
-from ._s3 import S3Options, sync_client
-from ._urls import resolve_shards
+from ._index_cache import IndexCache
+from ._s3 import S3Options
 
 __all__ = ["main"]
 
@@ -52,50 +52,130 @@ def _options(args: argparse.Namespace) -> S3Options:
     return S3Options(endpoint_url=args.endpoint_url, profile=args.profile).resolve()
 
 
+@contextlib.contextmanager
+def _count_bar(enabled: bool, desc: str) -> Iterator[Callable[[CountProgress], None]]:
+    """A progress bar for reading shards: MB/s and ETA, shards, samples and retries."""
+    bar = tqdm(unit="B", unit_scale=True, desc=desc, disable=not enabled)
+    try:
+
+        def update(p: CountProgress) -> None:
+            bar.total = p.bytes_total
+            bar.set_postfix_str(
+                f"{p.shards}/{p.shards_total} shards, {p.samples:,} samples, {p.retries} retries",
+                refresh=False,
+            )
+            bar.update(p.bytes - bar.n)
+
+        yield update
+    finally:
+        bar.close()
+
+
 def list_shards(
     urls: Sequence[str], options: S3Options, *, samples: bool, show_progress: bool = False
 ) -> list[dict[str, Any]]:
-    """Resolve ``urls`` and describe each shard (``url``, ``size``, and ``samples`` if asked)."""
-    needs_s3 = any(u.startswith("s3://") for u in urls)
-    client = sync_client(options) if needs_s3 else None
-    shards = resolve_shards(list(urls), options, client=client)
-    rows: list[dict[str, Any]] = [{"url": s.url, "size": s.size} for s in shards]
+    """Describe each shard of a dataset: ``url``, ``size``, and ``samples`` where known."""
+    return describe_shards(urls, options, samples=samples, show_progress=show_progress)[0]
+
+
+def describe_shards(
+    urls: Sequence[str],
+    options: S3Options,
+    *,
+    samples: bool,
+    split: str | None = None,
+    show_progress: bool = False,
+) -> tuple[list[dict[str, Any]], IndexInfo]:
+    """Describe each shard of a dataset (``url``, ``size``, and ``samples`` where known),
+    and say where the counts came from.
+
+    Counts come from the index or the local index cache; with ``samples``, shards with no
+    count are read and counted (through the fetch engine) too.
+    """
     if samples:
-        with (
-            ThreadPoolExecutor(8) as pool,
-            tqdm(
-                total=len(shards), desc="counting", unit="shard", disable=not show_progress
-            ) as bar,
-        ):
-            for row, count in zip(
-                rows, pool.map(lambda s: count_shard(s, client), shards), strict=True
-            ):
-                row["samples"] = count
-                bar.update()
-    return rows
+        with _count_bar(show_progress, "counting") as update:
+            dataset = open_dataset(
+                list(urls),
+                options,
+                split=split,
+                counting=CountSettings(s3=options),
+                progress=update,
+            )
+        rows = [
+            {"url": s.url, "size": s.size, "samples": n}
+            for s, n in zip(dataset.shards, dataset.counts, strict=True)
+        ]
+        return rows, dataset.info
+    cache = IndexCache.open()
+    try:
+        plan = plan_dataset(list(urls), options, split=split, cache=cache)
+    finally:
+        if cache is not None:
+            cache.close()
+    rows = []
+    for shard in plan.shards:
+        row: dict[str, Any] = {"url": shard.url, "size": shard.size}
+        if shard.url in plan.counts:
+            row["samples"] = plan.counts[shard.url]
+        rows.append(row)
+    return rows, plan.info
 
 
-def _print_listing(rows: list[dict[str, Any]], as_json: bool) -> None:
+def _print_listing(rows: list[dict[str, Any]], info: IndexInfo, as_json: bool) -> None:
     total = sum(r["size"] for r in rows)
+    known = [r["samples"] for r in rows if "samples" in r]
     if as_json:
-        print(json.dumps({"shards": rows, "total_size": total}, indent=1))
+        listing: dict[str, Any] = {"shards": rows, "total_size": total, "index": info.as_dict()}
+        if len(known) == len(rows):
+            listing["samples"] = sum(known)
+        print(json.dumps(listing, indent=1))
         return
-    has_samples = rows and "samples" in rows[0]
     width = max(len(r["url"]) for r in rows)
     for r in rows:
-        extra = f"  {r['samples']:>8} samples" if has_samples else ""
+        extra = f"  {r.get('samples', '?'):>8} samples" if known else ""
         print(f"{r['url']:<{width}}  {r['size']:>14,} B  {human(r['size']):>10}{extra}")
     summary = f"{len(rows)} shards, {total:,} bytes ({human(total)})"
-    if has_samples:
-        summary += f", {sum(r['samples'] for r in rows):,} samples"
-    print(summary)
+    if len(known) == len(rows):
+        summary += f", {sum(known):,} samples"
+    else:
+        summary += f", samples unknown for {len(rows) - len(known)} shards (--samples counts them)"
+    print(f"{summary}; {info.describe()}")
 
 
 def _cmd_ls(args: argparse.Namespace) -> int:
-    rows = list_shards(
-        args.urls, _options(args), samples=args.samples, show_progress=sys.stderr.isatty()
+    rows, info = describe_shards(
+        args.urls,
+        _options(args),
+        samples=args.samples,
+        split=args.split,
+        show_progress=sys.stderr.isatty(),
     )
-    _print_listing(rows, args.json)
+    _print_listing(rows, info, args.json)
+    return 0
+
+
+def _cmd_index(args: argparse.Namespace) -> int:
+    from ._indexer import index_dataset
+
+    options = _options(args)
+    settings = CountSettings(inflight=args.inflight, chunk_bytes=args.chunk_bytes, s3=options)
+    try:
+        with _count_bar(not args.no_progress, "indexing") as update:
+            result = index_dataset(
+                args.url, output=args.output, options=options, counting=settings, progress=update
+            )
+    except KeyboardInterrupt:
+        print(
+            "asyncstream: interrupted; the shards read so far are in the local index cache: "
+            "run the same command again to go on from there",
+            file=sys.stderr,
+        )
+        return 130
+    print(
+        f"indexed {result.shards} shards, {result.samples:,} samples: {result.read} read "
+        f"({result.bytes_read / 1e6:,.0f} MB at {result.mb_per_s:,.0f} MB/s), {result.reused} "
+        f"unchanged, {result.cached} from the local index cache; wrote {result.manifest}"
+    )
     return 0
 
 
@@ -132,6 +212,7 @@ def _cmd_pack(args: argparse.Namespace) -> int:
             options=_options(args),
             workers=args.workers,
             progress=update,
+            overwrite=args.overwrite,
         )
     print(
         f"packed {result.samples:,} samples of {len(result.classes)} classes into "
@@ -168,11 +249,33 @@ def _parser() -> argparse.ArgumentParser:
         p.add_argument("--profile", help="AWS profile from the shared configuration files")
 
     ls = sub.add_parser("ls", help="list shards with sizes (and sample counts)")
-    ls.add_argument("urls", nargs="+", help="s3://bucket/prefix/, a brace pattern, files")
-    ls.add_argument("--samples", action="store_true", help="count samples per shard")
+    ls.add_argument(
+        "urls", nargs="+", help="s3://bucket/prefix/, a brace pattern, files, an index file"
+    )
+    ls.add_argument(
+        "--samples", action="store_true", help="count the samples of shards no index covers"
+    )
+    ls.add_argument("--split", help="the split of an index with splits (_info.json)")
     ls.add_argument("--json", action="store_true", help="print JSON")
     s3_flags(ls)
     ls.set_defaults(func=_cmd_ls)
+
+    ix = sub.add_parser(
+        "index",
+        help="read every shard once and write asyncstream.json (samples, sizes, ETags)",
+    )
+    ix.add_argument("url", help="s3://bucket/prefix/, a brace pattern, a folder, an index file")
+    ix.add_argument(
+        "--output",
+        help="where to write the manifest (a path or s3:// URL); default: beside the shards",
+    )
+    ix.add_argument("--inflight", type=int, default=8, help="ranged GETs in flight (default 8)")
+    ix.add_argument(
+        "--chunk-bytes", type=parse_size, default=16 << 20, help="bytes per GET (default 16MiB)"
+    )
+    ix.add_argument("--no-progress", action="store_true", help="no progress bar")
+    s3_flags(ix)
+    ix.set_defaults(func=_cmd_index)
 
     pk = sub.add_parser("pack", help="pack an ImageFolder tree into tar shards")
     pk.add_argument("src", help="folder with one subfolder per class")
@@ -187,6 +290,11 @@ def _parser() -> argparse.ArgumentParser:
     pk.add_argument("--prefix", default="shard-", help="shard name prefix (default shard-)")
     pk.add_argument("--workers", type=int, default=8, help="parallel shard uploads")
     pk.add_argument("--no-progress", action="store_true", help="no progress bar")
+    pk.add_argument(
+        "--overwrite",
+        action="store_true",
+        help="pack into a destination that holds shards, removing those not written now",
+    )
     s3_flags(pk)
     pk.set_defaults(func=_cmd_pack)
 

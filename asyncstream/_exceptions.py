@@ -17,6 +17,13 @@ argument mistakes are additionally ``ValueError`` / ``TypeError`` so that plain
     ├── EngineError                      the fetch engine died or stopped answering
     └── StateError (ValueError)          a state_dict that does not fit this stream
 
+    UserWarning
+    └── StaleShardWarning                a .tar under a prefix that the dataset's index
+                                         does not list: left out, not read
+
+An index that disagrees with the shards (a shard it lists is missing, a size or ETag that
+differs, a count that cannot fit the shard) is a :class:`DataError` naming both.
+
 Third-party errors (botocore, aiohttp, OSError) are mapped once, at the edge, and chained
 with ``raise ... from exc`` so the original traceback is kept.
 """
@@ -36,6 +43,7 @@ __all__ = [
     "NotFoundError",
     "PermanentFetchError",
     "ShardURLError",
+    "StaleShardWarning",
     "StateError",
     "TransientFetchError",
 ]
@@ -112,6 +120,17 @@ class EngineError(AsyncStreamError):
 
 class StateError(AsyncStreamError, ValueError):
     """A ``state_dict`` that does not belong to this stream or is corrupted."""
+
+
+class StaleShardWarning(UserWarning):
+    """A ``.tar`` under a prefix that the index beside it does not list.
+
+    The index (``asyncstream.json`` or another tool's) is the truth about which shards
+    make the dataset: a shard it does not list is left out of every epoch, and named in
+    this warning (``strict=True`` makes it a :class:`DataError`). Shards left behind by
+    an earlier, larger pack into the same place are the usual cause;
+    ``asyncstream pack --overwrite`` removes them.
+    """
 
 
 def _rebuild(cls: type[BaseException], args: tuple[Any, ...], state: dict[str, Any]) -> Any:

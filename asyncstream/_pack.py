@@ -1,9 +1,20 @@
 """Pack an ImageFolder tree into webdataset-layout tar shards, locally or on S3.
 
 ``SRC/<class>/<image>`` becomes shards of ``KEY.jpg`` + ``KEY.cls`` (the class index as
-ASCII digits), with ``classes.json`` beside them mapping class names to indices. Classes
+ASCII digits), with ``classes.json`` beside them mapping class names to indices, and
+``asyncstream.json``, the manifest: every shard's samples, size and ETag (S3 returns the
+ETag of each upload; local files have none), which a stream opens with one read. Classes
 are numbered in sorted folder order, as torchvision's ImageFolder does. Shards are
 deterministic: same input, same options, same bytes (mtime 0, no owner names).
+
+A destination that already holds ``.tar`` shards (or a manifest) is refused unless
+``overwrite=True``: two packs into one place would leave the first one's extra shards
+behind, which a prefix listing would then read as data. With ``overwrite``, the shards
+of the folder that the new pack did not write are removed, after the new shards and the
+manifest are written (so a pack that fails half-way leaves the old manifest, or the new
+one, never a mix that is read as one dataset). Only the destination folder itself is
+cleared: ``.tar`` files in folders below it are left alone (a stream over the prefix
+warns about them as stale).
 
 Symbolic links are followed only while they stay inside ``SRC``; one that points outside
 is refused, so packing cannot leak files from elsewhere on the machine. A link to a folder
@@ -27,6 +38,8 @@ from pathlib import Path
 from typing import IO, Any
 
 from ._exceptions import ShardURLError
+from ._index import MANIFEST_NAME, manifest_bytes
+from ._objects import Objects
 from ._s3 import S3Options, fetch_error_from, sync_client
 from ._urls import parse_s3_url
 
@@ -40,11 +53,12 @@ _PART_BYTES = 16 << 20
 
 @dataclass(frozen=True)
 class PackedShard:
-    """One written shard: where, how many samples, how many bytes."""
+    """One written shard: where, how many samples, how many bytes, its ETag (S3 only)."""
 
     url: str
     samples: int
     size: int
+    etag: str | None = None
 
 
 @dataclass(frozen=True)
@@ -186,28 +200,52 @@ class _Sink:
             return f"s3://{self.bucket}/{self.prefix}{name}"
         return (self.folder / name).absolute().as_uri()
 
-    def put_file(self, name: str, path: Path) -> None:
+    @property
+    def folder_url(self) -> str:
+        if self.s3:
+            return f"s3://{self.bucket}/{self.prefix}".rstrip("/")
+        return self.folder.absolute().as_uri()
+
+    def existing(self) -> list[str]:
+        """URLs of the ``.tar`` shards and manifest directly in the destination folder."""
+        wanted = (".tar", "/" + MANIFEST_NAME)
+        if not self.s3:
+            return sorted(
+                p.absolute().as_uri()
+                for p in self.folder.iterdir()
+                if p.is_file() and (p.suffix == ".tar" or p.name == MANIFEST_NAME)
+            )
+        found: list[str] = []
+        try:
+            paginator = self.client.get_paginator("list_objects_v2")
+            for page in paginator.paginate(Bucket=self.bucket, Prefix=self.prefix, Delimiter="/"):
+                found += [self.url(o["Key"][len(self.prefix) :]) for o in page.get("Contents", [])]
+        except Exception as exc:
+            raise fetch_error_from(exc, self.dest) from exc
+        return sorted(u for u in found if u.endswith(wanted))
+
+    def put_file(self, name: str, path: Path) -> str | None:
+        """Store a shard; returns its ETag (S3) or None (local)."""
         if not self.s3:
             shutil.move(path, self.folder / name)
-            return
+            return None
         size = path.stat().st_size
         key = self.prefix + name
         try:
             if size < _MULTIPART_THRESHOLD:
                 with path.open("rb") as body:
-                    self.client.put_object(Bucket=self.bucket, Key=key, Body=body)
+                    answer = self.client.put_object(Bucket=self.bucket, Key=key, Body=body)
             else:
-                self._multipart(key, path, size)
+                answer = self._multipart(key, path, size)
         except Exception as exc:
             raise fetch_error_from(exc, self.url(name)) from exc
+        etag = answer.get("ETag")
+        return str(etag) if etag else None
 
     def put_bytes(self, name: str, data: bytes) -> None:
-        if self.s3:
-            self.client.put_object(Bucket=self.bucket, Key=self.prefix + name, Body=data)
-        else:
-            (self.folder / name).write_bytes(data)
+        Objects(client=self.client if self.s3 else None).write(self.url(name), data)
 
-    def _multipart(self, key: str, path: Path, size: int) -> None:
+    def _multipart(self, key: str, path: Path, size: int) -> dict[str, Any]:
         assert self._pool is not None
         upload = self.client.create_multipart_upload(Bucket=self.bucket, Key=key)
         upload_id = upload["UploadId"]
@@ -224,9 +262,10 @@ class _Sink:
         try:
             offsets = range(0, size, _PART_BYTES)
             parts = list(self._pool.map(part, range(1, len(offsets) + 1), offsets))
-            self.client.complete_multipart_upload(
+            answer: dict[str, Any] = self.client.complete_multipart_upload(
                 Bucket=self.bucket, Key=key, UploadId=upload_id, MultipartUpload={"Parts": parts}
             )
+            return answer
         except BaseException:
             self.client.abort_multipart_upload(Bucket=self.bucket, Key=key, UploadId=upload_id)
             raise
@@ -247,6 +286,7 @@ def pack(
     options: S3Options | None = None,
     workers: int = 8,
     progress: Callable[[int, int, int], None] | None = None,
+    overwrite: bool = False,
 ) -> PackResult:
     """Pack an ImageFolder tree into tar shards.
 
@@ -263,13 +303,16 @@ def pack(
         workers: shards built and uploaded in parallel.
         progress: called as ``progress(samples_done, bytes_done, samples_total)`` after
             each shard.
+        overwrite: pack into a destination that already holds shards, and remove its
+            shards that this pack does not write (see the module docstring).
 
     Returns:
         The shards written, in order, and the class names.
 
     Raises:
         ValueError: a bad argument, an empty source, a symlink out of ``src`` or to a
-            folder already packed (a loop).
+            folder already packed (a loop), or a destination that holds shards already
+            (without ``overwrite``).
         FetchError: the destination bucket is missing or not writable.
     """
     if shard_bytes is None and shard_samples is None:
@@ -288,6 +331,19 @@ def pack(
     width = max(6, len(str(len(samples) - 1)))
     groups = list(_group(samples, shard_bytes, shard_samples))
     sink = _Sink(str(dest), options, part_workers=workers)
+    try:
+        before = sink.existing()
+    except BaseException:
+        sink.close()
+        raise
+    if before and not overwrite:
+        sink.close()
+        shown = ", ".join(before[:3]) + (f", ... ({len(before)} in all)" if len(before) > 3 else "")
+        raise ValueError(
+            f"{dest} already holds a dataset ({shown}): pack refuses to write over it, since "
+            "its extra shards would be left behind; pass overwrite=True (--overwrite) to "
+            "replace it and remove the shards the new pack does not write"
+        )
     lock = threading.Lock()
     done = [0, 0]
     results: list[PackedShard | None] = [None] * len(groups)
@@ -298,9 +354,9 @@ def pack(
         with path.open("wb") as out:
             _write_shard(out, members, width)
         size = path.stat().st_size
-        sink.put_file(name, path)
+        etag = sink.put_file(name, path)
         path.unlink(missing_ok=True)
-        results[number] = PackedShard(sink.url(name), len(members), size)
+        results[number] = PackedShard(sink.url(name), len(members), size, etag)
         with lock:
             done[0] += len(members)
             done[1] += size
@@ -331,6 +387,12 @@ def pack(
             "shards": [{"url": s.url, "samples": s.samples, "size": s.size} for s in shards],
         }
         sink.put_bytes("classes.json", json.dumps(class_map, indent=1).encode())
+        rows = [(s.url, s.samples, s.size, s.etag) for s in shards]
+        sink.put_bytes(MANIFEST_NAME, manifest_bytes(sink.folder_url, rows))
+        written = {s.url for s in shards} | {sink.url(MANIFEST_NAME)}
+        stale = [url for url in before if url not in written]
+        if stale:
+            Objects(client=sink.client if sink.s3 else None).delete(stale)
     finally:
         sink.close()
     return PackResult(classes=classes, shards=shards)

@@ -6,6 +6,7 @@ the engine process, which imports the package too, never pays for torch.
 
 from __future__ import annotations
 
+import os
 import threading
 import weakref
 from collections.abc import Iterator, Sequence
@@ -14,16 +15,16 @@ from typing import Any, Literal
 
 from torch.utils.data import IterableDataset, get_worker_info
 
+from ._count import CountSettings
+from ._dataset import open_dataset
 from ._engine import Engine
 from ._exceptions import StateError
-from ._manifest import sample_counts
 from ._plan import Topology, reader_samples
 from ._retry import RetryPolicy, Timeouts
 from ._ring import check_room
 from ._run import EpochRun, StreamSettings, default_topology, worker_topology
 from ._s3 import S3Options
 from ._state import Identity, Position, ReaderState, Start, find_states, fresh, resume
-from ._urls import resolve_shards
 from ._workers import LOCAL, Refused, SharedEpoch
 
 __all__ = ["ShardStream"]
@@ -101,9 +102,20 @@ class ShardStream(IterableDataset[dict[str, Any]]):
     ``hedge=False`` (:attr:`ring_bytes`). A ring larger than the free space in /dev/shm is
     refused at construction.
 
+    Sample counts (the plan needs them to split ranks exactly) come from an index, read at
+    construction: asyncstream's ``asyncstream.json`` or another tool's (a wids shard index,
+    timm / Hugging Face ``_info.json``, OpenCLIP ``sizes.json``, img2dataset
+    ``*_stats.json``) beside the shards or given as ``urls``; else from the local index
+    cache; else the shards are counted once through the fetch engine (logged, and kept in
+    the cache; under ``torch.distributed`` the ranks split that work, so every rank must
+    build the stream). Under a prefix, the index decides which shards are read: a
+    ``.tar`` it does not list is left out with a :class:`~asyncstream.StaleShardWarning`.
+    ``stats()["index"]`` says which index was used (:mod:`asyncstream._dataset`).
+
     Args:
         urls: shard URLs: ``s3://bucket/train-{0000..0099}.tar``, an ``s3://`` prefix,
-            local files or folders, or a list of these.
+            local files or folders, an index file (``.../asyncstream.json``,
+            ``.../_info.json``, a wids index), or a list of these.
         endpoint_url: an S3-compatible endpoint; default from ``AWS_ENDPOINT_URL`` or AWS.
         inflight: K, chunk downloads in flight at most (fewer while throttled).
         window: shards open at once for the window shuffle.
@@ -115,8 +127,8 @@ class ShardStream(IterableDataset[dict[str, Any]]):
         seed: the run's seed.
         rank: this process's rank; default torch.distributed, else ``RANK``, else 0.
         world_size: number of ranks; default torch.distributed, else ``WORLD_SIZE``, else 1.
-        samples_per_shard: samples in each shard (one number or a list); default: the
-            manifest written by ``asyncstream pack``, else counted once.
+        samples_per_shard: samples in each shard (one number or a list); default: an
+            index, else the local index cache, else counted once. Given, no index is read.
         shuffle_mode: pick the next sample uniformly over resident samples
             (``"samples"``) or over open shards (``"shards"``).
         remainder: when the total does not divide by ``world_size``: ``"drop"`` the last
@@ -129,15 +141,25 @@ class ShardStream(IterableDataset[dict[str, Any]]):
             them back when it stops (see :mod:`asyncstream._engine`).
         hedge: send a second request for a chunk far slower than recent ones; the first
             to finish wins.
+        split: the split to read, for an index with splits (``_info.json``; required
+            when it has several).
+        strict: a ``.tar`` under the prefix that the index does not list is a
+            ``DataError`` rather than a warning.
+        index_cache: the local index cache of counted shards: ``None`` for the default
+            folder (``$ASYNCSTREAM_CACHE_DIR``, else ``~/.cache/asyncstream``),
+            ``False`` for none, or a folder.
 
     Raises:
         ShardURLError, NotFoundError, AccessDeniedError: at construction, for bad URLs,
             missing objects or credentials.
-        CorruptTarError, DataError, TransientFetchError: at construction, when samples
-            are counted (no manifest, no ``samples_per_shard``) and a shard is not a
-            readable tar, holds no sample, or cannot be read.
-        ValueError: bad arguments, or a ring that does not fit the free space in /dev/shm
-            (the message gives both sizes and the fixes).
+        DataError: at construction, an index that disagrees with the store (naming the
+            shard and the index), or a stale shard with ``strict=True``.
+        CorruptTarError, DataError, FetchError: at construction, when samples are
+            counted (no index, nothing cached) and a shard is not a readable tar, holds no
+            sample, or cannot be read within the retry policy.
+        ValueError: bad arguments (a ``split`` the index does not have, too), or a ring
+            that does not fit the free space in /dev/shm (the message gives both sizes
+            and the fixes).
     """
 
     def __init__(
@@ -162,6 +184,9 @@ class ShardStream(IterableDataset[dict[str, Any]]):
         check_etag: bool = True,
         adaptive: bool = True,
         hedge: bool = True,
+        split: str | None = None,
+        strict: bool = False,
+        index_cache: str | os.PathLike[str] | bool | None = None,
     ) -> None:
         for name, value in (
             ("inflight", inflight),
@@ -181,11 +206,9 @@ class ShardStream(IterableDataset[dict[str, Any]]):
         options = options.resolve()
         self._rank, self._world_size = default_topology(rank, world_size)
         Topology(self._rank, self._world_size)  # validates
-        shards = resolve_shards(urls, options)
-        counts = sample_counts(shards, samples_per_shard, options)
-        self._settings = StreamSettings(
-            shards=tuple(shards),
-            counts=tuple(counts),
+        settings = StreamSettings(
+            shards=(),
+            counts=(),
             window=window,
             inflight=inflight,
             prefetch=2 * inflight if prefetch is None else prefetch,
@@ -201,6 +224,17 @@ class ShardStream(IterableDataset[dict[str, Any]]):
             adaptive=adaptive,
             hedge=hedge,
         )
+        dataset = open_dataset(
+            urls,
+            options,
+            samples_per_shard=samples_per_shard,
+            split=split,
+            strict=strict,
+            index_cache=index_cache,
+            counting=CountSettings.like(settings),  # counted as an epoch reads
+        )
+        self._index = dataset.info
+        self._settings = replace(settings, shards=dataset.shards, counts=dataset.counts)
         # Each reader's ring is made when it starts reading: say now if it cannot fit.
         check_room(self._settings.ring_bytes, "lower window, prefetch or chunk_bytes")
         self._shared = SharedEpoch()
@@ -408,15 +442,19 @@ class ShardStream(IterableDataset[dict[str, Any]]):
         to the next, so they add up over epochs): bytes, chunks, retries by cause,
         downloads in flight (peak, time-weighted mean), the adaptive concurrency limit and
         its cuts, hedges sent and won, chunk latencies, the engine's CPU and peak RSS,
-        and ``starved_s``, the time this reader waited for chunks."""
+        and ``starved_s``, the time this reader waited for chunks; and ``index``: which
+        index gave the sample counts, and how many shards' counts came from it, from
+        ``samples_per_shard``, the local cache or counting (:class:`~._dataset.IndexInfo`)."""
         self._check_open()
         if self._run is None:
-            return {
+            stats = {
                 "epoch": self.epoch,
                 "samples": 0,
                 "remainder_policy": self._settings.remainder,
             }
-        return self._run.stats()
+        else:
+            stats = self._run.stats()
+        return {**stats, "index": self._index.as_dict()}
 
     def _stop_run(self) -> None:
         if self._run is not None:

@@ -28,7 +28,19 @@ from urllib.parse import unquote, urlparse
 from ._exceptions import NotFoundError, ShardURLError
 from ._s3 import S3Options, fetch_error_from, sync_client
 
-__all__ = ["Shard", "expand_braces", "parse_s3_url", "resolve_shards"]
+__all__ = [
+    "Resolved",
+    "Shard",
+    "expand_braces",
+    "folder_url",
+    "local_path",
+    "local_uri",
+    "parse_s3_url",
+    "reject_duplicates",
+    "resolve_shards",
+    "resolve_urls",
+    "url_items",
+]
 
 _BUCKET_RE = re.compile(r"^[a-z0-9][a-z0-9.\-]{1,61}[a-z0-9]$")
 _RANGE_RE = re.compile(r"^(-?\d+)\.\.(-?\d+)(?:\.\.(\d+))?$")
@@ -164,13 +176,28 @@ def parse_s3_url(url: str) -> tuple[str, str]:
     return bucket, key
 
 
-def _local_path(url: str) -> Path:
+def local_path(url: str) -> Path:
+    """The path of a local URL: ``file:///abs/path`` or a plain path (not made absolute).
+
+    Raises:
+        ShardURLError: a ``file://`` URL naming another host.
+    """
     if url.startswith("file://"):
         parsed = urlparse(url)
         if parsed.netloc not in ("", "localhost"):
             raise ShardURLError(f"{url!r}: file:// URLs must name a local path (file:///...)")
         return Path(unquote(parsed.path))
     return Path(url)
+
+
+def local_uri(url: str) -> str:
+    """The canonical ``file:///abs/path`` URL of a local URL or path."""
+    return local_path(url).expanduser().absolute().as_uri()
+
+
+def folder_url(url: str) -> str:
+    """The folder URL of a prefix or local folder (no trailing slash)."""
+    return url.rstrip("/") if url.startswith("s3://") else local_uri(url)
 
 
 def _check_scheme(url: str) -> None:
@@ -183,18 +210,19 @@ def _check_scheme(url: str) -> None:
         )
 
 
-def _resolve_local(url: str) -> list[Shard]:
-    path = _local_path(url).expanduser().absolute()
+def _resolve_local(url: str) -> tuple[list[Shard], bool]:
+    """The shards of a local file or folder, and whether it is a folder."""
+    path = local_path(url).expanduser().absolute()
     if path.is_dir():
         found = sorted(p for p in path.rglob("*.tar") if p.is_file())
         if not found:
             raise NotFoundError(f"{url}: no .tar file in folder {path}", url=url)
-        return [Shard(p.as_uri(), p.stat().st_size) for p in found]
+        return [Shard(p.as_uri(), p.stat().st_size) for p in found], True
     if not path.exists():
         raise NotFoundError(f"{url}: no such file {path}", url=url)
     if not path.is_file():
         raise ShardURLError(f"{url!r}: {path} is neither a file nor a folder")
-    return [Shard(path.as_uri(), path.stat().st_size)]
+    return [Shard(path.as_uri(), path.stat().st_size)], False
 
 
 def _list_prefix(client: Any, bucket: str, prefix: str, url: str) -> list[Shard]:
@@ -226,8 +254,11 @@ def _head(client: Any, url: str) -> Shard:
     return Shard(url, int(head["ContentLength"]), head.get("ETag"))
 
 
-def _resolve_s3_keys(client: Any, urls: Sequence[str]) -> list[Shard]:
-    """Sizes of many named objects: HEAD for a few, one listing per folder for many."""
+def _resolve_s3_keys(client: Any, urls: Sequence[str], listed: dict[str, Shard]) -> list[Shard]:
+    """Sizes of many named objects: HEAD for a few, one listing per folder for many.
+
+    Every object a folder listing returns is added to ``listed`` (by URL).
+    """
     by_folder: dict[tuple[str, str], list[str]] = {}
     for url in urls:
         bucket, key = parse_s3_url(url)
@@ -239,7 +270,8 @@ def _resolve_s3_keys(client: Any, urls: Sequence[str]) -> list[Shard]:
             heads.extend(members)
             continue
         prefix = f"{folder}/" if folder else ""
-        listed = {s.url: s for s in _list_prefix(client, bucket, prefix, f"s3://{bucket}/{prefix}")}
+        listing = _list_prefix(client, bucket, prefix, f"s3://{bucket}/{prefix}")
+        listed.update((s.url, s) for s in listing)
         for url in members:
             if url in listed:
                 found[url] = listed[url]
@@ -250,6 +282,93 @@ def _resolve_s3_keys(client: Any, urls: Sequence[str]) -> list[Shard]:
             for shard in pool.map(lambda u: _head(client, u), heads):
                 found[shard.url] = shard
     return [found[u] for u in urls]
+
+
+@dataclass(frozen=True)
+class Resolved:
+    """One run of shard URLs after expansion: its shards and what was listed on the way.
+
+    Attributes:
+        url: the URL as given (a prefix, a folder, a file or an expanded pattern's first).
+        shards: its shards, in order.
+        prefix: whether it is a prefix or folder (every ``.tar`` under it) rather than
+            shards named one by one.
+        listed: every object a listing returned on the way, ``.tar`` or not, by URL
+            (empty where nothing was listed: local files, or S3 keys sized by HEAD).
+    """
+
+    url: str
+    shards: list[Shard]
+    prefix: bool
+    listed: dict[str, Shard]
+
+
+def url_items(urls: str | Sequence[str]) -> list[str]:
+    """One URL or a list of them, as a list, checked: non-empty, strings only.
+
+    Raises:
+        ShardURLError: an empty list.
+        TypeError: an item that is not a string.
+    """
+    items = [urls] if isinstance(urls, str) else list(urls)
+    if not items:
+        raise ShardURLError("no shard URL given")
+    for item in items:
+        if not isinstance(item, str):
+            raise TypeError(f"shard URLs must be strings, got {type(item).__name__}: {item!r}")
+    return items
+
+
+def resolve_urls(
+    urls: str | Sequence[str], options: S3Options | None = None, *, client: Any = None
+) -> list[Resolved]:
+    """Resolve shard URLs run by run (see :func:`resolve_shards`, which flattens them).
+
+    Named S3 keys that follow one another are resolved together (one listing per folder
+    of many), as one :class:`Resolved` with ``prefix=False``; each prefix or local
+    folder is one with ``prefix=True``.
+
+    Raises:
+        The errors of :func:`resolve_shards`, except that a shard named twice is not
+        checked here.
+    """
+    items = url_items(urls)
+    runs: list[Resolved] = []
+    pending_keys: list[str] = []
+
+    def s3() -> Any:
+        nonlocal client
+        client = client or sync_client((options or S3Options()).resolve())
+        return client
+
+    def flush() -> None:
+        if pending_keys:
+            listed: dict[str, Shard] = {}
+            shards = _resolve_s3_keys(s3(), pending_keys, listed)
+            runs.append(Resolved(pending_keys[0], shards, False, listed))
+            pending_keys.clear()
+
+    for item in items:
+        _check_scheme(item)
+        for url in expand_braces(item):
+            if not url.startswith("s3://"):
+                flush()
+                shards, folder = _resolve_local(url)
+                runs.append(Resolved(url, shards, folder, {}))
+                continue
+            bucket, key = parse_s3_url(url)
+            if key and not key.endswith("/"):
+                pending_keys.append(url)
+                continue
+            flush()
+            everything = _list_prefix(s3(), bucket, key, url)
+            listed = [s for s in everything if s.url.endswith(".tar")]
+            if not listed:
+                _check_bucket(s3(), bucket, url)
+                raise NotFoundError(f"{url}: no .tar object under this prefix", url=url)
+            runs.append(Resolved(url, listed, True, {s.url: s for s in everything}))
+    flush()
+    return runs
 
 
 def resolve_shards(
@@ -272,43 +391,8 @@ def resolve_shards(
         AccessDeniedError: bad or missing credentials, no permission.
         TransientFetchError: the store could not be reached.
     """
-    items = [urls] if isinstance(urls, str) else list(urls)
-    if not items:
-        raise ShardURLError("no shard URL given")
-    for item in items:
-        if not isinstance(item, str):
-            raise TypeError(f"shard URLs must be strings, got {type(item).__name__}: {item!r}")
-    shards: list[Shard] = []
-    pending_keys: list[str] = []
-
-    def flush() -> None:
-        nonlocal client
-        if pending_keys:
-            client = client or sync_client((options or S3Options()).resolve())
-            shards.extend(_resolve_s3_keys(client, pending_keys))
-            pending_keys.clear()
-
-    for item in items:
-        _check_scheme(item)
-        expanded = expand_braces(item)
-        for url in expanded:
-            if not url.startswith("s3://"):
-                flush()
-                shards.extend(_resolve_local(url))
-                continue
-            bucket, key = parse_s3_url(url)
-            if key and not key.endswith("/"):
-                pending_keys.append(url)
-                continue
-            flush()
-            client = client or sync_client((options or S3Options()).resolve())
-            listed = [s for s in _list_prefix(client, bucket, key, url) if s.url.endswith(".tar")]
-            if not listed:
-                _check_bucket(client, bucket, url)
-                raise NotFoundError(f"{url}: no .tar object under this prefix", url=url)
-            shards.extend(listed)
-    flush()
-    _reject_duplicates(shards)
+    shards = [s for run in resolve_urls(urls, options, client=client) for s in run.shards]
+    reject_duplicates(shards)
     return shards
 
 
@@ -322,7 +406,8 @@ def _check_bucket(client: Any, bucket: str, url: str) -> None:
         raise error from exc
 
 
-def _reject_duplicates(shards: Iterable[Shard]) -> None:
+def reject_duplicates(shards: Iterable[Shard]) -> None:
+    """Refuse a shard named twice (``ShardURLError``)."""
     seen: set[str] = set()
     for shard in shards:
         if shard.url in seen:

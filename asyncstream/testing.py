@@ -596,6 +596,7 @@ class _Connection:
         action, delay, request_id = self.proxy._decide(request)
         keep_alive = request.keep_alive
         if action is not None and action.kind in _ERROR_KINDS:
+            self.proxy._log_request(request, action.status)
             if request.expect_continue:
                 keep_alive = False  # the client waits to send its body; never read it
             else:
@@ -632,13 +633,16 @@ class _Connection:
             response = await self._roundtrip(request)
         except (OSError, asyncio.IncompleteReadError, asyncio.LimitOverrunError) as exc:
             _log.debug("FaultProxy: upstream failed: %r", exc)
+            self.proxy._log_request(request, 502)
             self._close_upstream(abort=True)
             await self._send_raw(_plain_response(502, f"upstream failed: {exc!r}\n"))
             return False
         except _BadMessage as exc:
+            self.proxy._log_request(request, exc.status)
             self._close_upstream(abort=True)
             await self._send_raw(_plain_response(exc.status, f"{exc}\n"))
             return False
+        self.proxy._log_request(request, response.status)
         if action is not None and action.kind is Fault.LATENCY:
             delay += action.seconds
         if delay > 0:
@@ -902,6 +906,7 @@ class FaultProxy:
         self._lock = threading.Lock()
         self._injections: list[_Injection] = []
         self._counts = dict.fromkeys(_STAT_KEYS, 0)
+        self._answered: list[tuple[str, str, int]] = []
         self._request_ids = 0
         self._closed = False
         self._endpoint: str | None = None
@@ -1112,7 +1117,24 @@ class FaultProxy:
         with self._lock:
             return dict(self._counts)
 
+    def requests(self) -> list[tuple[str, str, int]]:
+        """Every request answered so far, in order: ``(method, path, status)``.
+
+        ``path`` is the percent-decoded path of the target, without the query
+        (``/bucket/train/shard-0001.tar``), so requests can be counted per object; the
+        status is that of the response head sent (an injected error's, or the server's:
+        a body cut short by a fault still shows 200 or 206). Safe from any thread. The log
+        grows with the requests for the proxy's life: it is meant for tests.
+        """
+        with self._lock:
+            return list(self._answered)
+
     # ---------------------------------------------------------------- internals
+
+    def _log_request(self, request: _Request, status: int) -> None:
+        path = urllib.parse.unquote(urllib.parse.urlsplit(request.target).path)
+        with self._lock:
+            self._answered.append((request.method, path, status))
 
     @staticmethod
     def _action(

@@ -458,7 +458,10 @@ def prepare(b: Bench, src: Path) -> None:
     classes = sizes.shards  # one class per shard: sorted input
     generate_imagefolder(src, sizes.images, classes, seed=0)
     per = -(-sizes.images // sizes.shards)
-    result = pack(src, b.url, shard_samples=per, shard_bytes=None, options=b.options)
+    # The benchmark's own prefix: a rerun against a store (--endpoint) replaces its dataset.
+    result = pack(
+        src, b.url, shard_samples=per, shard_bytes=None, options=b.options, overwrite=True
+    )
     dali_src = src.parent / "dali"
     generate_imagefolder(dali_src, sizes.dali_images, 10, seed=1)
     dali_url = b.url.rstrip("/") + "-dali/"
@@ -469,6 +472,7 @@ def prepare(b: Bench, src: Path) -> None:
         shard_bytes=None,
         shuffle_seed=0,
         options=b.options,
+        overwrite=True,
     )
     from asyncstream import ShardStream
 

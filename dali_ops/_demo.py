@@ -89,7 +89,8 @@ def run(args: argparse.Namespace) -> int:
             f"generated {len(paths):,} JPEGs in {args.classes} classes, {human(size)} "
             f"({human(size / len(paths))} each), in {time.perf_counter() - started:.1f} s"
         )
-        dest = f"s3://{args.bucket}/train/"
+        # A prefix of the demo's own: rerunning it replaces its shards and nothing else.
+        dest = f"s3://{args.bucket}/asyncstream-demo/train/"
         pack(
             Path(tmp) / "images",
             dest,
@@ -97,6 +98,7 @@ def run(args: argparse.Namespace) -> int:
             shard_bytes=None,
             shuffle_seed=0,
             options=options,
+            overwrite=True,
         )
         rows = list_shards([dest], options, samples=False)
         print(f"packed into {len(rows)} shards at {dest} ({human(sum(r['size'] for r in rows))})")

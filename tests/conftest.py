@@ -1,10 +1,12 @@
-"""Shared fixtures: a real S3 server on loopback and an isolated AWS environment."""
+"""Shared fixtures: a real S3 server on loopback, an isolated AWS environment and an
+isolated local index cache (``ASYNCSTREAM_CACHE_DIR``, inherited by child processes)."""
 
 from __future__ import annotations
 
 import itertools
 import os
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -43,6 +45,15 @@ def aws_env() -> Iterator[dict[str, str]]:
         for name, value in _FAKE_ENV.items():
             mp.setenv(name, value)
         yield dict(_FAKE_ENV)
+
+
+@pytest.fixture(scope="session", autouse=True)
+def index_cache_dir(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
+    """The local index cache of this test session: never the user's ~/.cache."""
+    folder = tmp_path_factory.mktemp("index-cache")
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("ASYNCSTREAM_CACHE_DIR", str(folder))
+        yield folder
 
 
 @pytest.fixture(scope="session")

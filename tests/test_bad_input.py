@@ -7,9 +7,10 @@ and, for a :class:`~asyncstream.CorruptTarError`, its ``url`` and ``offset``. Ro
 must work state what comes out instead. The shards live on the real moto S3 server and
 are read through the fault-injecting proxy, so network faults are HTTP faults.
 
-Stages. A stream resolves its URLs and counts the samples of shards without a manifest
-when it is constructed, so a bad object fails there ("open"); with the counts given
-(``samples_per_shard``) nothing reads the bytes before the fetch engine does, so the same
+Stages. A stream resolves its URLs and counts the samples of shards without an index
+when it is constructed (through the fetch engine, with the stream's retry policy and
+timeouts), so a bad object fails there ("open"); with the counts given
+(``samples_per_shard``) nothing reads the bytes before the epoch does, so the same
 object fails on iteration ("iterate"). Both paths are rows.
 
 Behaviour decided here, where nothing was defined:
@@ -184,7 +185,6 @@ class Row:
     after_first: Callable[[Env], None] | None = None
     expected: list[dict[str, Any]] | None = None
     auth: bool = False
-    s3: dict[str, Any] = field(default_factory=dict)
 
 
 def _replace(env: Env) -> None:
@@ -402,7 +402,7 @@ ROWS: dict[str, Row] = {
         SHARD,
         "open",
         TransientFetchError,
-        ("{url}", "IncompleteRead"),
+        ("{url}", "giving up after 3 failed attempts", "truncated"),
         before=_truncate_always,
     ),
     "store-stalls-while-counting": Row(
@@ -410,8 +410,7 @@ ROWS: dict[str, Row] = {
         SHARD,
         "open",
         TransientFetchError,
-        ("{url}", "ReadTimeoutError"),
-        s3={"read_timeout": 0.5},
+        ("{url}", "giving up after 3 failed attempts", "stall"),
         before=_stall_always,
     ),
 }
@@ -478,7 +477,7 @@ def test_bad_input(
         options = S3Options(endpoint_url=server.endpoint_url, credentials=wrong)
     else:
         options = S3Options(
-            endpoint_url=proxy.endpoint_url, credentials=s3_server.options().credentials, **row.s3
+            endpoint_url=proxy.endpoint_url, credentials=s3_server.options().credentials
         )
     env = Env(client, bucket, proxy, url)
     if row.before is not None:

@@ -122,3 +122,41 @@ def test_unknown_scenario_is_refused() -> None:
     )
     assert proc.returncode == 2
     assert "unknown scenarios: nope" in proc.stderr
+
+
+def _run_module(module: str, out: Path) -> dict[str, Any]:
+    proc = subprocess.run(
+        [sys.executable, "-m", module, "--quick", "--repeat", "1", "--json", str(out)],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    figures: dict[str, Any] = json.loads(out.read_text())
+    return figures
+
+
+@pytest.mark.timeout(700)
+def test_scale_benchmark_opens_indexed_datasets_in_one_request(tmp_path: Path) -> None:
+    data = _run_module("bench.scale", tmp_path / "scale.json")
+    assert [(r["shards"], r["samples"]) for r in data["rows"]] == [
+        (64, 64_000),
+        (1_000, 10_000_000),
+    ]
+    for row in data["rows"]:
+        assert row["requests"] == 1  # the manifest, nothing else
+        assert all(math.isfinite(n) and n >= 0 for n in _numbers(row))
+        assert row["state_bytes_fresh"] < row["state_bytes_mid_epoch_max"] < 1 << 20
+
+
+@pytest.mark.timeout(700)
+def test_index_benchmark_resumes_without_rereading(tmp_path: Path) -> None:
+    data = _run_module("bench.index", tmp_path / "index.json")
+    assert data["raw_mb_per_s"] > 0
+    assert data["index_mb_per_s"] > 0
+    resume = data["resume"]
+    assert resume["second_run_cached_shards"] == resume["interrupted_after_shards"] == 2
+    assert resume["second_run_bytes"] <= resume["unfinished_shard_bytes"] * 1.05
+    assert resume["third_run_unchanged_shards"] == 4
+    assert resume["third_run_bytes"] < 100_000  # the manifest and listing, no shard

@@ -7,8 +7,9 @@ import math
 from pathlib import Path
 
 import pytest
+from _foreign import foreign_shards, write
 
-from asyncstream import LocalS3
+from asyncstream import LocalS3, StaleShardWarning
 from asyncstream._cli import human, main, parse_size
 
 
@@ -85,3 +86,46 @@ def test_corrupt_shard_is_named_by_ls(tmp_path: Path, capsys: pytest.CaptureFixt
     bad.write_bytes(b"this is not a tar archive at all" * 40)
     assert main(["ls", str(bad), "--samples"]) == 1
     assert bad.as_uri() in capsys.readouterr().err
+
+
+def test_ls_says_which_index_gave_the_counts(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    shards = foreign_shards(["a.tar", "b.tar", "c.tar"], [4, 5, 6])
+    write(tmp_path / "ds", shards)
+    assert main(["ls", str(tmp_path / "ds")]) == 0
+    text = capsys.readouterr().out
+    assert "3 shards" in text
+    assert "samples unknown for 3 shards (--samples counts them); no index" in text
+    assert main(["ls", str(tmp_path / "ds"), "--samples"]) == 0
+    assert "15 samples; no index; counts: 3 counted" in capsys.readouterr().out
+    assert main(["ls", str(tmp_path / "ds")]) == 0  # counted once: now in the cache
+    assert "15 samples; no index; counts: 3 cache" in capsys.readouterr().out
+    sizes = tmp_path / "ds" / "sizes.json"
+    sizes.write_text(json.dumps({"a.tar": 4, "b.tar": 5}))
+    with pytest.warns(StaleShardWarning, match="c.tar"):
+        assert main(["ls", str(tmp_path / "ds"), "--json"]) == 0
+    listing = json.loads(capsys.readouterr().out)
+    assert [r["samples"] for r in listing["shards"]] == [4, 5]
+    assert listing["samples"] == 9
+    assert listing["index"]["kind"] == "sizes.json"
+    assert listing["index"]["url"] == sizes.as_uri()
+    assert listing["index"]["stale"] == 1
+
+
+def test_pack_refuses_a_destination_with_shards_unless_overwrite(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    images = tmp_path / "images"
+    assert main(["generate", str(images), "--images", "12", "--classes", "2"]) == 0
+    out = tmp_path / "shards"
+    args = ["pack", str(images), str(out), "--no-progress"]
+    assert main([*args, "--shard-samples", "2"]) == 0
+    assert len(list(out.glob("*.tar"))) == 6
+    capsys.readouterr()
+    assert main([*args, "--shard-samples", "4"]) == 1
+    err = capsys.readouterr().err
+    assert "already holds a dataset" in err
+    assert "--overwrite" in err
+    assert main([*args, "--shard-samples", "4", "--overwrite"]) == 0
+    assert len(list(out.glob("*.tar"))) == 3

@@ -3,14 +3,11 @@
 from __future__ import annotations
 
 import json
-import os
-import socket
-import subprocess
-import sys
 import textwrap
 from pathlib import Path
 
 import pytest
+from _torchrun import torchrun
 
 from asyncstream import pack
 from asyncstream._datagen import generate_imagefolder
@@ -46,37 +43,13 @@ TRAIN = textwrap.dedent(
 )
 
 
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
 @pytest.mark.slow
 def test_torchrun_world_size_2_partitions_the_shards(tmp_path: Path) -> None:
     generate_imagefolder(tmp_path / "images", 64, 4, seed=0, workers=1)
     pack(tmp_path / "images", str(tmp_path / "shards"), shard_samples=10, shard_bytes=None)
     script = tmp_path / "train.py"
     script.write_text(TRAIN)
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    result = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "torch.distributed.run",
-            "--nproc_per_node=2",
-            f"--master_port={free_port()}",
-            "--master_addr=127.0.0.1",
-            str(script),
-            str(tmp_path / "shards"),
-            str(tmp_path),
-        ],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=240,
-        check=False,
-    )
+    result = torchrun(script, str(tmp_path / "shards"), str(tmp_path))
     assert result.returncode == 0, result.stderr[-3000:]
     ranks = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(2)]
     keys = [set(r["keys"]) for r in ranks]

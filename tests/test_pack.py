@@ -212,6 +212,16 @@ def test_s3_round_trip_byte_for_byte(tmp_path: Path, s3_server: LocalS3, bucket:
     assert got == list(files.values())
     class_map = json.loads(client.get_object(Bucket=bucket, Key="ds/classes.json")["Body"].read())
     assert class_map["classes"] == ["a", "b"]
+    manifest = json.loads(
+        client.get_object(Bucket=bucket, Key="ds/asyncstream.json")["Body"].read()
+    )
+    assert manifest["__kind__"] == "asyncstream-manifest-v1"
+    assert manifest["samples"] == 13
+    assert [(e["url"], e["samples"], e["size"], e["etag"]) for e in manifest["shards"]] == [
+        (s.url.rsplit("/", 1)[1], r.samples, s.size, s.etag)
+        for s, r in zip(listed, result.shards, strict=True)
+    ]
+    assert all(e["etag"] for e in manifest["shards"])  # the ETags S3 returned on upload
 
 
 def test_s3_multipart_upload_for_large_shards(
@@ -226,6 +236,7 @@ def test_s3_multipart_upload_for_large_shards(
     client = s3_server.client()
     head = client.head_object(Bucket=bucket, Key="big/shard-000000.tar")
     assert "-" in head["ETag"]  # a multipart upload's ETag is "<md5 of md5s>-<parts>"
+    assert result.shards[0].etag == head["ETag"]
     body = client.get_object(Bucket=bucket, Key="big/shard-000000.tar")["Body"].read()
     assert len(body) == result.shards[0].size
     with tarfile.open(fileobj=io.BytesIO(body)) as tar:
@@ -238,3 +249,50 @@ def test_s3_missing_bucket_is_named(tmp_path: Path, s3_server: LocalS3) -> None:
     with pytest.raises(NotFoundError) as info:
         pack(tmp_path / "src", "s3://no-such-bucket-pack/x/", options=options)
     assert "s3://no-such-bucket-pack/x/" in str(info.value)
+
+
+def test_a_destination_that_holds_shards_is_refused(tmp_path: Path) -> None:
+    _make_tree(tmp_path / "src", {"a": 5})
+    out = tmp_path / "out"
+    pack(tmp_path / "src", str(out), shard_samples=1, shard_bytes=None)
+    before = {p.name: p.read_bytes() for p in out.iterdir()}
+    with pytest.raises(ValueError, match="already holds a dataset") as info:
+        pack(tmp_path / "src", str(out), shard_samples=2, shard_bytes=None)
+    assert (out / "shard-000000.tar").as_uri() in str(info.value)
+    assert "--overwrite" in str(info.value)
+    assert {p.name: p.read_bytes() for p in out.iterdir()} == before  # nothing touched
+    manifest_only = tmp_path / "manifest-only"
+    manifest_only.mkdir()
+    (manifest_only / "asyncstream.json").write_text("{}")
+    with pytest.raises(ValueError, match="already holds a dataset"):
+        pack(tmp_path / "src", str(manifest_only), shard_samples=2, shard_bytes=None)
+
+
+def test_overwrite_removes_the_shards_it_does_not_write(tmp_path: Path) -> None:
+    _make_tree(tmp_path / "src", {"a": 5})
+    out = tmp_path / "out"
+    (out / "keep").mkdir(parents=True)
+    (out / "keep" / "other.tar").write_bytes(b"not ours")  # below the folder: left alone
+    (out / "notes.txt").write_text("left alone")
+    pack(tmp_path / "src", str(out), shard_samples=1, shard_bytes=None)
+    result = pack(tmp_path / "src", str(out), shard_samples=2, shard_bytes=None, overwrite=True)
+    assert sorted(p.name for p in out.glob("*.tar")) == [f"shard-00000{i}.tar" for i in range(3)]
+    assert (out / "keep" / "other.tar").exists()
+    assert (out / "notes.txt").exists()
+    manifest = json.loads((out / "asyncstream.json").read_text())
+    assert [e["url"] for e in manifest["shards"]] == [
+        s.url.rsplit("/", 1)[1] for s in result.shards
+    ]
+    assert [e["etag"] for e in manifest["shards"]] == [None] * 3  # local files have none
+
+
+def test_overwrite_on_s3(tmp_path: Path, s3_server: LocalS3, bucket: str) -> None:
+    _make_tree(tmp_path / "src", {"a": 4, "b": 4})
+    options = S3Options(endpoint_url=s3_server.endpoint_url)
+    dest = f"s3://{bucket}/ds/"
+    pack(tmp_path / "src", dest, shard_samples=1, shard_bytes=None, options=options)
+    with pytest.raises(ValueError, match="already holds a dataset"):
+        pack(tmp_path / "src", dest, shard_samples=4, shard_bytes=None, options=options)
+    pack(tmp_path / "src", dest, shard_samples=4, shard_bytes=None, options=options, overwrite=True)
+    listed = resolve_shards(dest, options)
+    assert [s.url for s in listed] == [f"{dest}shard-00000{i}.tar" for i in range(2)]

@@ -29,7 +29,7 @@ from asyncstream.testing import Fault, FaultProxy
 from dali_ops import DALIImageLoader, PipelineSettings
 from tests._foreign import ForeignShards, write_foreign_shards
 from tests._resume_child import keys
-from tests.test_multigpu import free_port
+from tests._torchrun import torchrun
 
 # Four DataLoader workers on a 2-core machine: torch warns, the test means it.
 pytestmark = pytest.mark.filterwarnings("ignore:This DataLoader will create:UserWarning")
@@ -218,7 +218,7 @@ import torch.distributed as dist
 from torchdata.stateful_dataloader import StatefulDataLoader
 from asyncstream import ShardStream
 from tests._resume_child import keys
-from tests.test_multigpu import free_port
+from tests._torchrun import torchrun
 
 spec, out = json.load(open(sys.argv[1])), sys.argv[2]
 dist.init_process_group("gloo")
@@ -244,28 +244,10 @@ dist.destroy_process_group()
 """
 
 
-def torchrun(script: Path, spec: dict[str, Any], nproc: int, out: Path) -> None:
+def run_phase(script: Path, spec: dict[str, Any], nproc: int, out: Path) -> None:
     spec_path = out / f"spec-{spec['phase']}.json"
     spec_path.write_text(json.dumps(spec))
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(HERE.parent)}
-    result = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "torch.distributed.run",
-            f"--nproc_per_node={nproc}",
-            "--master_addr=127.0.0.1",
-            f"--master_port={free_port()}",
-            str(script),
-            str(spec_path),
-            str(out),
-        ],
-        capture_output=True,
-        text=True,
-        timeout=240,
-        env=env,
-        check=False,
-    )
+    result = torchrun(script, str(spec_path), str(out), nproc=nproc)
     assert result.returncode == 0, result.stderr[-3000:]
 
 
@@ -277,8 +259,8 @@ def test_elastic_resume_under_torchrun_from_2x2_to_3x1(
     script.write_text(TORCHRUN_SAVE)
     stream_kwargs = {**STREAM, "samples_per_shard": elastic.counts}
     base = {"folder": str(elastic.folder), "stream": stream_kwargs}
-    torchrun(script, {**base, "phase": "save", "batches": [6, 7]}, 2, tmp_path)
-    torchrun(script, {**base, "phase": "resume", "old_world": 2}, 3, tmp_path)
+    run_phase(script, {**base, "phase": "save", "batches": [6, 7]}, 2, tmp_path)
+    run_phase(script, {**base, "phase": "resume", "old_world": 2}, 3, tmp_path)
     before = [
         k for r in range(2) for k in json.loads((tmp_path / f"old{r}.json").read_text())["keys"]
     ]

@@ -377,6 +377,26 @@ def test_inject_count_match_and_method(
     assert proxy.stats()["slowdown"] == 2
 
 
+def test_request_log_names_method_object_and_status(
+    proxy: FaultProxy, client: Any, bucket: str, blob: bytes
+) -> None:
+    client.put_object(Bucket=bucket, Key="dir/a b.tar", Body=b"x" * 100)
+    proxy.inject("slowdown", match="a%20b", method="GET")
+    with pytest.raises(botocore.exceptions.ClientError):
+        client.get_object(Bucket=bucket, Key="dir/a b.tar")
+    client.get_object(Bucket=bucket, Key="dir/a b.tar", Range="bytes=0-9")["Body"].read()
+    client.head_object(Bucket=bucket, Key="blob")
+    with pytest.raises(botocore.exceptions.ClientError):
+        client.get_object(Bucket=bucket, Key="missing")
+    assert proxy.requests() == [
+        ("PUT", f"/{bucket}/dir/a b.tar", 200),
+        ("GET", f"/{bucket}/dir/a b.tar", 503),
+        ("GET", f"/{bucket}/dir/a b.tar", 206),
+        ("HEAD", f"/{bucket}/blob", 200),
+        ("GET", f"/{bucket}/missing", 404),
+    ]
+
+
 def test_inject_rejects_parameters_that_do_not_fit(proxy: FaultProxy) -> None:
     with pytest.raises(ValueError, match="not a valid Fault"):
         proxy.inject("meltdown")

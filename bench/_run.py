@@ -1,0 +1,37 @@
+"""What the focused benchmarks share: their command line, the header of their figures, and
+how they report them (the older ones, ``fetch.py`` and ``stream.py``, predate it)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import time
+from pathlib import Path
+from typing import Any
+
+
+def arguments(doc: str) -> argparse.Namespace:
+    """``--quick``, ``--repeat N`` and ``--json PATH``, with the module's first doc line."""
+    parser = argparse.ArgumentParser(description=doc.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="small sizes (a smoke run)")
+    parser.add_argument("--repeat", type=int, default=3)
+    parser.add_argument("--json", help="write the figures to this file")
+    return parser.parse_args()
+
+
+def header() -> dict[str, Any]:
+    """The date and the machine, first in every figures file."""
+    return {
+        "date": time.strftime("%Y-%m-%d"),
+        "machine": f"{platform.machine()}, {os.cpu_count()} cores, "
+        f"Python {platform.python_version()}",
+    }
+
+
+def report(out: dict[str, Any], text: str, json_path: str | None) -> None:
+    """Print the tables; write the figures as JSON where asked."""
+    print(text)
+    if json_path:
+        Path(json_path).write_text(json.dumps(out, indent=1))
