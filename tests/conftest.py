@@ -1,4 +1,5 @@
-"""Shared fixtures: a real S3 server on loopback and an isolated AWS environment."""
+"""Shared fixtures: real S3 servers on loopback (moto over HTTP and HTTPS; s3rver, see
+``_s3rver.py``), test certificates and an isolated AWS environment."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ from typing import Any
 import pytest
 
 from asyncstream._local import LocalS3
+from asyncstream.testing import TestCertificates, make_test_certificates
 
 _FAKE_ENV = {
     "AWS_ACCESS_KEY_ID": "asyncstream-test-key",
@@ -49,6 +51,26 @@ def aws_env() -> Iterator[dict[str, str]]:
 def s3_server(aws_env: dict[str, str]) -> Iterator[LocalS3]:
     """A real moto S3 server on a free loopback port, for the whole session."""
     with LocalS3() as server:
+        yield server
+
+
+@pytest.fixture(scope="session")
+def certs(tmp_path_factory: pytest.TempPathFactory) -> TestCertificates:
+    """A test CA and a server certificate for 127.0.0.1 and localhost, made for this run."""
+    return make_test_certificates(tmp_path_factory.mktemp("tls"))
+
+
+@pytest.fixture(scope="session")
+def untrusted_certs(tmp_path_factory: pytest.TempPathFactory) -> TestCertificates:
+    """Another CA and server certificate: neither trusts the other's (``certs``)."""
+    return make_test_certificates(tmp_path_factory.mktemp("tls-untrusted"), name="untrusted")
+
+
+@pytest.fixture(scope="session")
+def s3_tls_server(s3_server: LocalS3, certs: TestCertificates) -> Iterator[LocalS3]:
+    """moto over HTTPS (``certs``), for the whole session. In thread mode it shares the
+    state of ``s3_server`` (one moto backend per process): a bucket made on one is on both."""
+    with LocalS3(tls=certs.server, ca_bundle=certs.ca) as server:
         yield server
 
 
