@@ -37,7 +37,7 @@ from urllib.parse import urlsplit
 
 from ._retry import ChunkFailure, Timeouts
 
-__all__ = ["ConnectionPool", "Origin", "Reply", "TLSMismatch"]
+__all__ = ["ConnectionPool", "Origin", "Reply", "TLSMismatch", "tls_failure"]
 
 _HEAD_LIMIT = 64 << 10  # response headers larger than this are refused
 _ERROR_BODY_LIMIT = 64 << 10  # an error document is read up to this
@@ -48,6 +48,21 @@ _TLS_ALERT = b"\x15\x03"  # a TLS alert record
 class TLSMismatch(Exception):
     """TLS cannot work with this endpoint: a certificate that does not verify, or one
     side speaking TLS to a plain-HTTP peer. Permanent."""
+
+
+def tls_failure(origin: object, exc: ssl.SSLError) -> TLSMismatch:
+    """What a failed TLS handshake with ``origin`` means, in the same words whichever
+    client met it (this one, aiohttp's, urllib3's)."""
+    if isinstance(exc, ssl.SSLCertVerificationError):
+        return TLSMismatch(
+            f"{origin}: the server's certificate does not verify ({exc.verify_message}):"
+            " give the CA bundle that signed it (S3Options(ca_bundle=...) or "
+            "AWS_CA_BUNDLE), or verify=False for a test server"
+        )
+    return TLSMismatch(
+        f"{origin}: the TLS handshake failed ({exc.reason or exc}): is this a "
+        "plain-HTTP port? Use http:// for it"
+    )
 
 
 @dataclass(frozen=True)
@@ -225,17 +240,8 @@ class ConnectionPool:
     async def _handshake(self, conn: _Conn) -> None:
         try:
             await conn.handshake()
-        except ssl.SSLCertVerificationError as exc:
-            raise TLSMismatch(
-                f"{self.origin}: the server's certificate does not verify ({exc.verify_message}):"
-                " give the CA bundle that signed it (S3Options(ca_bundle=...) or "
-                "AWS_CA_BUNDLE), or verify=False for a test server"
-            ) from exc
         except ssl.SSLError as exc:
-            raise TLSMismatch(
-                f"{self.origin}: the TLS handshake failed ({exc.reason or exc}): is this a "
-                "plain-HTTP port? Use http:// for it"
-            ) from exc
+            raise tls_failure(self.origin, exc) from exc
 
     async def _acquire(self, timeouts: Timeouts) -> _Conn:
         while self._idle:
