@@ -366,7 +366,12 @@ class ConnectionPool:
         while (end := data.find(b"\r\n\r\n")) < 0:
             if len(data) > _HEAD_LIMIT:
                 raise ChunkFailure("length", f"response headers over {_HEAD_LIMIT} bytes")
-            n = await conn.recv_into(memoryview(buffer))
+            try:
+                n = await conn.recv_into(memoryview(buffer))
+            except ConnectionResetError:
+                if data:
+                    raise
+                raise _Stale() from None  # reset unanswered: as a close (a TLS port does it)
             if not n:
                 if not data:
                     raise _Stale()

@@ -11,10 +11,12 @@ Exact epochs and 403/404/replaced objects over HTTPS are in ``test_s3_servers.py
 from __future__ import annotations
 
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
+from _s3rver import S3rver
 from _servers import FAST_RETRY, SHORT, Backend, Dataset, open_stream, upload_foreign
 
 from asyncstream import LocalS3, PermanentFetchError, S3Options, Timeouts
@@ -131,6 +133,39 @@ def test_a_certificate_for_another_host_is_permanent_at_once(
         message = fails_at_once(endpoint, transport, ca_bundle=elsewhere.ca)
     assert origin(endpoint) in message
     assert "certificate does not verify" in message
+
+
+# --------------------------------------------------------------------------- TLS vs plain
+
+
+@pytest.fixture(params=["moto", "proxy", "s3rver"])
+def ports(
+    request: pytest.FixtureRequest, s3_server: LocalS3, tls_object: str, certs: TestCertificates
+) -> Iterator[tuple[str, str]]:
+    """``(plain, tls)``: a server's plain-HTTP and TLS ports, as ``host:port``."""
+    if request.param == "moto":
+        tls_server: LocalS3 = request.getfixturevalue("s3_tls_server")
+        yield origin(s3_server.endpoint_url), origin(tls_server.endpoint_url)
+    elif request.param == "proxy":
+        with (
+            FaultProxy(s3_server.endpoint_url) as plain,
+            FaultProxy(s3_server.endpoint_url, tls=certs.server) as tls,
+        ):
+            yield origin(plain.endpoint_url), origin(tls.endpoint_url)
+    else:
+        node: S3rver = request.getfixturevalue("s3rver")
+        node_tls: S3rver = request.getfixturevalue("s3rver_tls")
+        yield origin(node.endpoint_url), origin(node_tls.endpoint_url)
+
+
+@pytest.mark.parametrize("transport", ["auto"])
+def test_http_to_a_tls_port_is_permanent_at_once(
+    ports: tuple[str, str], certs: TestCertificates, transport: str
+) -> None:
+    _, tls = ports
+    message = fails_at_once(f"http://{tls}", transport)
+    assert f"http://{tls}" in message
+    assert "is a TLS (https://) endpoint" in message
 
 
 # --------------------------------------------------------------------------- reuse
