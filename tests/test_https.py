@@ -158,6 +158,15 @@ def ports(
         yield origin(node.endpoint_url), origin(node_tls.endpoint_url)
 
 
+def test_https_to_a_plain_port_is_permanent_at_once(
+    ports: tuple[str, str], certs: TestCertificates, transport: str
+) -> None:
+    plain, _ = ports
+    message = fails_at_once(f"https://{plain}", transport, ca_bundle=certs.ca)
+    assert f"https://{plain}" in message
+    assert "plain-HTTP port" in message
+
+
 @pytest.mark.parametrize("transport", ["auto"])
 def test_http_to_a_tls_port_is_permanent_at_once(
     ports: tuple[str, str], certs: TestCertificates, transport: str
