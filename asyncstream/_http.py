@@ -351,7 +351,7 @@ class ConnectionPool:
                 conn.close()
                 if fresh or attempt:
                     if fresh and not self.origin.tls:
-                        await self._probe_tls(timeouts)
+                        await self.probe_tls(timeouts)
                     raise ConnectionResetError(
                         f"{self.origin} closed the connection before responding"
                     ) from None
@@ -360,9 +360,10 @@ class ConnectionPool:
                 raise
         raise AssertionError("unreachable")  # pragma: no cover
 
-    async def _probe_tls(self, timeouts: Timeouts) -> None:
-        """After a fresh plain connection ended unanswered: is the port a TLS one? Checked
-        once per pool (a TLS ClientHello, one second at most); raises TLSMismatch if so."""
+    async def probe_tls(self, timeouts: Timeouts) -> None:
+        """After a fresh plain connection ended unanswered (here, or on botocore's client):
+        is the port a TLS one? Checked once per pool (a TLS ClientHello, one second at
+        most); raises TLSMismatch if so."""
         if self._probed:
             return
         self._probed = True

@@ -37,6 +37,7 @@ import xml.etree.ElementTree as ElementTree
 from collections.abc import Awaitable
 from typing import Any, Literal, TypeVar
 
+import botocore.exceptions
 from botocore.auth import S3SigV4Auth
 from botocore.awsrequest import AWSRequest
 from botocore.credentials import ReadOnlyCredentials
@@ -272,10 +273,16 @@ class S3Store(Store):
         return headers_at
 
     async def _unless_mismatched(self, origin: Origin, call: Awaitable[T]) -> T:
-        """botocore's request, unless its ``https://`` origin turns out to be a plain-HTTP
-        port: aiohttp waits out its timeouts on a server that never answers the handshake,
-        so a first response slower than a second has the direct transport's pool check
-        (TLSMismatch, at once). Once per origin."""
+        """botocore's request, unless its origin's port speaks the other protocol, checked
+        by the direct transport's pool (TLSMismatch, at once; once per origin):
+
+        * ``https://`` to a plain-HTTP port: aiohttp waits out its timeouts on a server
+          that never answers the handshake, so a first response slower than a second has
+          the pool confirm the origin with a handshake of its own;
+        * ``http://`` to a TLS port: the server closes or resets the connection, which
+          botocore reports as a retryable connection error, so the first one has the pool
+          probe the port for TLS.
+        """
         pool = self._pool(origin)
         task = asyncio.ensure_future(call)
         check: asyncio.Future[None] | None = None
@@ -287,7 +294,12 @@ class S3Store(Store):
                     await asyncio.wait({task, check}, return_when=asyncio.FIRST_COMPLETED)
                     if check.done():
                         check.result()  # TLSMismatch
-            return await task
+            try:
+                return await task
+            except (botocore.exceptions.HTTPClientError, botocore.exceptions.ConnectionError):
+                if not origin.tls:
+                    await pool.probe_tls(self.timeouts)
+                raise
         finally:
             for pending in (task, check):
                 if pending is not None and not pending.done():

@@ -167,7 +167,6 @@ def test_https_to_a_plain_port_is_permanent_at_once(
     assert "plain-HTTP port" in message
 
 
-@pytest.mark.parametrize("transport", ["auto"])
 def test_http_to_a_tls_port_is_permanent_at_once(
     ports: tuple[str, str], certs: TestCertificates, transport: str
 ) -> None:
