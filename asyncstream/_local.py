@@ -31,7 +31,7 @@ import sys
 import threading
 import urllib.request
 from types import TracebackType
-from typing import Any, Literal
+from typing import IO, Any, Literal
 
 from . import _moto_ranges
 from ._s3 import S3Credentials, S3Options, sync_client
@@ -132,17 +132,13 @@ class LocalS3:
             text=True,
         )
         self._proc = proc
-        stdout = proc.stdout
-        if stdout is None:
+        if proc.stdout is None:
             raise RuntimeError("no pipe to the local S3 server")
-        line: list[str] = []
-        reader = threading.Thread(target=lambda: line.append(stdout.readline()), daemon=True)
-        reader.start()
-        reader.join(_START_TIMEOUT)
-        if not line or not line[0].startswith("READY "):
+        line = wait_for_line(proc.stdout, "READY ", _START_TIMEOUT)
+        if line is None:
             self._stop_process()
             raise RuntimeError(f"the local S3 server did not start within {_START_TIMEOUT:.0f} s")
-        _, host, port = line[0].split()
+        _, host, port = line.split()
         return host, int(port)
 
     def options(self) -> S3Options:
@@ -189,18 +185,8 @@ class LocalS3:
 
     def _stop_process(self) -> None:
         proc, self._proc = self._proc, None
-        if proc is None:
-            return
-        if proc.stdin is not None:
-            with contextlib.suppress(OSError):
-                proc.stdin.close()
-        try:
-            proc.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
-        if proc.stdout is not None:
-            proc.stdout.close()
+        if proc is not None:
+            stop_child(proc)
 
     def __enter__(self) -> LocalS3:
         return self.start()
@@ -212,6 +198,38 @@ class LocalS3:
         tb: TracebackType | None,
     ) -> None:
         self.close()
+
+
+def wait_for_line(stream: IO[str], prefix: str, timeout: float) -> str | None:
+    """The first line of a child's output that starts with ``prefix`` (its "ready" line),
+    or ``None`` if none comes within ``timeout`` seconds (or the output ends first)."""
+    found: list[str] = []
+
+    def read() -> None:
+        for line in stream:
+            if line.startswith(prefix):
+                found.append(line)
+                return
+
+    reader = threading.Thread(target=read, daemon=True)
+    reader.start()
+    reader.join(timeout)
+    return found[0] if found else None
+
+
+def stop_child(proc: subprocess.Popen[str], timeout: float = 10.0) -> None:
+    """Stop a server child that exits when its stdin closes (killed after ``timeout``),
+    and close its pipes."""
+    if proc.stdin is not None:
+        with contextlib.suppress(OSError):
+            proc.stdin.close()
+    try:
+        proc.wait(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+    if proc.stdout is not None:
+        proc.stdout.close()
 
 
 def _moto_server(host: str, tls: tuple[str, str] | None) -> Any:

@@ -20,12 +20,12 @@ import json
 import os
 import shutil
 import subprocess
-import threading
 from pathlib import Path
 from types import TracebackType
 from typing import Any
 
 from asyncstream import S3Credentials, S3Options
+from asyncstream._local import stop_child, wait_for_line
 from asyncstream._s3 import sync_client
 
 __all__ = ["CREDENTIALS", "VERSION", "S3rver", "Unavailable", "cache_folder", "install"]
@@ -35,7 +35,6 @@ CREDENTIALS = S3Credentials("S3RVER", "S3RVER")  # s3rver's one key pair
 
 _INSTALL_TIMEOUT = 300.0
 _START_TIMEOUT = 30.0
-_STOP_TIMEOUT = 10.0
 # Runs s3rver's own command line, and exits when stdin closes (the test process ended).
 _WATCHDOG = "process.stdin.on('end', () => process.exit(0)).resume(); require(process.argv[1]);"
 
@@ -146,31 +145,15 @@ class S3rver:
             self._proc = subprocess.Popen(
                 command, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=log, text=True
             )
-        port = self._port()
-        if port is None:
+        assert self._proc.stdout is not None
+        line = wait_for_line(self._proc.stdout, "S3rver listening on ", _START_TIMEOUT)
+        if line is None:
             self.close()
             log_tail = (self.directory / "s3rver.log").read_text()[-500:]
             raise Unavailable(f"s3rver did not start within {_START_TIMEOUT:.0f} s: {log_tail}")
+        port = int(line.rsplit(":", 1)[1])
         self.endpoint_url = f"{'https' if self.tls else 'http'}://127.0.0.1:{port}"
         return self
-
-    def _port(self) -> int | None:
-        """The port from s3rver's ``S3rver listening on 127.0.0.1:PORT`` line, if it comes."""
-        assert self._proc is not None
-        assert self._proc.stdout is not None
-        stdout = self._proc.stdout
-        found: list[int] = []
-
-        def read() -> None:
-            for line in stdout:
-                if line.startswith("S3rver listening on "):
-                    found.append(int(line.rsplit(":", 1)[1]))
-                    return
-
-        reader = threading.Thread(target=read, daemon=True)
-        reader.start()
-        reader.join(_START_TIMEOUT)
-        return found[0] if found else None
 
     def options(self, **overrides: Any) -> S3Options:
         """:class:`S3Options` for this server: its credentials and CA, resolved."""
@@ -189,18 +172,8 @@ class S3rver:
     def close(self) -> None:
         """Stop the server (its stdin closes: it exits); safe to call more than once."""
         proc, self._proc = self._proc, None
-        if proc is None:
-            return
-        assert proc.stdin is not None
-        assert proc.stdout is not None
-        with contextlib.suppress(OSError):
-            proc.stdin.close()
-        try:
-            proc.wait(timeout=_STOP_TIMEOUT)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
-        proc.stdout.close()
+        if proc is not None:
+            stop_child(proc)
 
     def __enter__(self) -> S3rver:
         return self.start()
