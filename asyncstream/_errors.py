@@ -24,6 +24,7 @@ and anything that is not an I/O failure (a bug must not be retried into a hang).
 from __future__ import annotations
 
 import asyncio
+import ssl
 from dataclasses import dataclass
 
 import aiohttp
@@ -121,6 +122,51 @@ def _changed(url: str, how: str) -> Verdict:
     return Verdict("changed", PermanentFetchError(message, url=url), False)
 
 
+def _tls(exc: BaseException, url: str) -> Verdict:
+    """A TLS failure met by botocore's clients, said as the store's own client says it."""
+    from ._http import tls_failure
+
+    cause, origin = _ssl_cause(exc)
+    message = f"TLS failed: {exc}"
+    if cause is not None and origin is not None:
+        message = str(tls_failure(origin, cause))
+    return Verdict("tls", PermanentFetchError(f"{url}: {message}", url=url), False)
+
+
+def _ssl_cause(exc: BaseException) -> tuple[ssl.SSLError | None, object | None]:
+    """The ``ssl`` module's own error behind a wrapped TLS failure (aiohttp's and urllib3's
+    subclass it but carry no reason), and the endpoint's origin where the wrappers say."""
+    from ._http import Origin
+
+    cause: ssl.SSLError | None = None
+    origin: object | None = None
+    todo: list[object] = [exc]
+    seen: set[int] = set()
+    while todo:
+        current = todo.pop(0)
+        if not isinstance(current, BaseException) or id(current) in seen:
+            continue
+        seen.add(id(current))
+        if origin is None and isinstance(current, botocore.exceptions.SSLError):
+            endpoint = current.kwargs.get("endpoint_url")
+            if isinstance(endpoint, str) and endpoint.startswith(("http://", "https://")):
+                origin = Origin.of(endpoint)
+        if origin is None and isinstance(current, aiohttp.ClientConnectorError):
+            origin = Origin("https", current.host, current.port or 443)
+        if isinstance(current, ssl.SSLError) and type(current).__module__ == "ssl":
+            cause = cause or current
+        if isinstance(current, botocore.exceptions.BotoCoreError):
+            todo.append(current.kwargs.get("error"))
+        todo += [
+            getattr(current, "certificate_error", None),
+            getattr(current, "os_error", None),
+            current.__cause__,
+            current.__context__,
+            *current.args,
+        ]
+    return cause, origin
+
+
 def verdict(exc: BaseException, url: str) -> Verdict:
     """Decide what a failure was (see the module docstring).
 
@@ -154,16 +200,14 @@ def verdict(exc: BaseException, url: str) -> Verdict:
         return Verdict("denied", AccessDeniedError(message, url=url), False)
     if isinstance(exc, botocore.exceptions.ProfileNotFound):
         return Verdict("denied", AccessDeniedError(f"{url}: {exc}", url=url), False)
-    if isinstance(exc, botocore.exceptions.SSLError):
-        return Verdict("tls", PermanentFetchError(f"{url}: TLS failed: {exc}", url=url), False)
+    if isinstance(exc, botocore.exceptions.SSLError | aiohttp.ClientSSLError):
+        return _tls(exc, url)
     if isinstance(exc, botocore.exceptions.ParamValidationError):
         message = f"{url}: invalid request: {exc}"
         return Verdict("invalid", PermanentFetchError(message, url=url), False)
     transient = TransientFetchError(f"{url}: {type(exc).__name__}: {exc}", url=url)
     if isinstance(exc, aiohttp.ClientPayloadError | botocore.exceptions.IncompleteReadError):
         return Verdict("truncated", transient, True)
-    if isinstance(exc, aiohttp.ClientSSLError):
-        return Verdict("tls", PermanentFetchError(f"{url}: TLS failed: {exc}", url=url), False)
     if isinstance(
         exc,
         aiohttp.ClientConnectionError

@@ -20,7 +20,10 @@ once, without counting as a retry (the server may close an idle connection at an
 
 Errors: a refused, reset or closed connection is ``OSError`` (retryable); a certificate
 that does not verify, ``https://`` against a plain-HTTP port and ``http://`` against a
-TLS port are :class:`TLSMismatch` (permanent: retrying cannot fix them), named so.
+TLS port are :class:`TLSMismatch` (permanent: retrying cannot fix them), named so. Most
+plain-HTTP servers neither answer nor close on a TLS ClientHello (they wait for the rest
+of a request line): after a second of handshake silence the port is asked, once, in
+plain HTTP, and a plain HTTP answer makes the handshake a TLSMismatch at once.
 """
 
 from __future__ import annotations
@@ -37,17 +40,33 @@ from urllib.parse import urlsplit
 
 from ._retry import ChunkFailure, Timeouts
 
-__all__ = ["ConnectionPool", "Origin", "Reply", "TLSMismatch"]
+__all__ = ["PROBE_AFTER", "ConnectionPool", "Origin", "Reply", "TLSMismatch", "tls_failure"]
 
 _HEAD_LIMIT = 64 << 10  # response headers larger than this are refused
 _ERROR_BODY_LIMIT = 64 << 10  # an error document is read up to this
 _TLS_RECORD = b"\x16\x03"  # a TLS handshake record: a TLS server's first bytes
 _TLS_ALERT = b"\x15\x03"  # a TLS alert record
+PROBE_AFTER = 1.0  # seconds of silence before asking whether a port speaks the other protocol
 
 
 class TLSMismatch(Exception):
     """TLS cannot work with this endpoint: a certificate that does not verify, or one
     side speaking TLS to a plain-HTTP peer. Permanent."""
+
+
+def tls_failure(origin: object, exc: ssl.SSLError) -> TLSMismatch:
+    """What a failed TLS handshake with ``origin`` means, in the same words whichever
+    client met it (this one, aiohttp's, urllib3's)."""
+    if isinstance(exc, ssl.SSLCertVerificationError):
+        return TLSMismatch(
+            f"{origin}: the server's certificate does not verify ({exc.verify_message}):"
+            " give the CA bundle that signed it (S3Options(ca_bundle=...) or "
+            "AWS_CA_BUNDLE), or verify=False for a test server"
+        )
+    return TLSMismatch(
+        f"{origin}: the TLS handshake failed ({exc.reason or exc}): is this a "
+        "plain-HTTP port? Use http:// for it"
+    )
 
 
 @dataclass(frozen=True)
@@ -205,7 +224,6 @@ class ConnectionPool:
                             sock, server_hostname=self.origin.host, do_handshake_on_connect=False
                         )
                         await self._handshake(_Conn(sock))
-                self.opened += 1
                 return _Conn(sock)
             except TimeoutError:
                 sock.close()
@@ -223,19 +241,64 @@ class ConnectionPool:
         raise error
 
     async def _handshake(self, conn: _Conn) -> None:
+        handshake = asyncio.ensure_future(conn.handshake())
         try:
-            await conn.handshake()
-        except ssl.SSLCertVerificationError as exc:
-            raise TLSMismatch(
-                f"{self.origin}: the server's certificate does not verify ({exc.verify_message}):"
-                " give the CA bundle that signed it (S3Options(ca_bundle=...) or "
-                "AWS_CA_BUNDLE), or verify=False for a test server"
-            ) from exc
+            done, _ = await asyncio.wait({handshake}, timeout=PROBE_AFTER)
+            if not done:
+                await self._probe_plain()
+            await handshake
         except ssl.SSLError as exc:
+            raise tls_failure(self.origin, exc) from exc
+        finally:
+            if not handshake.done():
+                handshake.cancel()
+                await asyncio.wait({handshake})
+
+    @property
+    def probed(self) -> bool:
+        """Whether this origin's port was asked if it speaks the other protocol."""
+        return self._probed
+
+    async def confirm_tls(self, timeouts: Timeouts) -> None:
+        """For an ``https://`` origin whose first response is slow on another client
+        (botocore's): a handshake of this pool's own, which probes as any does; raises
+        TLSMismatch if the port turns out to be a plain-HTTP one. Once per pool."""
+        if self._probed:
+            return
+        with contextlib.suppress(OSError, TimeoutError):
+            (await self._connect(timeouts)).close()
+        self._probed = True
+
+    async def _probe_plain(self) -> None:
+        """After a second of TLS handshake silence: does the port answer plain HTTP?
+        Asked once per pool (one second at most); raises TLSMismatch if so. An answer of
+        400 proves nothing: a TLS port may say that to a plain request, as nginx does."""
+        if self._probed:
+            return
+        self._probed = True
+        loop = asyncio.get_running_loop()
+        host = f"{self.origin.host}:{self.origin.port}"
+        request = f"HEAD / HTTP/1.1\r\nHost: {host}\r\nConnection: close\r\n\r\n".encode()
+        answer = b""
+        try:
+            async with asyncio.timeout(PROBE_AFTER):
+                infos = await loop.getaddrinfo(
+                    self.origin.host, self.origin.port, type=socket.SOCK_STREAM
+                )
+                family, kind, proto, _, address = infos[0]
+                with socket.socket(family, kind, proto) as sock:
+                    sock.setblocking(False)
+                    await loop.sock_connect(sock, address)
+                    await loop.sock_sendall(sock, request)
+                    while len(answer) < 12 and (piece := await loop.sock_recv(sock, 12)):
+                        answer += piece
+        except (OSError, TimeoutError):
+            pass
+        if answer.startswith(b"HTTP/1.") and answer[9:12].isdigit() and answer[9:12] != b"400":
             raise TLSMismatch(
-                f"{self.origin}: the TLS handshake failed ({exc.reason or exc}): is this a "
-                "plain-HTTP port? Use http:// for it"
-            ) from exc
+                f"{self.origin}: no answer to the TLS handshake, and the port answers plain "
+                "HTTP: it is a plain-HTTP port. Use http:// for it"
+            )
 
     async def _acquire(self, timeouts: Timeouts) -> _Conn:
         while self._idle:
@@ -243,7 +306,9 @@ class ConnectionPool:
             if conn.idle_and_open():
                 return conn
             conn.close()
-        return await self._connect(timeouts)
+        conn = await self._connect(timeouts)
+        self.opened += 1
+        return conn
 
     def _release(self, conn: _Conn, reusable: bool) -> None:
         if reusable and len(self._idle) < self.limit:
@@ -286,7 +351,7 @@ class ConnectionPool:
                 conn.close()
                 if fresh or attempt:
                     if fresh and not self.origin.tls:
-                        await self._probe_tls(timeouts)
+                        await self.probe_tls(timeouts)
                     raise ConnectionResetError(
                         f"{self.origin} closed the connection before responding"
                     ) from None
@@ -295,9 +360,10 @@ class ConnectionPool:
                 raise
         raise AssertionError("unreachable")  # pragma: no cover
 
-    async def _probe_tls(self, timeouts: Timeouts) -> None:
-        """After a fresh plain connection ended unanswered: is the port a TLS one? Checked
-        once per pool (a TLS ClientHello, one second at most); raises TLSMismatch if so."""
+    async def probe_tls(self, timeouts: Timeouts) -> None:
+        """After a fresh plain connection ended unanswered (here, or on botocore's client):
+        is the port a TLS one? Checked once per pool (a TLS ClientHello, one second at
+        most); raises TLSMismatch if so."""
         if self._probed:
             return
         self._probed = True
@@ -360,7 +426,12 @@ class ConnectionPool:
         while (end := data.find(b"\r\n\r\n")) < 0:
             if len(data) > _HEAD_LIMIT:
                 raise ChunkFailure("length", f"response headers over {_HEAD_LIMIT} bytes")
-            n = await conn.recv_into(memoryview(buffer))
+            try:
+                n = await conn.recv_into(memoryview(buffer))
+            except ConnectionResetError:
+                if data:
+                    raise
+                raise _Stale() from None  # reset unanswered: as a close (a TLS port does it)
             if not n:
                 if not data:
                     raise _Stale()

@@ -10,6 +10,9 @@ no cloud account. Two modes:
   compete for this process's GIL; right for the demo and benchmarks. The child exits
   when its stdin closes, so it cannot outlive a parent killed with SIGKILL.
 
+``tls=(cert_pem, key_pem)`` serves HTTPS instead (werkzeug's ``ssl_context``), in either
+mode, for tests of TLS against moto (see :func:`asyncstream.testing.make_test_certificates`).
+
 Ranged GETs read only their range (:mod:`._moto_ranges`; moto itself reads the whole
 object and slices it). Objects are held in the server's memory; :meth:`LocalS3.close`
 resets it, so nothing is left behind (moto spills large objects to anonymous temporary
@@ -22,12 +25,13 @@ import argparse
 import contextlib
 import logging
 import os
+import ssl
 import subprocess
 import sys
 import threading
 import urllib.request
 from types import TracebackType
-from typing import Any, Literal
+from typing import IO, Any, Literal
 
 from . import _moto_ranges
 from ._s3 import S3Credentials, S3Options, sync_client
@@ -53,9 +57,12 @@ class LocalS3:
         host: the loopback address to bind.
         require_auth: check request signatures against moto's IAM (process mode only), so
             that unknown credentials are refused with 403 as real S3 does.
+        tls: ``(cert_pem, key_pem)``: serve HTTPS with this certificate.
+        ca_bundle: the CA that signed ``tls``'s certificate, for :meth:`options`,
+            :meth:`client` and :meth:`reset` (without it they cannot verify the server).
 
     Attributes:
-        endpoint_url: ``http://127.0.0.1:PORT`` once started.
+        endpoint_url: ``http://127.0.0.1:PORT`` (``https://`` with ``tls``) once started.
     """
 
     def __init__(
@@ -64,6 +71,8 @@ class LocalS3:
         mode: Literal["thread", "process"] = "thread",
         host: str = "127.0.0.1",
         require_auth: bool = False,
+        tls: tuple[str, str] | None = None,
+        ca_bundle: str | None = None,
     ):
         if mode not in ("thread", "process"):
             raise ValueError(f"mode must be 'thread' or 'process', got {mode!r}")
@@ -72,6 +81,8 @@ class LocalS3:
         self.mode = mode
         self.require_auth = require_auth
         self.host = host
+        self.tls = tls
+        self.ca_bundle = ca_bundle
         self._server: Any = None
         self._proc: subprocess.Popen[str] | None = None
         self._endpoint: str | None = None
@@ -95,26 +106,25 @@ class LocalS3:
         if self._endpoint is not None:
             return self
         if self.mode == "thread":
-            from moto.server import ThreadedMotoServer
-
             # One line per request on stderr is noise for an embedded server.
             logging.getLogger("werkzeug").setLevel(logging.WARNING)
             _moto_ranges.install()
-            server = ThreadedMotoServer(ip_address=self.host, port=0, verbose=False)
+            server = _moto_server(self.host, self.tls)
             server.start()
             self._server = server
             host, port = server.get_host_and_port()
         else:
             host, port = self._start_process()
-        self._endpoint = f"http://{host}:{port}"
+        self._endpoint = f"{'https' if self.tls else 'http'}://{host}:{port}"
         return self
 
     def _start_process(self) -> tuple[str, int]:
         env = dict(os.environ)
         if self.require_auth:
             env["INITIAL_NO_AUTH_ACTION_COUNT"] = "0"
+        tls = ["--cert", self.tls[0], "--key", self.tls[1]] if self.tls else []
         proc = subprocess.Popen(
-            [sys.executable, "-m", "asyncstream._local", "--host", self.host],
+            [sys.executable, "-m", "asyncstream._local", "--host", self.host, *tls],
             env=env,
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
@@ -122,17 +132,13 @@ class LocalS3:
             text=True,
         )
         self._proc = proc
-        stdout = proc.stdout
-        if stdout is None:
+        if proc.stdout is None:
             raise RuntimeError("no pipe to the local S3 server")
-        line: list[str] = []
-        reader = threading.Thread(target=lambda: line.append(stdout.readline()), daemon=True)
-        reader.start()
-        reader.join(_START_TIMEOUT)
-        if not line or not line[0].startswith("READY "):
+        line = wait_for_line(proc.stdout, "READY ", _START_TIMEOUT)
+        if line is None:
             self._stop_process()
             raise RuntimeError(f"the local S3 server did not start within {_START_TIMEOUT:.0f} s")
-        _, host, port = line[0].split()
+        _, host, port = line.split()
         return host, int(port)
 
     def options(self) -> S3Options:
@@ -143,7 +149,9 @@ class LocalS3:
         With it, credentials come from the standard chain, as for a real store.
         """
         credentials = None if self.require_auth else LOCAL_CREDENTIALS
-        return S3Options(endpoint_url=self.endpoint_url, credentials=credentials).resolve()
+        return S3Options(
+            endpoint_url=self.endpoint_url, credentials=credentials, ca_bundle=self.ca_bundle
+        ).resolve()
 
     def client(self) -> Any:
         """A synchronous botocore S3 client for this server (see :meth:`options`)."""
@@ -152,7 +160,12 @@ class LocalS3:
     def reset(self) -> None:
         """Delete every bucket and object on the server."""
         request = urllib.request.Request(f"{self.endpoint_url}/moto-api/reset", method="POST")
-        with urllib.request.urlopen(request, timeout=30) as response:
+        context = None
+        if self.tls is not None:
+            context = ssl.create_default_context(cafile=self.ca_bundle)
+            if self.ca_bundle is None:  # our own loopback server: its address is enough
+                context.check_hostname, context.verify_mode = False, ssl.CERT_NONE
+        with urllib.request.urlopen(request, timeout=30, context=context) as response:
             response.read()
 
     def close(self) -> None:
@@ -172,18 +185,8 @@ class LocalS3:
 
     def _stop_process(self) -> None:
         proc, self._proc = self._proc, None
-        if proc is None:
-            return
-        if proc.stdin is not None:
-            with contextlib.suppress(OSError):
-                proc.stdin.close()
-        try:
-            proc.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
-        if proc.stdout is not None:
-            proc.stdout.close()
+        if proc is not None:
+            stop_child(proc)
 
     def __enter__(self) -> LocalS3:
         return self.start()
@@ -197,12 +200,76 @@ class LocalS3:
         self.close()
 
 
-def _serve(host: str) -> None:
-    """Child-process entry: serve until stdin closes (the parent closed it or died)."""
-    from moto.server import ThreadedMotoServer
+def wait_for_line(stream: IO[str], prefix: str, timeout: float) -> str | None:
+    """The first line of a child's output that starts with ``prefix`` (its "ready" line),
+    or ``None`` if none comes within ``timeout`` seconds (or the output ends first)."""
+    found: list[str] = []
 
+    def read() -> None:
+        for line in stream:
+            if line.startswith(prefix):
+                found.append(line)
+                return
+
+    reader = threading.Thread(target=read, daemon=True)
+    reader.start()
+    reader.join(timeout)
+    return found[0] if found else None
+
+
+def stop_child(proc: subprocess.Popen[str], timeout: float = 10.0) -> None:
+    """Stop a server child that exits when its stdin closes (killed after ``timeout``),
+    and close its pipes."""
+    if proc.stdin is not None:
+        with contextlib.suppress(OSError):
+            proc.stdin.close()
+    try:
+        proc.wait(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+    if proc.stdout is not None:
+        proc.stdout.close()
+
+
+def _moto_server(host: str, tls: tuple[str, str] | None) -> Any:
+    """moto's threaded server on a free port of ``host``, over TLS with ``tls``."""
+    from moto.moto_server.werkzeug_app import (
+        DomainDispatcherApplication,
+        MotoRequestHandler,
+        create_backend_app,
+    )
+    from moto.server import ThreadedMotoServer
+    from werkzeug.serving import make_server
+
+    if tls is None:
+        return ThreadedMotoServer(ip_address=host, port=0, verbose=False)
+    context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    context.load_cert_chain(*tls)
+
+    class TLSMotoServer(ThreadedMotoServer):
+        """moto's own server entry, with werkzeug's ``ssl_context`` (it takes none)."""
+
+        def _server_entry(self) -> None:
+            app = DomainDispatcherApplication(create_backend_app)
+            self._server = make_server(
+                self._ip_address,
+                self._port,
+                app,
+                threaded=True,
+                request_handler=MotoRequestHandler,
+                ssl_context=context,
+            )
+            self._server_ready_event.set()
+            self._server.serve_forever()
+
+    return TLSMotoServer(ip_address=host, port=0, verbose=False)
+
+
+def _serve(host: str, tls: tuple[str, str] | None) -> None:
+    """Child-process entry: serve until stdin closes (the parent closed it or died)."""
     _moto_ranges.install()
-    server = ThreadedMotoServer(ip_address=host, port=0, verbose=False)
+    server = _moto_server(host, tls)
     server.start()
     bound_host, port = server.get_host_and_port()
     print(f"READY {bound_host} {port}", flush=True)
@@ -213,4 +280,7 @@ def _serve(host: str) -> None:
 if __name__ == "__main__":
     parser = argparse.ArgumentParser(description="embedded S3 server (internal)")
     parser.add_argument("--host", default="127.0.0.1")
-    _serve(parser.parse_args().host)
+    parser.add_argument("--cert")
+    parser.add_argument("--key")
+    args = parser.parse_args()
+    _serve(args.host, (args.cert, args.key) if args.cert else None)

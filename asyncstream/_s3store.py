@@ -37,13 +37,14 @@ import xml.etree.ElementTree as ElementTree
 from collections.abc import Awaitable
 from typing import Any, Literal, TypeVar
 
+import botocore.exceptions
 from botocore.auth import S3SigV4Auth
 from botocore.awsrequest import AWSRequest
 from botocore.credentials import ReadOnlyCredentials
 from botocore.exceptions import NoCredentialsError
 
 from ._errors import ChunkFailure, S3ErrorResponse
-from ._http import ConnectionPool, Origin
+from ._http import PROBE_AFTER, ConnectionPool, Origin
 from ._retry import Timeouts
 from ._s3 import S3Options
 from ._store import ChunkRequest, Store, Timing
@@ -171,7 +172,7 @@ class S3Store(Store):
                     headers_at = await self._direct(request, origin, view)
                 else:
                     self._used.add("aiohttp")
-                    headers_at = await self._botocore(request, view)
+                    headers_at = await self._botocore(request, origin, view)
         except TimeoutError:
             if whole.expired():
                 raise ChunkFailure(
@@ -241,14 +242,16 @@ class S3Store(Store):
         self._check(request, reply.fields.get("etag"), reply.fields.get("content-range"))
         return headers_at
 
-    async def _botocore(self, request: ChunkRequest, out: memoryview) -> float:
+    async def _botocore(self, request: ChunkRequest, origin: Origin, out: memoryview) -> float:
         bucket, key = _split(request.url)
         params: dict[str, Any] = {"Bucket": bucket, "Key": key}
         headers = self._headers(request)
         params["Range"] = headers["Range"]
         if "If-Match" in headers:
             params["IfMatch"] = headers["If-Match"]
-        response = await _first_byte(self._client.get_object(**params), self.timeouts)
+        response = await _first_byte(
+            self._unless_mismatched(origin, self._client.get_object(**params)), self.timeouts
+        )
         headers_at = asyncio.get_running_loop().time()
         raw = response["Body"].raw_stream  # the aiohttp ClientResponse
         complete = False
@@ -268,6 +271,40 @@ class S3Store(Store):
             else:
                 raw.close()  # a half-read connection cannot be reused
         return headers_at
+
+    async def _unless_mismatched(self, origin: Origin, call: Awaitable[T]) -> T:
+        """botocore's request, unless its origin's port speaks the other protocol, checked
+        by the direct transport's pool (TLSMismatch, at once; once per origin):
+
+        * ``https://`` to a plain-HTTP port: aiohttp waits out its timeouts on a server
+          that never answers the handshake, so a first response slower than a second has
+          the pool confirm the origin with a handshake of its own;
+        * ``http://`` to a TLS port: the server closes or resets the connection, which
+          botocore reports as a retryable connection error, so the first one has the pool
+          probe the port for TLS.
+        """
+        pool = self._pool(origin)
+        task = asyncio.ensure_future(call)
+        check: asyncio.Future[None] | None = None
+        try:
+            if origin.tls and not pool.probed:
+                done, _ = await asyncio.wait({task}, timeout=PROBE_AFTER)
+                if not done:
+                    check = asyncio.ensure_future(pool.confirm_tls(self.timeouts))
+                    await asyncio.wait({task, check}, return_when=asyncio.FIRST_COMPLETED)
+                    if check.done():
+                        check.result()  # TLSMismatch
+            try:
+                return await task
+            except (botocore.exceptions.HTTPClientError, botocore.exceptions.ConnectionError):
+                if not origin.tls:
+                    await pool.probe_tls(self.timeouts)
+                raise
+        finally:
+            for pending in (task, check):
+                if pending is not None and not pending.done():
+                    pending.cancel()
+                    await asyncio.wait({pending})
 
     def _check(self, request: ChunkRequest, etag: str | None, content_range: str | None) -> None:
         """The response is for the listed object version (else: permanent ``changed``)."""

@@ -77,6 +77,13 @@ Network shaping: ``FaultProxy(..., profile=NetworkProfile.s3_like())`` adds a ra
 first-byte latency to every response and paces each connection's response bodies with a
 token bucket, so a benchmark on loopback shows why concurrent connections matter.
 
+TLS: ``FaultProxy(..., tls=(cert_pem, key_pem))`` listens with TLS (its ``endpoint_url``
+is ``https://``) and still speaks plain HTTP to its upstream, so every fault above works
+behind a real TLS listener; :func:`make_test_certificates` makes a test CA and a
+certificate for ``127.0.0.1`` and ``localhost`` at run time, and clients verify it with
+``S3Options(ca_bundle=certs.ca)``. ``FaultProxy(..., strip_request_headers=("if-match",))``
+drops request headers before forwarding: a server that ignores ``If-Match``.
+
 The proxy runs its own event loop in its own thread, so it serves sync tests and code
 that runs its own loop alike. :meth:`FaultProxy.close` stops it: every connection is
 closed, stalls included, and the thread ends; all its waits are bounded.
@@ -93,16 +100,26 @@ import logging
 import math
 import random
 import socket
+import ssl
 import struct
 import threading
 import urllib.parse
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, fields
 from types import TracebackType
 from typing import Final
 from xml.sax.saxutils import escape
 
-__all__ = ["Fault", "FaultPlan", "FaultProxy", "NetworkProfile"]
+from ._testcerts import TestCertificates, make_test_certificates
+
+__all__ = [
+    "Fault",
+    "FaultPlan",
+    "FaultProxy",
+    "NetworkProfile",
+    "TestCertificates",
+    "make_test_certificates",
+]
 
 _log = logging.getLogger(__name__)
 
@@ -411,8 +428,8 @@ class _Request:
                 raise _BadMessage(400, f"bad Content-Length {declared!r}")
         return cls(method, target, version, headers, length, keep_alive, expect)
 
-    def upstream_head(self) -> bytes:
-        drop = _HOP_BY_HOP | _connection_tokens(self.headers)
+    def upstream_head(self, strip: frozenset[str] = frozenset()) -> bytes:
+        drop = _HOP_BY_HOP | _connection_tokens(self.headers) | strip
         if self.expect_continue:
             drop = drop | {"expect"}
         lines = [f"{self.method} {self.target} HTTP/1.1"]
@@ -662,7 +679,7 @@ class _Connection:
         while True:
             reused, up_reader, up_writer = await self._open_upstream()
             try:
-                up_writer.write(request.upstream_head())
+                up_writer.write(request.upstream_head(self.proxy.strip_request_headers))
                 await up_writer.drain()
                 await self._copy_request_body(request, up_writer)
                 self.proxy._count("forwarded")
@@ -828,8 +845,11 @@ class _Connection:
         fault, self.fault = self.fault, None
         assert fault is not None
         # Push everything buffered into the kernel first, so the client gets those bytes.
+        # (Over TLS, as far as the TLS layer: asyncio's SSL transport pauses at a buffer
+        # size >= its high-water mark, so a mark of 0 would pause it for good.)
         transport = self.writer.transport
-        transport.set_write_buffer_limits(high=0)
+        tls = self.writer.get_extra_info("sslcontext") is not None
+        transport.set_write_buffer_limits(high=1 if tls else 0, low=0)
         await self.writer.drain()
         transport.set_write_buffer_limits()
         if fault.kind is Fault.RESET:
@@ -873,6 +893,16 @@ class FaultProxy:
         seed: seeds the fault draws and, separately, the latency draws of the profile.
         capacity: the most ``GET`` requests served at once; one beyond it gets ``503 Slow
             Down`` (``None``: no limit).
+        tls: ``(cert_pem, key_pem)``: listen with TLS (``endpoint_url`` is then
+            ``https://``; see :func:`make_test_certificates`); the upstream is still
+            spoken to in plain HTTP. ``None``: plain HTTP.
+        strip_request_headers: header names (any case) removed from every request
+            before it is forwarded: ``("if-match",)`` models a server (or a proxy in front
+            of one) that ignores ``If-Match``.
+
+    Raises:
+        ValueError: a bad argument; ``tls`` files that do not load (``ssl.SSLError``,
+            ``OSError``).
     """
 
     def __init__(
@@ -883,6 +913,8 @@ class FaultProxy:
         profile: NetworkProfile | None = None,
         seed: int = 0,
         capacity: int | None = None,
+        tls: tuple[str, str] | None = None,
+        strip_request_headers: Iterable[str] = (),
     ) -> None:
         split = urllib.parse.urlsplit(upstream)
         if split.scheme != "http" or not split.hostname:
@@ -893,8 +925,17 @@ class FaultProxy:
             raise TypeError(f"profile must be a NetworkProfile or None, got {profile!r}")
         if capacity is not None and (isinstance(capacity, bool) or capacity < 1):
             raise ValueError(f"capacity must be an int >= 1 or None, got {capacity!r}")
+        if isinstance(strip_request_headers, str):
+            raise TypeError("strip_request_headers must be a collection of header names")
         self.upstream = upstream
         self.capacity = capacity
+        self.tls = tls
+        self.strip_request_headers = frozenset(h.lower() for h in strip_request_headers)
+        self._ssl: ssl.SSLContext | None = None
+        if tls is not None:
+            cert, key = tls
+            self._ssl = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+            self._ssl.load_cert_chain(cert, key)
         self._active_gets = 0
         self._up_host = split.hostname
         self._up_port = split.port or 80
@@ -924,7 +965,8 @@ class FaultProxy:
 
     @property
     def endpoint_url(self) -> str:
-        """The proxy's URL, ``http://127.0.0.1:PORT``; ``RuntimeError`` unless running."""
+        """The proxy's URL, ``http://127.0.0.1:PORT`` (``https://`` with ``tls``);
+        ``RuntimeError`` unless running."""
         if self._endpoint is None or self._closed:
             raise RuntimeError("FaultProxy is not running; call start() or use it with 'with'")
         return self._endpoint
@@ -1239,10 +1281,12 @@ class FaultProxy:
 
     async def _main(self, ready: threading.Event) -> None:
         self._stop = asyncio.Event()
-        server = await asyncio.start_server(self._accept, "127.0.0.1", 0, limit=_HEAD_LIMIT)
+        server = await asyncio.start_server(
+            self._accept, "127.0.0.1", 0, limit=_HEAD_LIMIT, ssl=self._ssl
+        )
         try:
             port = server.sockets[0].getsockname()[1]
-            self._endpoint = f"http://127.0.0.1:{port}"
+            self._endpoint = f"{'https' if self._ssl else 'http'}://127.0.0.1:{port}"
             ready.set()
             await self._stop.wait()
         finally:

@@ -1,5 +1,6 @@
-"""Shared fixtures: a real S3 server on loopback, an isolated AWS environment and an
-isolated local index cache (``ASYNCSTREAM_CACHE_DIR``, inherited by child processes)."""
+"""Shared fixtures: real S3 servers on loopback (moto over HTTP and HTTPS; s3rver, see
+``_s3rver.py``), test certificates, an isolated AWS environment and an isolated local
+index cache (``ASYNCSTREAM_CACHE_DIR``, inherited by child processes)."""
 
 from __future__ import annotations
 
@@ -10,8 +11,12 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from _s3rver import CREDENTIALS as S3RVER_CREDENTIALS
+from _s3rver import S3rver, Unavailable
+from _servers import Backend
 
-from asyncstream._local import LocalS3
+from asyncstream._local import LOCAL_CREDENTIALS, LocalS3
+from asyncstream.testing import TestCertificates, make_test_certificates
 
 _FAKE_ENV = {
     "AWS_ACCESS_KEY_ID": "asyncstream-test-key",
@@ -61,6 +66,66 @@ def s3_server(aws_env: dict[str, str]) -> Iterator[LocalS3]:
     """A real moto S3 server on a free loopback port, for the whole session."""
     with LocalS3() as server:
         yield server
+
+
+@pytest.fixture(scope="session")
+def certs(tmp_path_factory: pytest.TempPathFactory) -> TestCertificates:
+    """A test CA and a server certificate for 127.0.0.1 and localhost, made for this run."""
+    return make_test_certificates(tmp_path_factory.mktemp("tls"))
+
+
+@pytest.fixture(scope="session")
+def untrusted_certs(tmp_path_factory: pytest.TempPathFactory) -> TestCertificates:
+    """Another CA and server certificate: neither trusts the other's (``certs``)."""
+    return make_test_certificates(tmp_path_factory.mktemp("tls-untrusted"), name="untrusted")
+
+
+@pytest.fixture(scope="session")
+def s3_tls_server(s3_server: LocalS3, certs: TestCertificates) -> Iterator[LocalS3]:
+    """moto over HTTPS (``certs``), for the whole session. In thread mode it shares the
+    state of ``s3_server`` (one moto backend per process): a bucket made on one is on both."""
+    with LocalS3(tls=certs.server, ca_bundle=certs.ca) as server:
+        yield server
+
+
+def _start_s3rver(server: S3rver) -> S3rver:
+    try:
+        return server.start()
+    except Unavailable as exc:
+        pytest.skip(f"s3rver, the second S3 server, cannot run here: {exc}")
+
+
+@pytest.fixture(scope="session")
+def s3rver(tmp_path_factory: pytest.TempPathFactory, aws_env: dict[str, str]) -> Iterator[S3rver]:
+    """s3rver (npm, installed once into a cache folder) over HTTP, for the whole session;
+    skipped, with the reason, where it cannot be installed or started."""
+    with _start_s3rver(S3rver(tmp_path_factory.mktemp("s3rver"))) as server:
+        yield server
+
+
+@pytest.fixture(scope="session")
+def s3rver_tls(s3rver: S3rver, certs: TestCertificates) -> Iterator[S3rver]:
+    """s3rver over HTTPS with ``certs``, for the whole session, serving the same folder as
+    ``s3rver`` (a bucket made on one is on both; skipped as ``s3rver``)."""
+    with _start_s3rver(S3rver(s3rver.directory, tls=certs.server, ca_bundle=certs.ca)) as server:
+        yield server
+
+
+@pytest.fixture(params=["moto", "s3rver"])
+def backend(request: pytest.FixtureRequest, certs: TestCertificates) -> Backend:
+    """Each S3 implementation in turn, over HTTP and HTTPS: moto, then s3rver (skipped
+    where it cannot run)."""
+    if request.param == "moto":
+        plain: LocalS3 = request.getfixturevalue("s3_server")
+        tls: LocalS3 = request.getfixturevalue("s3_tls_server")
+        return Backend(
+            "moto", plain.endpoint_url, tls.endpoint_url, certs.ca, LOCAL_CREDENTIALS, True
+        )
+    node: S3rver = request.getfixturevalue("s3rver")
+    node_tls: S3rver = request.getfixturevalue("s3rver_tls")
+    return Backend(
+        "s3rver", node.endpoint_url, node_tls.endpoint_url, certs.ca, S3RVER_CREDENTIALS, False
+    )
 
 
 _bucket_numbers = itertools.count()

@@ -1,0 +1,187 @@
+"""s3rver, a second S3 implementation for the tests (Node.js, from npm), beside moto.
+
+An independent server catches what one implementation's quirks hide: s3rver is a
+filesystem-backed S3 written in JavaScript that checks SigV4 signatures against its one
+key pair (``S3RVER`` / ``S3RVER``) and, unlike moto and S3, ignores ``If-Match`` on GET.
+
+:func:`install` puts s3rver |VERSION| into a cache folder once (``npm install --prefix``,
+preferring npm's offline cache), shared by every test session of this user, under a file
+lock. :class:`S3rver` runs it on a free loopback port (HTTP, or HTTPS with a test
+certificate) in a child process that exits when its stdin closes, so it cannot outlive a
+test process killed with SIGKILL. Anything missing (node, npm, the package registry)
+raises :class:`Unavailable`, which the fixtures turn into a skip with the reason.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import json
+import os
+import shutil
+import subprocess
+from pathlib import Path
+from types import TracebackType
+from typing import Any
+
+from asyncstream import S3Credentials, S3Options
+from asyncstream._local import stop_child, wait_for_line
+from asyncstream._s3 import sync_client
+
+__all__ = ["CREDENTIALS", "VERSION", "S3rver", "Unavailable", "cache_folder", "install"]
+
+VERSION = "3.7.1"
+CREDENTIALS = S3Credentials("S3RVER", "S3RVER")  # s3rver's one key pair
+
+_INSTALL_TIMEOUT = 300.0
+_START_TIMEOUT = 30.0
+# Runs s3rver's own command line, and exits when stdin closes (the test process ended).
+_WATCHDOG = "process.stdin.on('end', () => process.exit(0)).resume(); require(process.argv[1]);"
+
+
+class Unavailable(Exception):
+    """s3rver cannot run here; the message says why."""
+
+
+def cache_folder() -> Path:
+    """Where s3rver is installed: ``$XDG_CACHE_HOME`` (or ``~/.cache``) /asyncstream-tests."""
+    base = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
+    return Path(base) / "asyncstream-tests" / f"s3rver-{VERSION}"
+
+
+def _installed(folder: Path) -> Path | None:
+    package = folder / "node_modules" / "s3rver"
+    with contextlib.suppress(OSError, ValueError):
+        if json.loads((package / "package.json").read_text())["version"] == VERSION:
+            return package / "bin" / "s3rver.js"
+    return None
+
+
+def install(folder: Path | None = None) -> Path:
+    """s3rver's command-line script, installed into ``folder`` first if need be.
+
+    Raises:
+        Unavailable: no ``node`` or ``npm`` on PATH, or the install failed (offline with
+            nothing cached, say).
+    """
+    folder = folder or cache_folder()
+    for tool in ("node", "npm"):
+        if shutil.which(tool) is None:
+            raise Unavailable(f"{tool} is not on PATH: s3rver {VERSION} needs Node.js and npm")
+    script = _installed(folder)
+    if script is not None:
+        return script
+    folder.mkdir(parents=True, exist_ok=True)
+    with open(folder.parent / f"{folder.name}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # another session may be installing it right now
+        script = _installed(folder)
+        if script is not None:
+            return script
+        command = [
+            "npm",
+            "install",
+            "--prefix",
+            str(folder),
+            "--no-audit",
+            "--no-fund",
+            "--no-save",
+            "--prefer-offline",
+            "--loglevel=error",
+            f"s3rver@{VERSION}",
+        ]
+        try:
+            done = subprocess.run(
+                command, capture_output=True, text=True, timeout=_INSTALL_TIMEOUT, check=False
+            )
+        except subprocess.TimeoutExpired:
+            raise Unavailable(
+                f"npm install s3rver@{VERSION} took over {_INSTALL_TIMEOUT:.0f} s"
+            ) from None
+        script = _installed(folder)
+        if done.returncode != 0 or script is None:
+            tail = (done.stderr or done.stdout).strip()[-500:]
+            raise Unavailable(
+                f"npm install s3rver@{VERSION} failed (exit {done.returncode}): {tail}"
+            )
+        return script
+
+
+class S3rver:
+    """s3rver on a free port of 127.0.0.1, as a context manager.
+
+    Args:
+        directory: where it keeps buckets and objects (and its log, ``s3rver.log``).
+        tls: ``(cert_pem, key_pem)`` to serve HTTPS.
+        ca_bundle: the CA of ``tls``'s certificate, for :meth:`options`.
+
+    Attributes:
+        endpoint_url: ``http://127.0.0.1:PORT`` (``https://`` with ``tls``) once started.
+    """
+
+    def __init__(
+        self,
+        directory: Path,
+        *,
+        tls: tuple[str, str] | None = None,
+        ca_bundle: str | None = None,
+    ) -> None:
+        self.directory = directory
+        self.tls = tls
+        self.ca_bundle = ca_bundle
+        self.endpoint_url = ""
+        self._proc: subprocess.Popen[str] | None = None
+
+    def start(self) -> S3rver:
+        """Install if need be, start, and wait until it listens (once). Raises Unavailable."""
+        if self._proc is not None:
+            return self
+        script = install()
+        data = self.directory / "data"
+        data.mkdir(parents=True, exist_ok=True)
+        tls = ["--cert", self.tls[0], "--key", self.tls[1]] if self.tls else []
+        command = ["node", "-e", _WATCHDOG, "--", str(script), "-d", str(data)]
+        command += ["-a", "127.0.0.1", "-p", "0", "--silent", *tls]
+        with open(self.directory / "s3rver.log", "a") as log:
+            self._proc = subprocess.Popen(
+                command, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=log, text=True
+            )
+        assert self._proc.stdout is not None
+        line = wait_for_line(self._proc.stdout, "S3rver listening on ", _START_TIMEOUT)
+        if line is None:
+            self.close()
+            log_tail = (self.directory / "s3rver.log").read_text()[-500:]
+            raise Unavailable(f"s3rver did not start within {_START_TIMEOUT:.0f} s: {log_tail}")
+        port = int(line.rsplit(":", 1)[1])
+        self.endpoint_url = f"{'https' if self.tls else 'http'}://127.0.0.1:{port}"
+        return self
+
+    def options(self, **overrides: Any) -> S3Options:
+        """:class:`S3Options` for this server: its credentials and CA, resolved."""
+        settings: dict[str, Any] = {
+            "endpoint_url": self.endpoint_url,
+            "credentials": CREDENTIALS,
+            "ca_bundle": self.ca_bundle,
+            **overrides,
+        }
+        return S3Options(**settings).resolve()
+
+    def client(self) -> Any:
+        """A synchronous botocore client for this server."""
+        return sync_client(self.options())
+
+    def close(self) -> None:
+        """Stop the server (its stdin closes: it exits); safe to call more than once."""
+        proc, self._proc = self._proc, None
+        if proc is not None:
+            stop_child(proc)
+
+    def __enter__(self) -> S3rver:
+        return self.start()
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.close()

@@ -1,0 +1,217 @@
+"""The fetch engine over HTTPS, on both transports: certificates that do not verify, TLS
+against a plain port and plain HTTP against a TLS port (permanent, at once, naming the
+endpoint and the cause), and kept-alive connections counted at a proxy.
+
+The servers: moto (werkzeug, which resets a connection that speaks the wrong protocol),
+FaultProxy (asyncio, which waits for more bytes of a request it cannot parse, as most
+HTTP servers do) and s3rver (Node.js, answering 400), each on a plain and on a TLS port.
+Exact epochs and 403/404/replaced objects over HTTPS are in ``test_s3_servers.py``.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from _s3rver import S3rver
+from _servers import FAST_RETRY, SHORT, Backend, Dataset, open_stream, upload_foreign
+
+from asyncstream import LocalS3, PermanentFetchError, S3Options, Timeouts
+from asyncstream._engine import Engine, EngineConfig
+from asyncstream._local import LOCAL_CREDENTIALS
+from asyncstream._store import ChunkRequest
+from asyncstream.testing import FaultProxy, TestCertificates, make_test_certificates
+
+URL = "s3://tls-bucket/x.tar"
+
+
+@pytest.fixture(scope="module")
+def tls_object(s3_server: LocalS3) -> str:
+    """One object on moto (shared by its plain and TLS servers and the proxies)."""
+    client = s3_server.client()
+    client.create_bucket(Bucket="tls-bucket")
+    client.put_object(Bucket="tls-bucket", Key="x.tar", Body=b"0123456789" * 100)
+    return URL
+
+
+@pytest.fixture(params=["auto", "aiohttp"])
+def transport(request: pytest.FixtureRequest) -> str:
+    return str(request.param)
+
+
+def first_chunk(endpoint: str, transport: str, **options: Any) -> tuple[bytes, dict[str, Any]]:
+    """The first 100 bytes of the object through an engine, and the engine's stats; what
+    the engine raised propagates."""
+    s3 = S3Options(endpoint_url=endpoint, credentials=LOCAL_CREDENTIALS, **options).resolve()
+    config = EngineConfig(
+        inflight=2,
+        retry=FAST_RETRY,
+        timeouts=Timeouts(connect=5, first_byte=5, stall=5, chunk=20),
+        s3=s3,
+        transport=transport,  # type: ignore[arg-type]
+    )
+    with Engine(config, n_slots=2, slot_bytes=4096) as engine:
+        engine.submit([ChunkRequest(URL, 0, 100)])
+        ready = engine.next()
+        data = bytes(engine.view(ready))
+        engine.release(ready.slot)
+        return data, engine.stats()
+
+
+def fails_at_once(endpoint: str, transport: str, **options: Any) -> str:
+    """The message of the permanent error the engine raises, within 5 s (the retries of a
+    transient one would take far longer: 12 attempts, each up to its 5 s timeouts)."""
+    started = time.monotonic()
+    with pytest.raises(PermanentFetchError) as info:
+        first_chunk(endpoint, transport, **options)
+    assert time.monotonic() - started < 5
+    message = str(info.value)
+    assert URL in message
+    return message
+
+
+def origin(endpoint: str) -> str:
+    return endpoint.split("://", 1)[1]
+
+
+# --------------------------------------------------------------------------- certificates
+
+
+def test_a_verified_certificate_serves(
+    s3_tls_server: LocalS3, tls_object: str, certs: TestCertificates, transport: str
+) -> None:
+    data, stats = first_chunk(s3_tls_server.endpoint_url, transport, ca_bundle=certs.ca)
+    assert data == b"0123456789" * 10
+    assert stats["retries_total"] == 0
+    if transport == "auto":
+        assert stats["tls"] is True
+
+
+@pytest.mark.parametrize("server", ["moto", "proxy"])
+def test_a_certificate_that_does_not_verify_is_permanent_at_once(
+    s3_server: LocalS3,
+    tls_object: str,
+    certs: TestCertificates,
+    untrusted_certs: TestCertificates,
+    transport: str,
+    server: str,
+) -> None:
+    """A server certificate from a CA the client was not given; verify=False reads."""
+    untrusted: Any
+    if server == "moto":  # a process of its own: closing a thread-mode one resets them all
+        untrusted = LocalS3(
+            mode="process", tls=untrusted_certs.server, ca_bundle=untrusted_certs.ca
+        )
+    else:
+        untrusted = FaultProxy(s3_server.endpoint_url, tls=untrusted_certs.server)
+    with untrusted:
+        if server == "moto":
+            client = untrusted.client()
+            client.create_bucket(Bucket="tls-bucket")
+            client.put_object(Bucket="tls-bucket", Key="x.tar", Body=b"0123456789" * 100)
+        endpoint = untrusted.endpoint_url
+        message = fails_at_once(endpoint, transport, ca_bundle=certs.ca)
+        assert origin(endpoint) in message
+        assert "certificate does not verify" in message
+        assert "ca_bundle" in message  # what to do about it
+        data, _ = first_chunk(endpoint, transport, verify=False)
+    assert data == b"0123456789" * 10
+
+
+def test_a_certificate_for_another_host_is_permanent_at_once(
+    s3_server: LocalS3,
+    tls_object: str,
+    transport: str,
+    tmp_path: Path,
+) -> None:
+    elsewhere = make_test_certificates(tmp_path, hosts=("s3.example.com",))
+    with FaultProxy(s3_server.endpoint_url, tls=elsewhere.server) as proxy:
+        endpoint = proxy.endpoint_url
+        message = fails_at_once(endpoint, transport, ca_bundle=elsewhere.ca)
+    assert origin(endpoint) in message
+    assert "certificate does not verify" in message
+
+
+# --------------------------------------------------------------------------- TLS vs plain
+
+
+@pytest.fixture(params=["moto", "proxy", "s3rver"])
+def ports(
+    request: pytest.FixtureRequest, s3_server: LocalS3, tls_object: str, certs: TestCertificates
+) -> Iterator[tuple[str, str]]:
+    """``(plain, tls)``: a server's plain-HTTP and TLS ports, as ``host:port``."""
+    if request.param == "moto":
+        tls_server: LocalS3 = request.getfixturevalue("s3_tls_server")
+        yield origin(s3_server.endpoint_url), origin(tls_server.endpoint_url)
+    elif request.param == "proxy":
+        with (
+            FaultProxy(s3_server.endpoint_url) as plain,
+            FaultProxy(s3_server.endpoint_url, tls=certs.server) as tls,
+        ):
+            yield origin(plain.endpoint_url), origin(tls.endpoint_url)
+    else:
+        node: S3rver = request.getfixturevalue("s3rver")
+        node_tls: S3rver = request.getfixturevalue("s3rver_tls")
+        yield origin(node.endpoint_url), origin(node_tls.endpoint_url)
+
+
+def test_https_to_a_plain_port_is_permanent_at_once(
+    ports: tuple[str, str], certs: TestCertificates, transport: str
+) -> None:
+    plain, _ = ports
+    message = fails_at_once(f"https://{plain}", transport, ca_bundle=certs.ca)
+    assert f"https://{plain}" in message
+    assert "plain-HTTP port" in message
+
+
+def test_http_to_a_tls_port_is_permanent_at_once(
+    ports: tuple[str, str], certs: TestCertificates, transport: str
+) -> None:
+    _, tls = ports
+    message = fails_at_once(f"http://{tls}", transport)
+    assert f"http://{tls}" in message
+    assert "is a TLS (https://) endpoint" in message
+
+
+# --------------------------------------------------------------------------- reuse
+
+
+@pytest.fixture
+def many_chunks(s3_server: LocalS3, tmp_path: Path, certs: TestCertificates) -> Dataset:
+    """16 foreign shards, 2 to 4 MB in all: hundreds of 8 KiB chunks."""
+    backend = Backend(
+        "moto", s3_server.endpoint_url, "", certs.ca, LOCAL_CREDENTIALS, honours_if_match=True
+    )
+    return upload_foreign(backend.client(), "reuse-bucket", tmp_path / "shards", 16, seed=2)
+
+
+@pytest.mark.parametrize("scheme", ["http", "https"])
+def test_an_epoch_reuses_its_connections(
+    s3_server: LocalS3, many_chunks: Dataset, certs: TestCertificates, scheme: str
+) -> None:
+    inflight = 4
+    tls = certs.server if scheme == "https" else None
+    with FaultProxy(s3_server.endpoint_url, tls=tls) as proxy:
+        options = S3Options(
+            endpoint_url=proxy.endpoint_url, credentials=LOCAL_CREDENTIALS, ca_bundle=certs.ca
+        ).resolve()
+        listed = proxy.stats()["connections"]
+        with open_stream(
+            many_chunks, options, inflight=inflight, chunk_bytes=8 << 10, timeouts=SHORT
+        ) as stream:
+            listed = proxy.stats()["connections"]  # the listing's, before the epoch
+            samples = sum(1 for _ in stream)
+            fetch = stream.stats()["fetch"]
+        opened = proxy.stats()["connections"] - listed
+    assert samples == many_chunks.shards.total
+    assert fetch["transport"] == "direct"
+    assert fetch["tls"] == (scheme == "https")
+    chunks = fetch["chunks"]
+    assert chunks > 200
+    # K downloads (and a hedge or two) in flight: about 2 x inflight connections at most.
+    assert 1 <= opened <= 2 * inflight
+    assert fetch["connections_opened"] == opened
+    assert fetch["connections_reused"] >= chunks - opened
