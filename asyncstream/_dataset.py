@@ -29,9 +29,10 @@ from ._exceptions import DataError
 from ._index import folder_of
 from ._index_cache import IndexCache
 from ._opener import Opener, names
+from ._resolve import resolve_shards, resolve_urls
 from ._s3 import S3Options
 from ._tar import check_not_empty
-from ._urls import Shard, resolve_shards, resolve_urls, url_items
+from ._urls import Shard, url_items
 
 __all__ = ["Dataset", "DatasetPlan", "IndexInfo", "open_dataset", "plan_dataset"]
 
@@ -153,9 +154,9 @@ def plan_dataset(
     """The dataset's shards and the counts known without reading a shard (see
     :func:`open_dataset`, which counts the rest)."""
     items = url_items(urls)
-    opener = Opener(options, split, any(item.startswith("s3://") for item in items))
+    opener = Opener(options, split)
     if samples_per_shard is not None:
-        shards = resolve_shards(items, options, client=opener.client)
+        shards = resolve_shards(items, stores=opener.objects)
         for shard in shards:
             check_not_empty(shard.url, shard.size)
         given = _given_counts(samples_per_shard, shards)
@@ -166,7 +167,7 @@ def plan_dataset(
 
     def flush() -> None:
         if segment:
-            for run in resolve_urls(segment, options, client=opener.client):
+            for run in resolve_urls(segment, stores=opener.objects):
                 (opener.prefix if run.prefix else opener.named)(run)
             segment.clear()
 

@@ -38,17 +38,16 @@ from ._count import CountSettings, OnProgress, count_shards
 from ._exceptions import DataError, NotFoundError, ShardURLError
 from ._index import MANIFEST_NAME, Index, find_index, folder_of, manifest_bytes, parse_index
 from ._index_cache import IndexCache
-from ._objects import Objects
 from ._opener import governed, report_stale
+from ._resolve import resolve_shards, resolve_urls
 from ._s3 import S3Options
+from ._store import Stores
 from ._tar import check_not_empty
 from ._urls import (
     Shard,
+    canonical_url,
     folder_url,
-    local_uri,
     reject_duplicates,
-    resolve_shards,
-    resolve_urls,
 )
 
 __all__ = ["IndexResult", "index_dataset"]
@@ -91,16 +90,16 @@ class IndexResult:
 def _manifest_url(output: str | None, default_folder: str) -> str:
     if output is None:
         return f"{default_folder}/{MANIFEST_NAME}"
-    url = output if output.startswith("s3://") else local_uri(output)
+    url = canonical_url(output)
     return url if url.endswith(".json") else f"{url.rstrip('/')}/{MANIFEST_NAME}"
 
 
 def _shards_and_splits(
-    url: str, options: S3Options, objects: Objects
+    url: str, options: S3Options, objects: Stores
 ) -> tuple[list[Shard], dict[str, list[str]] | None, str]:
     """The shards to index, the splits to carry over, and the folder they live in."""
     if url.lower().endswith(".json"):
-        canonical = url if url.startswith("s3://") else local_uri(url)
+        canonical = canonical_url(url)
         raw = objects.read(canonical)
         if raw is None:
             raise NotFoundError(f"{url}: no such index file", url=url)
@@ -108,12 +107,11 @@ def _shards_and_splits(
         if index is None:  # pragma: no cover - expect=None never returns None
             raise DataError(f"{url}: not an index")
         try:
-            shards = resolve_shards(list(index.entries), options, client=objects.client)
+            shards = resolve_shards(list(index.entries), stores=objects)
         except NotFoundError as exc:
             raise DataError(f"{exc.url}: listed by {index.url}, but not found") from exc
         return shards, _splits(index, shards), index.folder
-    client = objects.client if url.startswith("s3://") else None
-    runs = resolve_urls(url, options, client=client)
+    runs = resolve_urls(url, stores=objects)
     shards = [s for run in runs for s in run.shards]
     reject_duplicates(shards)
     if len(runs) == 1 and runs[0].prefix:
@@ -148,7 +146,7 @@ def _splits(index: Index, shards: Sequence[Shard]) -> dict[str, list[str]] | Non
     return {name: [u for u in urls if u in present] for name, urls in index.splits.items()}
 
 
-def _previous(objects: Objects, url: str) -> dict[str, tuple[int, int, str]]:
+def _previous(objects: Stores, url: str) -> dict[str, tuple[int, int, str]]:
     """Entries of the manifest already at ``url`` that carry an ETag: url -> (n, size, etag)."""
     try:
         raw = objects.read(url)
@@ -198,7 +196,7 @@ def index_dataset(
     if not isinstance(url, str) or not url:
         raise ShardURLError(f"index needs one URL, got {url!r}")
     options = (options or S3Options()).resolve()
-    objects = Objects(options)
+    objects = Stores(options)
     shards, splits, folder = _shards_and_splits(url, options, objects)
     for shard in shards:
         check_not_empty(shard.url, shard.size)

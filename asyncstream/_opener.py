@@ -25,17 +25,16 @@ from collections.abc import Sequence
 
 from ._exceptions import DataError, NotFoundError, StaleShardWarning
 from ._index import Entry, Index, find_index, folder_of, parse_index
-from ._objects import Objects
+from ._resolve import Resolved, resolve_shards
 from ._s3 import S3Options
+from ._store import Stores
 from ._tar import check_not_empty
 from ._urls import (
-    Resolved,
     Shard,
+    canonical_url,
     folder_url,
     local_path,
-    local_uri,
     reject_duplicates,
-    resolve_shards,
 )
 
 __all__ = ["Opener", "governed", "names", "report_stale"]
@@ -53,10 +52,9 @@ class Opener:
     an index, the indexes used and the stale shards.
     """
 
-    def __init__(self, options: S3Options, split: str | None, needs_s3: bool) -> None:
+    def __init__(self, options: S3Options, split: str | None) -> None:
         self.options = options
-        self.objects = Objects(options)
-        self.client = self.objects.client if needs_s3 else None
+        self.objects = Stores(options)
         self.split = split
         self.shards: list[Shard] = []
         self.counts: dict[str, int] = {}
@@ -81,7 +79,7 @@ class Opener:
     # -- an index given as the dataset URL --------------------------------------------------
 
     def index_url(self, url: str) -> None:
-        canonical = url if url.startswith("s3://") else local_uri(url)
+        canonical = canonical_url(url)
         raw = self.objects.read(canonical)
         if raw is None:
             raise NotFoundError(f"{url}: no such index file", url=url)
@@ -94,7 +92,7 @@ class Opener:
             shards = [Shard(u, e.size or 0, e.etag) for u, e in zip(members, entries, strict=True)]
         else:
             try:
-                shards = resolve_shards(members, self.options, client=self.client)
+                shards = resolve_shards(members, stores=self.objects)
             except NotFoundError as exc:
                 raise DataError(f"{exc.url}: listed by {index.url}, but not found") from exc
         for shard, entry in zip(shards, entries, strict=True):

@@ -37,11 +37,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any
 
-from ._exceptions import ShardURLError
 from ._index import MANIFEST_NAME, manifest_bytes
-from ._objects import Objects
-from ._s3 import S3Options, fetch_error_from, sync_client
-from ._urls import parse_s3_url
+from ._s3 import S3Options
+from ._s3store import S3Store
+from ._store import Stores
+from ._urls import local_path, parse_s3_url, scheme_of
 
 __all__ = ["IMAGE_EXTENSIONS", "PackResult", "PackedShard", "pack"]
 
@@ -173,26 +173,23 @@ def _write_shard(out: IO[bytes], members: list[tuple[int, _Sample]], width: int)
 
 
 class _Sink:
-    """Where shards go: a local folder or an S3 prefix."""
+    """Where shards go: a local folder or an S3 prefix, through the stores."""
 
     def __init__(self, dest: str, options: S3Options | None, part_workers: int) -> None:
         self.dest = dest
-        self.s3 = dest.startswith("s3://")
+        self.stores = Stores(options)
+        self.s3 = scheme_of(dest) == "s3"
         self._pool = ThreadPoolExecutor(part_workers) if self.s3 else None
         if self.s3:
             self.bucket, prefix = parse_s3_url(dest)
             self.prefix = prefix if not prefix or prefix.endswith("/") else prefix + "/"
-            self.client = sync_client((options or S3Options()).resolve())
-            try:
-                self.client.head_bucket(Bucket=self.bucket)
-            except Exception as exc:
-                raise fetch_error_from(exc, dest) from exc
+            store = self.stores.for_url(dest)
+            assert isinstance(store, S3Store)
+            self.objects = store.objects
+            self.client = self.objects.client
+            self.objects.call(dest, lambda: self.client.head_bucket(Bucket=self.bucket))
         else:
-            if dest.startswith("file://"):
-                dest = dest[len("file://") :]
-            elif "://" in dest:
-                raise ShardURLError(f"{dest!r}: pack writes to a local folder or an s3:// prefix")
-            self.folder = Path(dest)
+            self.folder = local_path(dest)
             self.folder.mkdir(parents=True, exist_ok=True)
 
     def url(self, name: str) -> str:
@@ -215,13 +212,8 @@ class _Sink:
                 for p in self.folder.iterdir()
                 if p.is_file() and (p.suffix == ".tar" or p.name == MANIFEST_NAME)
             )
-        found: list[str] = []
-        try:
-            paginator = self.client.get_paginator("list_objects_v2")
-            for page in paginator.paginate(Bucket=self.bucket, Prefix=self.prefix, Delimiter="/"):
-                found += [self.url(o["Key"][len(self.prefix) :]) for o in page.get("Contents", [])]
-        except Exception as exc:
-            raise fetch_error_from(exc, self.dest) from exc
+        listing = self.stores.for_url(self.folder_url + "/").list(self.folder_url + "/")
+        found = [o.url for o in listing if "/" not in o.url[len(self.folder_url) + 1 :]]
         return sorted(u for u in found if u.endswith(wanted))
 
     def put_file(self, name: str, path: Path) -> str | None:
@@ -231,39 +223,49 @@ class _Sink:
             return None
         size = path.stat().st_size
         key = self.prefix + name
-        try:
-            if size < _MULTIPART_THRESHOLD:
+        if size < _MULTIPART_THRESHOLD:
+
+            def put() -> Any:
                 with path.open("rb") as body:
-                    answer = self.client.put_object(Bucket=self.bucket, Key=key, Body=body)
-            else:
-                answer = self._multipart(key, path, size)
-        except Exception as exc:
-            raise fetch_error_from(exc, self.url(name)) from exc
+                    return self.client.put_object(Bucket=self.bucket, Key=key, Body=body)
+
+            answer = self.objects.call(self.url(name), put)
+        else:
+            answer = self._multipart(key, path, size)
         etag = answer.get("ETag")
         return str(etag) if etag else None
 
     def put_bytes(self, name: str, data: bytes) -> None:
-        Objects(client=self.client if self.s3 else None).write(self.url(name), data)
+        self.stores.write(self.url(name), data)
 
     def _multipart(self, key: str, path: Path, size: int) -> dict[str, Any]:
         assert self._pool is not None
-        upload = self.client.create_multipart_upload(Bucket=self.bucket, Key=key)
+        url = f"s3://{self.bucket}/{key}"
+        call = self.objects.call
+        upload = call(url, lambda: self.client.create_multipart_upload(Bucket=self.bucket, Key=key))
         upload_id = upload["UploadId"]
 
         def part(number: int, offset: int) -> dict[str, Any]:
             with path.open("rb") as f:
                 f.seek(offset)
                 body = f.read(_PART_BYTES)
-            answer = self.client.upload_part(
-                Bucket=self.bucket, Key=key, UploadId=upload_id, PartNumber=number, Body=body
+            answer = call(
+                url,
+                lambda: self.client.upload_part(
+                    Bucket=self.bucket, Key=key, UploadId=upload_id, PartNumber=number, Body=body
+                ),
             )
             return {"PartNumber": number, "ETag": answer["ETag"]}
 
         try:
             offsets = range(0, size, _PART_BYTES)
             parts = list(self._pool.map(part, range(1, len(offsets) + 1), offsets))
-            answer: dict[str, Any] = self.client.complete_multipart_upload(
-                Bucket=self.bucket, Key=key, UploadId=upload_id, MultipartUpload={"Parts": parts}
+            done = {"Parts": parts}
+            answer: dict[str, Any] = call(
+                url,
+                lambda: self.client.complete_multipart_upload(
+                    Bucket=self.bucket, Key=key, UploadId=upload_id, MultipartUpload=done
+                ),
             )
             return answer
         except BaseException:
@@ -392,7 +394,7 @@ def pack(
         written = {s.url for s in shards} | {sink.url(MANIFEST_NAME)}
         stale = [url for url in before if url not in written]
         if stale:
-            Objects(client=sink.client if sink.s3 else None).delete(stale)
+            sink.stores.delete(stale)
     finally:
         sink.close()
     return PackResult(classes=classes, shards=shards)

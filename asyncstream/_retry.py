@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import random
+import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import TypeVar
@@ -17,7 +18,7 @@ from typing import TypeVar
 from ._errors import ChunkFailure, verdict
 from ._exceptions import FetchError, TransientFetchError
 
-__all__ = ["ChunkFailure", "RetryPolicy", "Timeouts", "classify", "retrying"]
+__all__ = ["ChunkFailure", "RetryPolicy", "Timeouts", "classify", "retrying", "retrying_sync"]
 
 T = TypeVar("T")
 
@@ -91,6 +92,41 @@ def classify(exc: BaseException, url: str) -> tuple[str, FetchError | None]:
     return judged.cause, None if judged.retry else judged.error
 
 
+class _Attempts:
+    """The bookkeeping of one retried call, shared by :func:`retrying` and
+    :func:`retrying_sync`: causes so far, the deadline, the next backoff."""
+
+    def __init__(
+        self, url: str, policy: RetryPolicy, rng: random.Random, now: Callable[[], float]
+    ) -> None:
+        self.url, self.policy, self.rng, self.now = url, policy, rng, now
+        self.start = now()
+        self.causes: list[str] = []
+
+    def failed(self, exc: Exception) -> tuple[str, float]:
+        """The cause of a failed attempt and the wait before the next one.
+
+        Raises:
+            PermanentFetchError: the failure cannot heal.
+            TransientFetchError: attempts or the deadline are used up.
+        """
+        cause, permanent = classify(exc, self.url)
+        if permanent is not None:
+            raise permanent from exc
+        self.causes.append(cause)
+        tries = len(self.causes)
+        last = tries >= self.policy.max_attempts
+        wait = self.policy.backoff(tries - 1, self.rng)
+        if last or self.now() - self.start + wait > self.policy.deadline:
+            why = "attempts" if last else f"{self.policy.deadline:g} s deadline"
+            raise TransientFetchError(
+                f"{self.url}: giving up after {tries} failed attempts ({why} used up; "
+                f"causes: {', '.join(self.causes)}); last error: {type(exc).__name__}: {exc}",
+                url=self.url,
+            ) from exc
+        return cause, wait
+
+
 async def retrying(
     attempt: Callable[[], Awaitable[T]],
     *,
@@ -118,30 +154,39 @@ async def retrying(
             failure.
         asyncio.CancelledError: never swallowed.
     """
-    now = clock or asyncio.get_running_loop().time
-    start = now()
-    causes: list[str] = []
-    for tries in range(policy.max_attempts):
+    attempts = _Attempts(url, policy, rng, clock or asyncio.get_running_loop().time)
+    while True:
         try:
             return await attempt()
         except asyncio.CancelledError:
             raise
         except Exception as exc:
-            cause, permanent = classify(exc, url)
-            if permanent is not None:
-                raise permanent from exc
-            causes.append(cause)
-            last = tries + 1 >= policy.max_attempts
-            wait = policy.backoff(tries, rng)
-            if last or now() - start + wait > policy.deadline:
-                summary = ", ".join(causes)
-                why = "attempts" if last else f"{policy.deadline:g} s deadline"
-                raise TransientFetchError(
-                    f"{url}: giving up after {len(causes)} failed attempts "
-                    f"({why} used up; causes: {summary}); last error: {type(exc).__name__}: {exc}",
-                    url=url,
-                ) from exc
+            cause, wait = attempts.failed(exc)
             if on_retry is not None:
                 on_retry(cause)
             await sleep(wait)
-    raise AssertionError("unreachable")  # pragma: no cover
+
+
+def retrying_sync(
+    attempt: Callable[[], T],
+    *,
+    url: str,
+    policy: RetryPolicy,
+    rng: random.Random | None = None,
+    on_failure: Callable[[Exception], None] | None = None,
+) -> T:
+    """:func:`retrying` for blocking calls (listing, HEAD, small objects at open).
+
+    Args:
+        on_failure: called with each failure before it is judged; it may raise instead
+            (a check that turns the failure into a permanent one).
+    """
+    attempts = _Attempts(url, policy, rng or random.Random(), time.monotonic)
+    while True:
+        try:
+            return attempt()
+        except Exception as exc:
+            if on_failure is not None:
+                on_failure(exc)
+            _, wait = attempts.failed(exc)
+            time.sleep(wait)

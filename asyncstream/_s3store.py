@@ -34,7 +34,7 @@ import ssl
 import time
 import urllib.request
 import xml.etree.ElementTree as ElementTree
-from collections.abc import Awaitable
+from collections.abc import Awaitable, Iterable
 from typing import Any, Literal, TypeVar
 
 import botocore.exceptions
@@ -47,7 +47,9 @@ from ._errors import ChunkFailure, S3ErrorResponse
 from ._http import PROBE_AFTER, ConnectionPool, Origin
 from ._retry import Timeouts
 from ._s3 import S3Options
+from ._s3objects import S3Objects
 from ._store import ChunkRequest, Store, Timing
+from ._urls import Shard
 
 __all__ = ["S3Store", "ssl_context"]
 
@@ -95,14 +97,15 @@ class S3Store(Store):
         self,
         options: S3Options,
         *,
-        timeouts: Timeouts,
+        timeouts: Timeouts | None = None,
         check_etag: bool = True,
         connections: int = 16,
         transport: Literal["auto", "aiohttp"] = "auto",
     ) -> None:
         self.options = options
-        self.timeouts = timeouts
+        self.timeouts = timeouts or Timeouts()
         self.check_etag = check_etag
+        self.objects = S3Objects(options)  # the blocking half
         self.connections = connections
         self.transport = transport
         self._stack = contextlib.AsyncExitStack()
@@ -113,6 +116,25 @@ class S3Store(Store):
         self._frozen: tuple[Any, float] | None = None
         self._ssl: ssl.SSLContext | None = None
         self._used: set[str] = set()
+
+    # -- at open: the blocking half (see :mod:`._s3objects`) --------------------------------
+
+    def list(self, url: str) -> list[Shard]:
+        return self.objects.list(url)
+
+    def head(self, url: str) -> Shard:
+        return self.objects.head(url)
+
+    def read(self, url: str) -> bytes | None:
+        return self.objects.read(url)
+
+    def write(self, url: str, data: bytes) -> None:
+        self.objects.write(url, data)
+
+    def delete(self, urls: Iterable[str]) -> None:
+        self.objects.delete(urls)
+
+    # -- in the fetch engine ------------------------------------------------------------------
 
     async def open(self) -> S3Store:
         """Create the botocore client (it presigns, and serves the aiohttp transport)."""

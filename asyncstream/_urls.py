@@ -1,4 +1,4 @@
-"""Shard URLs: parsing, brace expansion, prefix listing, sizes.
+"""Shard URLs: parsing, brace expansion, schemes (resolved into shards by :mod:`._resolve`).
 
 Accepted forms, alone or in a list:
 
@@ -16,37 +16,30 @@ missing object or bad credentials fail before the first training step.
 from __future__ import annotations
 
 import itertools
-import posixpath
 import re
 from collections.abc import Iterable, Sequence
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 from urllib.parse import unquote, urlparse
 
-from ._exceptions import NotFoundError, ShardURLError
-from ._s3 import S3Options, fetch_error_from, sync_client
+from ._exceptions import ShardURLError
 
 __all__ = [
-    "Resolved",
     "Shard",
+    "canonical_url",
     "expand_braces",
     "folder_url",
     "local_path",
     "local_uri",
     "parse_s3_url",
     "reject_duplicates",
-    "resolve_shards",
-    "resolve_urls",
+    "scheme_of",
     "url_items",
 ]
 
 _BUCKET_RE = re.compile(r"^[a-z0-9][a-z0-9.\-]{1,61}[a-z0-9]$")
 _RANGE_RE = re.compile(r"^(-?\d+)\.\.(-?\d+)(?:\.\.(\d+))?$")
 _MAX_EXPANSION = 1_000_000
-# Below this many keys in one folder, HEAD each; from it on, one listing is cheaper.
-_LIST_THRESHOLD = 16
 
 
 @dataclass(frozen=True)
@@ -195,112 +188,33 @@ def local_uri(url: str) -> str:
     return local_path(url).expanduser().absolute().as_uri()
 
 
+def canonical_url(url: str) -> str:
+    """``s3://`` URLs as they are, local ones as ``file:///abs/path``."""
+    return url if scheme_of(url) == "s3" else local_uri(url)
+
+
 def folder_url(url: str) -> str:
     """The folder URL of a prefix or local folder (no trailing slash)."""
     return url.rstrip("/") if url.startswith("s3://") else local_uri(url)
 
 
-def _check_scheme(url: str) -> None:
+def scheme_of(url: str) -> str:
+    """``"s3"`` or ``"file"`` (a ``file://`` URL or a plain path): the one place a URL's
+    scheme is read.
+
+    Raises:
+        ShardURLError: an empty string, or another scheme.
+    """
     if not url:
         raise ShardURLError("an empty string is not a shard URL")
     scheme = urlparse(url).scheme
-    if scheme not in ("", "s3", "file") and not (len(scheme) == 1 and url[1:3] in (":\\", ":/")):
-        raise ShardURLError(
-            f"{url!r}: unsupported scheme {scheme!r}; expected s3://, file:// or a local path"
-        )
-
-
-def _resolve_local(url: str) -> tuple[list[Shard], bool]:
-    """The shards of a local file or folder, and whether it is a folder."""
-    path = local_path(url).expanduser().absolute()
-    if path.is_dir():
-        found = sorted(p for p in path.rglob("*.tar") if p.is_file())
-        if not found:
-            raise NotFoundError(f"{url}: no .tar file in folder {path}", url=url)
-        return [Shard(p.as_uri(), p.stat().st_size) for p in found], True
-    if not path.exists():
-        raise NotFoundError(f"{url}: no such file {path}", url=url)
-    if not path.is_file():
-        raise ShardURLError(f"{url!r}: {path} is neither a file nor a folder")
-    return [Shard(path.as_uri(), path.stat().st_size)], False
-
-
-def _list_prefix(client: Any, bucket: str, prefix: str, url: str) -> list[Shard]:
-    """Every object under ``prefix``, sorted by key (all objects, not only .tar)."""
-    shards: list[Shard] = []
-    try:
-        paginator = client.get_paginator("list_objects_v2")
-        for page in paginator.paginate(Bucket=bucket, Prefix=prefix):
-            for obj in page.get("Contents", []):
-                shards.append(
-                    Shard(f"s3://{bucket}/{obj['Key']}", int(obj["Size"]), obj.get("ETag"))
-                )
-    except Exception as exc:
-        raise fetch_error_from(exc, url) from exc
-    return sorted(shards, key=lambda s: s.url)
-
-
-def _head(client: Any, url: str) -> Shard:
-    bucket, key = parse_s3_url(url)
-    try:
-        head = client.head_object(Bucket=bucket, Key=key)
-    except Exception as exc:
-        error = fetch_error_from(exc, url)
-        if isinstance(error, NotFoundError):
-            # HEAD has no body to tell a missing bucket from a missing key: ask the bucket.
-            _check_bucket(client, bucket, url)
-            error = NotFoundError(f"{url}: no such key in bucket {bucket!r}", url=url)
-        raise error from exc
-    return Shard(url, int(head["ContentLength"]), head.get("ETag"))
-
-
-def _resolve_s3_keys(client: Any, urls: Sequence[str], listed: dict[str, Shard]) -> list[Shard]:
-    """Sizes of many named objects: HEAD for a few, one listing per folder for many.
-
-    Every object a folder listing returns is added to ``listed`` (by URL).
-    """
-    by_folder: dict[tuple[str, str], list[str]] = {}
-    for url in urls:
-        bucket, key = parse_s3_url(url)
-        by_folder.setdefault((bucket, posixpath.dirname(key)), []).append(url)
-    found: dict[str, Shard] = {}
-    heads: list[str] = []
-    for (bucket, folder), members in by_folder.items():
-        if len(members) < _LIST_THRESHOLD:
-            heads.extend(members)
-            continue
-        prefix = f"{folder}/" if folder else ""
-        listing = _list_prefix(client, bucket, prefix, f"s3://{bucket}/{prefix}")
-        listed.update((s.url, s) for s in listing)
-        for url in members:
-            if url in listed:
-                found[url] = listed[url]
-            else:
-                heads.append(url)  # a HEAD gives the precise reason
-    if heads:
-        with ThreadPoolExecutor(max_workers=min(16, len(heads))) as pool:
-            for shard in pool.map(lambda u: _head(client, u), heads):
-                found[shard.url] = shard
-    return [found[u] for u in urls]
-
-
-@dataclass(frozen=True)
-class Resolved:
-    """One run of shard URLs after expansion: its shards and what was listed on the way.
-
-    Attributes:
-        url: the URL as given (a prefix, a folder, a file or an expanded pattern's first).
-        shards: its shards, in order.
-        prefix: whether it is a prefix or folder (every ``.tar`` under it) rather than
-            shards named one by one.
-        listed: every object a listing returned on the way, ``.tar`` or not, by URL
-            (empty where nothing was listed: local files, or S3 keys sized by HEAD).
-    """
-
-    url: str
-    shards: list[Shard]
-    prefix: bool
-    listed: dict[str, Shard]
+    if scheme == "s3":
+        return "s3"
+    if scheme in ("", "file") or (len(scheme) == 1 and url[1:3] in (":\\", ":/")):
+        return "file"
+    raise ShardURLError(
+        f"{url!r}: unsupported scheme {scheme!r}; expected s3://, file:// or a local path"
+    )
 
 
 def url_items(urls: str | Sequence[str]) -> list[str]:
@@ -317,93 +231,6 @@ def url_items(urls: str | Sequence[str]) -> list[str]:
         if not isinstance(item, str):
             raise TypeError(f"shard URLs must be strings, got {type(item).__name__}: {item!r}")
     return items
-
-
-def resolve_urls(
-    urls: str | Sequence[str], options: S3Options | None = None, *, client: Any = None
-) -> list[Resolved]:
-    """Resolve shard URLs run by run (see :func:`resolve_shards`, which flattens them).
-
-    Named S3 keys that follow one another are resolved together (one listing per folder
-    of many), as one :class:`Resolved` with ``prefix=False``; each prefix or local
-    folder is one with ``prefix=True``.
-
-    Raises:
-        The errors of :func:`resolve_shards`, except that a shard named twice is not
-        checked here.
-    """
-    items = url_items(urls)
-    runs: list[Resolved] = []
-    pending_keys: list[str] = []
-
-    def s3() -> Any:
-        nonlocal client
-        client = client or sync_client((options or S3Options()).resolve())
-        return client
-
-    def flush() -> None:
-        if pending_keys:
-            listed: dict[str, Shard] = {}
-            shards = _resolve_s3_keys(s3(), pending_keys, listed)
-            runs.append(Resolved(pending_keys[0], shards, False, listed))
-            pending_keys.clear()
-
-    for item in items:
-        _check_scheme(item)
-        for url in expand_braces(item):
-            if not url.startswith("s3://"):
-                flush()
-                shards, folder = _resolve_local(url)
-                runs.append(Resolved(url, shards, folder, {}))
-                continue
-            bucket, key = parse_s3_url(url)
-            if key and not key.endswith("/"):
-                pending_keys.append(url)
-                continue
-            flush()
-            everything = _list_prefix(s3(), bucket, key, url)
-            listed = [s for s in everything if s.url.endswith(".tar")]
-            if not listed:
-                _check_bucket(s3(), bucket, url)
-                raise NotFoundError(f"{url}: no .tar object under this prefix", url=url)
-            runs.append(Resolved(url, listed, True, {s.url: s for s in everything}))
-    flush()
-    return runs
-
-
-def resolve_shards(
-    urls: str | Sequence[str], options: S3Options | None = None, *, client: Any = None
-) -> list[Shard]:
-    """Resolve shard URLs to a list of shards with sizes, in the order given.
-
-    Args:
-        urls: one URL or pattern, or a list of them (see the module docstring).
-        options: how to reach S3; resolved from the environment if not already.
-        client: a synchronous botocore S3 client to reuse (made from ``options`` if
-            ``None``).
-
-    Returns:
-        The shards, in the order of ``urls`` (expansions and listings in sorted order).
-
-    Raises:
-        ShardURLError: a malformed URL, an empty list or expansion, a shard named twice.
-        NotFoundError: a missing bucket, key, file or an empty prefix or folder.
-        AccessDeniedError: bad or missing credentials, no permission.
-        TransientFetchError: the store could not be reached.
-    """
-    shards = [s for run in resolve_urls(urls, options, client=client) for s in run.shards]
-    reject_duplicates(shards)
-    return shards
-
-
-def _check_bucket(client: Any, bucket: str, url: str) -> None:
-    try:
-        client.head_bucket(Bucket=bucket)
-    except Exception as exc:
-        error = fetch_error_from(exc, url)
-        if isinstance(error, NotFoundError):
-            error = NotFoundError(f"{url}: no such bucket {bucket!r}", url=url)
-        raise error from exc
 
 
 def reject_duplicates(shards: Iterable[Shard]) -> None:

@@ -19,7 +19,7 @@ import pytest
 from _s3rver import S3rver
 from _servers import FAST_RETRY, SHORT, Backend, Dataset, open_stream, upload_foreign
 
-from asyncstream import LocalS3, PermanentFetchError, S3Options, Timeouts
+from asyncstream import LocalS3, PermanentFetchError, S3Options, Timeouts, resolve_shards
 from asyncstream._engine import Engine, EngineConfig
 from asyncstream._local import LOCAL_CREDENTIALS
 from asyncstream._store import ChunkRequest
@@ -215,3 +215,49 @@ def test_an_epoch_reuses_its_connections(
     assert 1 <= opened <= 2 * inflight
     assert fetch["connections_opened"] == opened
     assert fetch["connections_reused"] >= chunks - opened
+
+
+# --------------------------------------------------------------------------- at open
+
+
+def opening_fails_at_once(endpoint: str, **options: Any) -> str:
+    """The message of the permanent error that listing the bucket raises within 5 s (on
+    botocore's client, with its own retries, it took 7 to 37 s and could end transient)."""
+    s3 = S3Options(endpoint_url=endpoint, credentials=LOCAL_CREDENTIALS, **options)
+    started = time.monotonic()
+    with pytest.raises(PermanentFetchError) as info:
+        resolve_shards("s3://tls-bucket/", s3)
+    assert time.monotonic() - started < 5
+    return str(info.value)
+
+
+def test_opening_over_a_port_of_the_other_protocol_is_permanent_at_once(
+    ports: tuple[str, str], certs: TestCertificates
+) -> None:
+    plain, tls = ports
+    message = opening_fails_at_once(f"https://{plain}", ca_bundle=certs.ca)
+    assert plain in message
+    assert "plain-HTTP port" in message
+    message = opening_fails_at_once(f"http://{tls}")
+    assert tls in message
+    assert "is a TLS (https://) endpoint" in message
+
+
+@pytest.mark.filterwarnings(
+    "ignore:Unverified HTTPS request:urllib3.exceptions.InsecureRequestWarning"
+)
+def test_opening_with_a_certificate_that_does_not_verify_is_permanent_at_once(
+    s3_server: LocalS3,
+    tls_object: str,
+    certs: TestCertificates,
+    untrusted_certs: TestCertificates,
+) -> None:
+    with FaultProxy(s3_server.endpoint_url, tls=untrusted_certs.server) as proxy:
+        message = opening_fails_at_once(proxy.endpoint_url, ca_bundle=certs.ca)
+        assert origin(proxy.endpoint_url) in message
+        assert "certificate does not verify" in message
+        listed = resolve_shards(
+            "s3://tls-bucket/",
+            S3Options(endpoint_url=proxy.endpoint_url, credentials=LOCAL_CREDENTIALS, verify=False),
+        )
+    assert [s.url for s in listed] == [URL]

@@ -621,12 +621,17 @@ def test_a_ring_that_cannot_fit_dev_shm_is_refused_at_construction(tmp_path: Pat
 
 
 CLEAN_EXIT = """
-import sys
+import os, sys
 from torch.utils.data import DataLoader
 from asyncstream import ShardStream
+def note(worker):
+    print("pid", os.getpid(), file=sys.stderr, flush=True)
 if __name__ == "__main__":
+    print("pid", os.getpid(), file=sys.stderr, flush=True)
     stream = ShardStream(sys.argv[1], samples_per_shard=int(sys.argv[2]), window=2, inflight=2)
-    loader = DataLoader(stream, batch_size=None, num_workers=2, persistent_workers=True)
+    loader = DataLoader(
+        stream, batch_size=None, num_workers=2, persistent_workers=True, worker_init_fn=note
+    )
     for epoch in range(2):
         stream.set_epoch(epoch)
         n = sum(1 for _ in loader)
@@ -640,7 +645,6 @@ def test_a_clean_exit_with_persistent_workers_warns_of_no_leak(tmp_path: Path) -
     data = write_foreign_shards(tmp_path / "shards", 0, counts=[30, 30, 30])
     script = tmp_path / "train.py"
     script.write_text(CLEAN_EXIT)
-    before = set(os.listdir("/dev/shm")) if os.path.isdir("/dev/shm") else set()
     result = subprocess.run(
         [sys.executable, str(script), str(data.folder), "30"],
         capture_output=True,
@@ -653,5 +657,7 @@ def test_a_clean_exit_with_persistent_workers_warns_of_no_leak(tmp_path: Path) -
     assert result.stdout.split() == ["90"]
     assert "leaked" not in result.stderr
     assert "Traceback" not in result.stderr
-    after = set(os.listdir("/dev/shm")) if os.path.isdir("/dev/shm") else set()
-    assert not {n for n in after - before if n.startswith("asyncstream")}
+    pids = {line.split()[1] for line in result.stderr.splitlines() if line.startswith("pid ")}
+    assert len(pids) == 3  # the script and its two workers, each named in its segments
+    left = os.listdir("/dev/shm") if os.path.isdir("/dev/shm") else []
+    assert not [n for n in left if n.startswith("asyncstream-") and n.split("-")[1] in pids]
