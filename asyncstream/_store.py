@@ -4,7 +4,8 @@ A :class:`Store` reads a byte range of an object into a caller's buffer (a ring 
 says what it did; errors it meets are mapped by the one table of :mod:`._errors`. Two
 implementations: the S3 store (:mod:`._s3store`: any S3-compatible endpoint, HTTP or
 HTTPS) and :class:`LocalStore` (files). The fetch engine holds one of each and picks by
-the URL's scheme (:func:`scheme_of`), so it never builds a client itself.
+the URL's scheme (:func:`scheme_of`), so it never builds a client itself; with a cache
+folder, the S3 store is wrapped in a :class:`~._cache.CachedStore`, a store too.
 """
 
 from __future__ import annotations
@@ -45,10 +46,15 @@ class ChunkRequest:
 
 @dataclass(frozen=True, slots=True)
 class Timing:
-    """Seconds from the request to the response headers, and to the last byte."""
+    """Seconds from the request to the response headers, and to the last byte.
+
+    ``cached``: served from the local cache (:mod:`._cache`), which says nothing about
+    how long the store itself takes, so the engine leaves it out of its predictions.
+    """
 
     first_byte: float
     total: float
+    cached: bool = False
 
 
 def scheme_of(url: str) -> str:

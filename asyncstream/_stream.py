@@ -6,6 +6,7 @@ the engine process, which imports the package too, never pays for torch.
 
 from __future__ import annotations
 
+import os
 import threading
 import weakref
 from collections.abc import Iterator, Sequence
@@ -14,6 +15,7 @@ from typing import Any, Literal
 
 from torch.utils.data import IterableDataset, get_worker_info
 
+from ._cache import cache_options
 from ._engine import Engine
 from ._exceptions import StateError
 from ._manifest import sample_counts
@@ -125,6 +127,13 @@ class ShardStream(IterableDataset[dict[str, Any]]):
             them back when it stops (see :mod:`asyncstream._engine`).
         hedge: send a second request for a chunk far slower than recent ones; the first
             to finish wins.
+        cache_dir: a local folder (created if missing) that keeps every S3 chunk fetched,
+            so later epochs, and other streams and processes given the same folder, read
+            it from disk instead of S3, in the same order and with the same resume. Keyed
+            by URL, ETag (else size) and range; each file is checksummed and a bad one is
+            fetched again. Local shards are never cached. See the README.
+        cache_limit: the most bytes the cache folder may hold (least recently used
+            chunks are evicted); default None: no limit.
 
     Raises:
         ShardURLError, NotFoundError, AccessDeniedError: at construction, for bad URLs,
@@ -132,7 +141,8 @@ class ShardStream(IterableDataset[dict[str, Any]]):
         CorruptTarError, DataError, TransientFetchError: at construction, when samples
             are counted (no manifest, no ``samples_per_shard``) and a shard is not a
             readable tar, holds no sample, or cannot be read.
-        ValueError: bad arguments.
+        ValueError: bad arguments (``cache_dir`` not a folder that can be created,
+            ``cache_limit`` not a positive integer or given without ``cache_dir``).
     """
 
     def __init__(
@@ -157,6 +167,8 @@ class ShardStream(IterableDataset[dict[str, Any]]):
         check_etag: bool = True,
         adaptive: bool = True,
         hedge: bool = True,
+        cache_dir: str | os.PathLike[str] | None = None,
+        cache_limit: int | None = None,
     ) -> None:
         for name, value in (
             ("inflight", inflight),
@@ -170,6 +182,7 @@ class ShardStream(IterableDataset[dict[str, Any]]):
             raise ValueError(f"shuffle_mode must be 'samples' or 'shards', got {shuffle_mode!r}")
         if remainder not in ("drop", "pad"):
             raise ValueError(f"remainder must be 'drop' or 'pad', got {remainder!r}")
+        cache_path, cache_limit = cache_options(cache_dir, cache_limit)
         options = s3 or S3Options()
         if endpoint_url is not None:
             options = replace(options, endpoint_url=endpoint_url)
@@ -195,6 +208,8 @@ class ShardStream(IterableDataset[dict[str, Any]]):
             check_etag=check_etag,
             adaptive=adaptive,
             hedge=hedge,
+            cache_dir=cache_path,
+            cache_limit=cache_limit,
         )
         self._shared = SharedEpoch()
         self._run: EpochRun | None = None
