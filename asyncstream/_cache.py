@@ -35,8 +35,10 @@ counted, and the chunk is served from the inner store's read.
 
 Statistics (``stats()["cache"]``, so ``ShardStream.stats()["fetch"]["cache"]``): hits,
 misses and ``bytes_from_cache``; ``writes`` and ``write_failures``; ``dropped`` (files
-that failed verification); ``evictions``, ``evicted_bytes`` and ``stale_removed`` (a
-crashed writer's temporary files), the last three by this process.
+that failed verification); ``checked`` (reads that checked every byte's CRC: the first
+of each file by this process, see :mod:`._cachedir`); ``evictions``, ``evicted_bytes``
+and ``stale_removed`` (a crashed writer's temporary files), the last three by this
+process.
 """
 
 from __future__ import annotations
@@ -207,6 +209,7 @@ class CachedStore(Store):
                 "writes": self.writes,
                 "write_failures": self.write_failures,
                 "dropped": self.dropped,
+                "checked": self.dir.checked,
                 "evictions": self.dir.evictions,
                 "evicted_bytes": self.dir.evicted_bytes,
                 "stale_removed": self.dir.stale_removed,

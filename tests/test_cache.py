@@ -141,16 +141,18 @@ def test_second_epoch_zero_gets_identical_samples(
         warm = stream.stats()["fetch"]["cache"]
         assert warm["hits"] == data["chunks"]
         assert warm["misses"] == cold["misses"]
+        assert warm["checked"] == 0  # it wrote them itself, and they have not changed
         total = sum(p.stat().st_size for p in data["shards"].folder.glob("*.tar"))
         assert warm["bytes_from_cache"] == total
     assert len(files(cache, ".chunk")) == data["chunks"]
     assert not files(cache, ".tmp")
-    # A new stream (a new engine process) finds the same folder full.
+    # A new stream (a new engine process) finds the same folder full, and checks it all.
     with open_stream(data, proxy, cache) as stream:
         stream.set_epoch(1)
         before = gets(proxy)
         assert digests(stream) == data["reference"][1]
         assert gets(proxy) == before
+        assert stream.stats()["fetch"]["cache"]["checked"] == data["chunks"]
 
 
 def test_dataloader_workers_hit_on_every_epoch_whatever_the_split(
@@ -221,14 +223,8 @@ def test_least_recently_used_chunks_go_first(tmp_path: Path) -> None:
         folder.close()
 
 
-def test_corrupted_and_truncated_files_are_dropped_and_fetched_again(
-    data: dict[str, Any], proxy: FaultProxy, tmp_path: Path
-) -> None:
-    cache = tmp_path / "cache"
-    with open_stream(data, proxy, cache) as stream:
-        stream.set_epoch(0)
-        assert digests(stream) == data["reference"][0]
-    chunks = files(cache, ".chunk")
+def corrupt(chunks: list[Path]) -> None:
+    """Damage four chunk files four ways; move a fifth over a sixth."""
     flipped, truncated, header, swapped, other = chunks[:5]
     with open(flipped, "r+b") as f:  # one byte in the middle of the payload
         f.seek(HEADER_BYTES + 1000)
@@ -240,13 +236,32 @@ def test_corrupted_and_truncated_files_are_dropped_and_fetched_again(
         f.seek(8)
         f.write(b"\xff")
     os.replace(other, swapped)  # a valid file under another chunk's name
-    with open_stream(data, proxy, cache) as stream:
+
+
+@pytest.mark.parametrize("reader", ["the same stream", "a new stream"])
+def test_corrupted_and_truncated_files_are_dropped_and_fetched_again(
+    data: dict[str, Any], proxy: FaultProxy, tmp_path: Path, reader: str
+) -> None:
+    """Whether the reader has checked the files before (it wrote them: the same stream's
+    next epoch) or not (a new stream), a damaged file is never served."""
+    cache = tmp_path / "cache"
+    with contextlib.ExitStack() as stack:
+        stream = stack.enter_context(open_stream(data, proxy, cache))
+        stream.set_epoch(0)
+        assert digests(stream) == data["reference"][0]
+        if reader == "a new stream":
+            stack.close()
+            stream = stack.enter_context(open_stream(data, proxy, cache))
+        else:
+            time.sleep(0.05)  # past the kernel's file clock tick (see _cachedir.py)
+        corrupt(files(cache, ".chunk"))
+        stats0 = stream.stats().get("fetch", {}).get("cache", {})
         stream.set_epoch(1)
         before = gets(proxy)
         assert digests(stream) == data["reference"][1]  # never served
         stats = stream.stats()["fetch"]["cache"]
         assert stats["dropped"] == 4
-        assert gets(proxy) - before == stats["misses"] == 5  # the four, and the one moved
+        assert gets(proxy) - before == stats["misses"] - stats0.get("misses", 0) == 5
         stream.set_epoch(2)
         before = gets(proxy)
         digests(stream)
