@@ -54,7 +54,9 @@ the norm) until the folder holds the limit less what is being written less a twe
 of the limit (so that sweeps, which stat every file, are rare). The sweep also corrects
 the count, which can only err high (a crashed writer's reservation, a file removed by
 hand), so the folder stays under the limit. A sweep also runs when a store opens the
-folder, so stale files go even when nothing is evicted.
+folder (unless one ran within ``stale_after``: the ledger keeps the time of the last),
+so stale files go even when nothing is evicted; and a writer that finds a stale
+temporary file in its way removes it.
 
 A reader that opened a file keeps reading it if the file is evicted or replaced
 meanwhile (POSIX keeps the inode): readers take no lock.
@@ -80,7 +82,8 @@ __all__ = ["HEADER_BYTES", "CacheDir", "chunk_key"]
 _MAGIC = b"ASCACHE1"
 _HEADER = struct.Struct("<8sQI4x32s8x")  # magic, length, crc32, key digest: 64 bytes
 HEADER_BYTES = _HEADER.size
-_COUNT = struct.Struct("<Q")
+_COUNT = struct.Struct("<Q")  # the ledger: the folder's bytes, then
+_STAMP = struct.Struct("<d")  # the time of its last sweep
 _CHUNK = ".chunk"
 _TMP = ".tmp"
 _LEDGER = ".ledger"
@@ -137,14 +140,21 @@ class CacheDir:
         return f"CacheDir({self.path!r}, limit={self.limit})"
 
     def open(self) -> None:
-        """Create the folder and the ledger if missing; sweep it (stale files, the count)."""
+        """Create the folder and the ledger if missing; sweep it (stale files, the count)
+        unless a sweep ran less than ``stale_after`` ago (engines start often: every
+        DataLoader worker of every epoch, and a sweep stats every file)."""
         os.makedirs(self.path, mode=0o700, exist_ok=True)
         self._ledger = os.open(
             os.path.join(self.path, _LEDGER), os.O_RDWR | os.O_CREAT | _OPEN, 0o600
         )
         try:
             with self._locked():
-                self._set_total(self._sweep(0))
+                data = os.pread(self._ledger, _COUNT.size + _STAMP.size, 0)
+                fresh = len(data) == _COUNT.size + _STAMP.size and (
+                    time.time() - _STAMP.unpack_from(data, _COUNT.size)[0] < self.stale_after
+                )
+                if not fresh:
+                    self._set_total(self._sweep(0))
         except BaseException:
             self.close()
             raise
@@ -342,6 +352,8 @@ class CacheDir:
                     total -= size
                     self.evictions += 1
                     self.evicted_bytes += size
+        assert self._ledger is not None
+        os.pwrite(self._ledger, _STAMP.pack(now), _COUNT.size)
         return total
 
 

@@ -10,6 +10,7 @@ import json
 import os
 import random
 import signal
+import struct
 import subprocess
 import sys
 import threading
@@ -413,6 +414,37 @@ def test_a_temporary_file_is_a_live_writer_until_it_is_stale(tmp_path: Path) -> 
         assert out == b"x" * 100
     finally:
         folder.close()
+
+
+def test_opening_the_folder_sweeps_it_at_most_once_a_minute(tmp_path: Path) -> None:
+    """An orphaned temporary file (its writer died, nobody reads its chunk again) goes at
+    the next opening a minute on; engines start often, and a sweep stats every file."""
+    old = time.time() - 120
+
+    def orphan(name: str) -> Path:
+        path = tmp_path / f"{name}.tmp"
+        path.write_bytes(b"x" * 100)
+        os.utime(path, (old, old))
+        return path
+
+    def opened() -> CacheDir:
+        folder = CacheDir(str(tmp_path), None)
+        folder.open()
+        folder.close()
+        return folder
+
+    first = orphan("a")
+    assert opened().stale_removed == 1  # no ledger yet: swept
+    assert not first.exists()
+    second = orphan("b")
+    assert opened().stale_removed == 0  # swept a moment ago
+    assert second.exists()
+    ledger = tmp_path / ".ledger"
+    with open(ledger, "r+b") as f:  # the last sweep, a minute ago
+        f.seek(8)
+        f.write(struct.pack("<d", old))
+    assert opened().stale_removed == 1
+    assert not second.exists()
 
 
 async def test_a_cancelled_read_waits_for_its_thread() -> None:
