@@ -116,7 +116,9 @@ class CachedStore(Store):
             raise ValueError(f"grid must be >= 1, got {grid}")
         self.inner = inner
         self.grid = grid
-        self.hedgeable = inner.hedgeable  # a hit is never slow enough to trigger a hedge
+        # A miss is a read of the inner store, as worth hedging as the store says; hits
+        # are not (and their timings stay out of the engine's predictions: Timing.cached).
+        self.hedgeable = inner.hedgeable
         self.dir = CacheDir(path, limit, stale_after=stale_after)
         self.hits = 0
         self.misses = 0
@@ -137,8 +139,8 @@ class CachedStore(Store):
     def unit(self, request: ChunkRequest) -> ChunkRequest | None:
         """The chunk of the grid that holds ``request``: what is cached and fetched for it.
 
-        None when the request spans two (a resumed lane's first read can) or its object's
-        version is unknown: such a request is read through, never cached.
+        None when the request spans two grid chunks (a resumed lane's first read can), or
+        is off the grid of an object of unknown size: such a request is read through.
         """
         if request.size is None:  # where the grid ends is unknown: only aligned requests
             return request if request.offset % self.grid == 0 else None
@@ -153,7 +155,7 @@ class CachedStore(Store):
     async def read_into(self, request: ChunkRequest, out: memoryview) -> Timing:
         unit = self.unit(request)
         key = None if unit is None else chunk_key(unit)
-        if unit is None or key is None:
+        if unit is None or key is None or unit.length > len(out):  # read through
             timing = await self.inner.read_into(request, out)
             self.misses += 1
             return timing
@@ -163,10 +165,12 @@ class CachedStore(Store):
             try:
                 found = await _waited(lambda: self.dir.read(key, view))
             except OSError as exc:
-                self._failed("read", exc)
+                self._warn(f"read:{exc.errno}", f"reading failed ({exc})")
                 found = "miss"
+            if found == "bad":
+                self.dropped += 1
+                self._warn("dropped", f"{unit.url} [{unit.offset}, +{unit.length}]")
             if found != "hit":
-                self.dropped += found == "bad"
                 timing = await self.inner.read_into(unit, out)
                 self.misses += 1
                 try:
@@ -174,7 +178,7 @@ class CachedStore(Store):
                     self.writes += written  # not `+= await`: that would add to a stale value
                 except OSError as exc:
                     self.write_failures += 1
-                    self._failed("write", exc)
+                    self._warn(f"write:{exc.errno}", f"writing failed ({exc})")
         if unit.offset != request.offset:  # the request's part to the slot's start (memmove)
             delta = request.offset - unit.offset
             out[: request.length] = out[delta : delta + request.length]
@@ -185,17 +189,15 @@ class CachedStore(Store):
         elapsed = loop.time() - start
         return Timing(elapsed, elapsed, cached=True)
 
-    def _failed(self, what: str, exc: OSError) -> None:
-        kind = f"{what}:{exc.errno}"
+    def _warn(self, kind: str, what: str) -> None:
+        """Log what went wrong: the first of each kind as a warning, the rest as debug."""
         level = logging.DEBUG if kind in self._warned else logging.WARNING
         self._warned.add(kind)
-        _log.log(
-            level,
-            "asyncstream cache %s: %s failed (%s); the chunk is read from the store",
-            self.dir.path,
-            what,
-            exc,
-        )
+        if kind == "dropped":
+            message = "asyncstream cache %s: dropped %s, which failed verification; refetched"
+        else:
+            message = "asyncstream cache %s: %s; the chunk is read from the store"
+        _log.log(level, message, self.dir.path, what)
 
     def stats(self) -> dict[str, Any]:
         return {

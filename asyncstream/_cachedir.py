@@ -173,7 +173,8 @@ class CacheDir:
     # -- reading -----------------------------------------------------------------------
 
     def read(self, key: bytes, out: memoryview) -> Literal["hit", "miss", "bad"]:
-        """Read the chunk ``key`` into ``out`` (exactly its length) and verify it.
+        """Read the chunk ``key`` into ``out`` (exactly its length) and verify it: the
+        header always, the CRC unless this process has checked the file as it is.
 
         Returns:
             ``"hit"``: ``out`` holds the chunk; ``"miss"``: not cached; ``"bad"``: a
@@ -194,7 +195,8 @@ class CacheDir:
                 except OSError:  # an unreadable file (EIO) is as bad as a corrupted one
                     n = -1
                 if n == st.st_size and _valid(header, key, out, crc=check):
-                    os.utime(fd)  # the LRU's clock: last use
+                    with contextlib.suppress(OSError):  # a read-only folder still serves
+                        os.utime(fd)  # the LRU's clock: last use
                     self._trust(path, os.fstat(fd))
                     return "hit"
         finally:
