@@ -39,6 +39,7 @@ def emit(event: str, **fields: Any) -> None:
 
 
 def digest(sample: dict[str, Any]) -> str:
+    """The sample's key and every field's bytes, as one digest (tests/test_cache.py's too)."""
     h = hashlib.sha256()
     for name in sorted(sample):
         value = sample[name]

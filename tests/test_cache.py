@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from _cache_child import digest
 from _procs import alive, engine_pids
 from torch.utils.data import DataLoader
 
@@ -75,15 +76,6 @@ def data(s3_server: LocalS3, tmp_path_factory: pytest.TempPathFactory) -> dict[s
 def proxy(s3_server: LocalS3) -> Iterator[FaultProxy]:
     with FaultProxy(s3_server.endpoint_url) as p:
         yield p
-
-
-def digest(sample: dict[str, Any]) -> str:
-    """The sample's key and every field's bytes (as tests/_cache_child.py computes it)."""
-    h = hashlib.sha256()
-    for name in sorted(sample):
-        value = sample[name]
-        h.update(name.encode() + b"\0" + (value if isinstance(value, bytes) else value.encode()))
-    return h.hexdigest()
 
 
 def digests(samples: Any) -> list[str]:
@@ -649,6 +641,10 @@ def big(s3_server: LocalS3, tmp_path_factory: pytest.TempPathFactory) -> dict[st
     }
 
 
+def open_big(big: dict[str, Any], proxy: FaultProxy, cache: Path) -> ShardStream:
+    return open_stream(big, proxy, cache, **big["settings"])
+
+
 def complete(path: Path) -> bool:
     """Whether a chunk file holds its whole payload (its CRC checks)."""
     data = path.read_bytes()
@@ -694,13 +690,7 @@ def test_a_crash_mid_write_is_never_served_and_is_cleaned_up(
     chunks = big["chunks"]
 
     def read(expect_gets: int) -> dict[str, Any]:
-        with ShardStream(
-            big["url"],
-            endpoint_url=proxy.endpoint_url,
-            samples_per_shard=big["shards"].counts,
-            cache_dir=cache,
-            **big["settings"],
-        ) as stream:
+        with open_big(big, proxy, cache) as stream:
             before = gets(proxy)
             assert digests(stream) == big["reference"]
             assert gets(proxy) - before == expect_gets
@@ -728,12 +718,6 @@ def test_a_partial_file_in_place_is_dropped(
     cache = tmp_path / "cache"
     partial = kill_mid_write(big, proxy.endpoint_url, cache)
     os.replace(partial, partial.with_suffix(".chunk"))
-    with ShardStream(
-        big["url"],
-        endpoint_url=proxy.endpoint_url,
-        samples_per_shard=big["shards"].counts,
-        cache_dir=cache,
-        **big["settings"],
-    ) as stream:
+    with open_big(big, proxy, cache) as stream:
         assert digests(stream) == big["reference"]
         assert stream.stats()["fetch"]["cache"]["dropped"] == 1
