@@ -415,29 +415,32 @@ def cache(b: Bench) -> dict[str, Any]:
         body = client.get_object(Bucket=bucket, Key=key)["Body"]
         (local / key.rsplit("/", 1)[1]).write_bytes(body.read())
     folder = b.workdir / "cache"
-    settings = stream_settings(cache_dir=str(folder))
-    rows = []
+    settings = stream_settings()
+    cached, locals_ = [], []
     with b.endpoint() as (options, proxy):
-        for name, epochs in (("epoch 1, empty cache", 1), ("epoch 2, from the cache", 2)):
+
+        def read(epochs: int) -> dict[str, Any]:
             before = proxy.stats()["requests"] if proxy else 0
-            result = b.read(options, epochs=epochs, **settings)
+            result = b.read(options, epochs=epochs, cache_dir=str(folder), **settings)
             counts = result["fetch"]["cache"]
-            rows.append(
-                {
-                    "epoch": name,
-                    "mb_per_s": result["mb_per_s"],
-                    "seconds": result["seconds"],
-                    # Over the whole process (its listing and manifest included).
-                    "requests": (proxy.stats()["requests"] - before) if proxy else -1,
-                    "misses": counts["misses"],
-                    "hits": counts["hits"],
-                }
-            )
-    del settings["cache_dir"]
-    ours = b.read(b.options, epochs=2, url=str(local), **settings)
-    rows.append({"epoch": "local files, epoch 2", "mb_per_s": ours["mb_per_s"]})
+            return {
+                "mb_per_s": result["mb_per_s"],
+                "seconds": result["seconds"],
+                # Over the whole process (its listing and manifest included).
+                "requests": (proxy.stats()["requests"] - before) if proxy else -1,
+                "misses": counts["misses"],
+                "hits": counts["hits"],
+            }
+
+        cold = {"epoch": "epoch 1, empty cache", **read(1)}
+        for _ in range(b.sizes.repeat):  # interleaved with the reference, best of each
+            cached.append({"epoch": "epoch 2, from the cache", **read(2)})
+            locals_.append(b.read(b.options, epochs=2, url=str(local), **settings))
     shutil.rmtree(folder)
-    return {"rows": rows, "cached_over_local": rows[1]["mb_per_s"] / ours["mb_per_s"]}
+    best = max(cached, key=lambda r: r["mb_per_s"])
+    ours = max(r["mb_per_s"] for r in locals_)
+    rows = [cold, best, {"epoch": "local files, epoch 2", "mb_per_s": ours}]
+    return {"rows": rows, "cached_over_local": best["mb_per_s"] / ours}
 
 
 SCENARIOS: dict[str, Callable[[Bench], dict[str, Any]]] = {
