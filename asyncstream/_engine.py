@@ -40,6 +40,11 @@ requests by at most that fraction. The ring has one slot more than asked for, ke
 hedges: the chunk worth hedging is usually the one the consumer waits for, and by the
 time it is late the chunks behind it fill every other slot.
 
+Cache (``cache_dir``): the S3 store is wrapped in a :class:`~._cache.CachedStore`, which
+serves the chunks it holds from local disk into the same slots; the engine does not
+otherwise know about it, except that timings of chunks served from the cache do not
+feed the hedge predictor (they say nothing about the store's speed).
+
 Failure and death: a chunk that fails permanently or outlasts its retries is reported
 with an ``error`` message at its place in the order. A killed engine process is seen by
 the consumer at once (the process sentinel), a killed consumer by the engine (end of file
@@ -72,6 +77,7 @@ from dataclasses import dataclass, field
 from multiprocessing.connection import Connection
 from typing import Any, Literal
 
+from ._cache import CachedStore
 from ._exceptions import AsyncStreamError, EngineError
 from ._retry import RetryPolicy, Timeouts, retrying
 from ._ring import Ring
@@ -104,6 +110,9 @@ class EngineConfig:
             of its own, bodies received straight into the slot, HTTP and HTTPS) where no
             HTTP proxy is configured, botocore's aiohttp request otherwise; ``"aiohttp"``:
             always botocore's (see :mod:`asyncstream._s3store`).
+        cache_dir: a local folder that keeps the S3 chunks fetched, served from it
+            afterwards (see :mod:`asyncstream._cache`); None: no cache.
+        cache_limit: the most bytes the cache folder's files may take; None: no limit.
     """
 
     inflight: int = 8
@@ -117,6 +126,8 @@ class EngineConfig:
     hedge_factor: float = 2.0
     hedge_budget: float = 0.05
     transport: Literal["auto", "aiohttp"] = "auto"
+    cache_dir: str | None = None
+    cache_limit: int | None = None
 
     def __post_init__(self) -> None:
         if self.inflight < 1:
@@ -127,6 +138,11 @@ class EngineConfig:
             raise ValueError(f"hedge_budget must be in [0, 1], got {self.hedge_budget}")
         if self.transport not in ("auto", "aiohttp"):
             raise ValueError(f"transport must be 'auto' or 'aiohttp', got {self.transport!r}")
+        if self.cache_limit is not None and (self.cache_dir is None or self.cache_limit < 1):
+            raise ValueError(
+                f"cache_limit must be >= 1 and needs a cache_dir, got {self.cache_limit!r} "
+                f"with cache_dir={self.cache_dir!r}"
+            )
 
     @property
     def wait_timeout(self) -> float:
@@ -291,6 +307,14 @@ class _Core:
             self.stores = {"s3": s3, "file": LocalStore()}
             try:
                 await s3.open()
+                if self.config.cache_dir is not None:  # local files need no cache
+                    cache = CachedStore(
+                        s3,
+                        self.config.cache_dir,
+                        grid=self.ring.slot_bytes,
+                        limit=self.config.cache_limit,
+                    )
+                    self.stores["s3"] = await cache.open()
                 self._send(("started",))
                 scheduler = asyncio.create_task(self._schedule())
                 await self.stop.wait()
@@ -426,7 +450,8 @@ class _Core:
             stats.shards += request.final
             stats.first_byte.append(timing.first_byte)
             stats.total.append(max(waited, timing.total))
-            self.predictor.add(request.length, timing)  # the winner's own timing
+            if not timing.cached:
+                self.predictor.add(request.length, timing)  # the winner's own timing
             self._on_success()
             self._send(("ready", rid, slot, request.length))
         finally:

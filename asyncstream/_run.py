@@ -71,6 +71,8 @@ class StreamSettings:
     check_etag: bool = True
     adaptive: bool = True
     hedge: bool = True
+    cache_dir: str | None = None
+    cache_limit: int | None = None
 
     def fingerprint(self) -> str:
         """Identifies the dataset: URLs, sizes, ETags and sample counts."""
@@ -191,6 +193,8 @@ class EpochRun(Iterator[dict[str, Any]]):
                 adaptive=s.adaptive,
                 hedge=s.hedge,
                 s3=s.s3,
+                cache_dir=s.cache_dir,
+                cache_limit=s.cache_limit,
                 seed=mix_key(s.seed, self.epoch, self.topology.rank, self.topology.worker),
             )
             # DataLoader workers are daemonic and may not start processes.

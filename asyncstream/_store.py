@@ -8,7 +8,9 @@ into a caller's buffer (a ring slot). Whatever fails is mapped by the one table 
 in :mod:`._s3objects`: any S3-compatible endpoint, HTTP or HTTPS) and
 :class:`LocalStore` (files). :class:`Stores` picks one by the URL's scheme, parsed in one
 place (:func:`~._urls.scheme_of`), so no other module looks at a scheme or builds a
-client.
+client. With a
+cache folder, the engine wraps the S3 store in a :class:`~._cache.CachedStore`, a store
+too.
 """
 
 from __future__ import annotations
@@ -57,10 +59,15 @@ class ChunkRequest:
 
 @dataclass(frozen=True, slots=True)
 class Timing:
-    """Seconds from the request to the response headers, and to the last byte."""
+    """Seconds from the request to the response headers, and to the last byte.
+
+    ``cached``: served from the local cache (:mod:`._cache`), which says nothing about
+    how long the store itself takes, so the engine leaves it out of its predictions.
+    """
 
     first_byte: float
     total: float
+    cached: bool = False
 
 
 class Store(abc.ABC):

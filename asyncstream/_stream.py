@@ -15,6 +15,7 @@ from typing import Any, Literal
 
 from torch.utils.data import IterableDataset, get_worker_info
 
+from ._cache import cache_options
 from ._count import CountSettings
 from ._dataset import open_dataset
 from ._engine import Engine
@@ -148,6 +149,13 @@ class ShardStream(IterableDataset[dict[str, Any]]):
         index_cache: the local index cache of counted shards: ``None`` for the default
             folder (``$ASYNCSTREAM_CACHE_DIR``, else ``~/.cache/asyncstream``),
             ``False`` for none, or a folder.
+        cache_dir: a local folder (created if missing) that keeps every S3 chunk fetched,
+            so later epochs, and other streams and processes given the same folder, read
+            it from disk instead of S3, in the same order and with the same resume. Keyed
+            by URL, ETag (else size) and range; each file is checksummed and a bad one is
+            fetched again. Local shards are never cached. See the README.
+        cache_limit: the most bytes the cache folder may hold (least recently used
+            chunks are evicted); default None: no limit.
 
     Raises:
         ShardURLError, NotFoundError, AccessDeniedError: at construction, for bad URLs,
@@ -157,9 +165,10 @@ class ShardStream(IterableDataset[dict[str, Any]]):
         CorruptTarError, DataError, FetchError: at construction, when samples are
             counted (no index, nothing cached) and a shard is not a readable tar, holds no
             sample, or cannot be read within the retry policy.
-        ValueError: bad arguments (a ``split`` the index does not have, too), or a ring
-            that does not fit the free space in /dev/shm (the message gives both sizes
-            and the fixes).
+        ValueError: bad arguments (a ``split`` the index does not have; ``cache_dir`` not
+            a folder that can be created, ``cache_limit`` not a positive integer or given
+            without ``cache_dir``), or a ring that does not fit the free space in /dev/shm
+            (the message gives both sizes and the fixes).
     """
 
     def __init__(
@@ -187,6 +196,8 @@ class ShardStream(IterableDataset[dict[str, Any]]):
         split: str | None = None,
         strict: bool = False,
         index_cache: str | os.PathLike[str] | bool | None = None,
+        cache_dir: str | os.PathLike[str] | None = None,
+        cache_limit: int | None = None,
     ) -> None:
         for name, value in (
             ("inflight", inflight),
@@ -200,6 +211,7 @@ class ShardStream(IterableDataset[dict[str, Any]]):
             raise ValueError(f"shuffle_mode must be 'samples' or 'shards', got {shuffle_mode!r}")
         if remainder not in ("drop", "pad"):
             raise ValueError(f"remainder must be 'drop' or 'pad', got {remainder!r}")
+        cache_path, cache_limit = cache_options(cache_dir, cache_limit)
         options = s3 or S3Options()
         if endpoint_url is not None:
             options = replace(options, endpoint_url=endpoint_url)
@@ -223,6 +235,8 @@ class ShardStream(IterableDataset[dict[str, Any]]):
             check_etag=check_etag,
             adaptive=adaptive,
             hedge=hedge,
+            cache_dir=cache_path,
+            cache_limit=cache_limit,
         )
         dataset = open_dataset(
             urls,

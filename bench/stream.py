@@ -11,7 +11,13 @@ local disk, then measures, interleaved and best of ``--repeat``:
   the copy of each sample out of the ring; its overhead is ``1 - stream / raw`` in MB/s.
   Both run twice on one engine and the second pass counts: the engine's start-up (about
   half a second, paid once per stream) would otherwise dominate a dataset this small;
-* peak RSS of the consumer and engine processes against the ring size.
+* peak RSS of the consumer and engine processes against the ring size;
+* the local disk cache (``cache_dir``): one stream's first epoch through the S3-like
+  network into an empty cache, then its second epoch served from the cache, with the
+  requests each epoch made (the proxy's count) and the cached epoch against the
+  local-files stream of the same run.
+
+``--sources`` picks some of ``loopback``, ``s3-like``, ``local`` and ``cache``.
 """
 
 from __future__ import annotations
@@ -21,6 +27,7 @@ import json
 import os
 import platform
 import resource
+import shutil
 import tempfile
 import time
 from dataclasses import replace
@@ -103,11 +110,92 @@ def stream(url: str, options: S3Options, chunk: int, inflight: int, window: int)
     }
 
 
+def cached_stream(
+    url: str,
+    options: S3Options,
+    proxy: ProxyProcess,
+    chunk: int,
+    inflight: int,
+    window: int,
+    cache_dir: Path,
+) -> dict[str, Any]:
+    """Two epochs of one stream with an empty cache folder: the first fills it from the
+    network, the second (engine kept) is served from it; then a new stream's first epoch
+    over the full folder, which checks every file's CRC once (timed from its first
+    sample, so that the engine's start is left out). Before them, the first epoch of a
+    stream without a cache, for what writing the cache costs. Requests counted by the
+    proxy."""
+    settings: dict[str, Any] = {
+        "s3": options,
+        "chunk_bytes": chunk,
+        "inflight": inflight,
+        "window": window,
+    }
+    with ShardStream(url, **settings) as s:
+        uncached = _cache_epoch(s, 0, proxy, {})
+    settings["cache_dir"] = cache_dir
+    with ShardStream(url, **settings) as s:
+        cold = _cache_epoch(s, 0, proxy, {})
+        cached = _cache_epoch(s, 1, proxy, cold.pop("counters"))
+    with ShardStream(url, **settings) as s:
+        fresh = _cache_epoch(s, 1, proxy, {}, from_first=True)
+    for epoch in (uncached, cached, fresh):
+        del epoch["counters"]
+    return {
+        "uncached": uncached,
+        "cold": cold,
+        "cached": cached,
+        "new_process": fresh,
+        "MB/s": cached["MB/s"],
+    }
+
+
+def _cache_epoch(
+    s: ShardStream,
+    epoch: int,
+    proxy: ProxyProcess,
+    before: dict[str, int],
+    from_first: bool = False,
+) -> dict[str, Any]:
+    """One epoch with a cache; counters from ``before`` (the epoch before's) on."""
+    s.set_epoch(epoch)
+    requests0 = proxy.stats()["requests"]
+    cpu0 = time.process_time()
+    start = time.perf_counter()
+    nbytes, count = 0, 0
+    for sample in s:
+        if from_first and count == 0:
+            start = time.perf_counter()
+        else:
+            nbytes += len(sample["jpg"]) + len(sample["cls"])
+        count += 1
+    elapsed = time.perf_counter() - start
+    cpu = time.process_time() - cpu0
+    cache = s.stats()["fetch"].get("cache", {})
+    measured = count - 1 if from_first else count
+    return {
+        "samples/s": measured / elapsed,
+        "MB/s": nbytes / elapsed / MB,
+        "seconds": elapsed,
+        "samples": count,
+        "consumer_cpu_us_per_sample": cpu / count * 1e6,
+        "requests": proxy.stats()["requests"] - requests0,
+        **{k: cache.get(k, 0) - before.get(k, 0) for k in ("hits", "misses", "writes", "checked")},
+        "counters": cache,
+    }
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true")
     parser.add_argument("--repeat", type=int, default=3)
     parser.add_argument("--json", help="write the figures to this file")
+    parser.add_argument(
+        "--sources",
+        type=lambda text: text.split(","),
+        default=["loopback", "s3-like", "local", "cache"],
+        help="some of loopback,s3-like,local,cache (default: all)",
+    )
     args = parser.parse_args()
     images, shards = (400, 8) if args.quick else (3000, 24)
     chunk, inflight, window = 4 << 20, 8, 8
@@ -137,11 +225,15 @@ def main() -> None:
         out["dataset"] = f"{images} JPEGs, {shards} shards, {data_mb:.0f} MB"
         proxy = ProxyProcess(server.endpoint_url)
         shaped = replace(options, endpoint_url=proxy.endpoint_url)
-        sources = (
-            ("embedded S3, loopback", "s3://bench/s/", options),
-            ("embedded S3, S3-like network", "s3://bench/s/", shaped),
-            ("local files", str(local_dir), options),
-        )
+        sources = [
+            (name, url, opts)
+            for key, name, url, opts in (
+                ("loopback", "embedded S3, loopback", "s3://bench/s/", options),
+                ("s3-like", "embedded S3, S3-like network", "s3://bench/s/", shaped),
+                ("local", "local files", str(local_dir), options),
+            )
+            if key in args.sources
+        ]
         for name, url, opts in sources:
             raws, streams = [], []
             for _ in range(args.repeat):
@@ -161,6 +253,29 @@ def main() -> None:
                 f"({best['samples/s']:.0f} samples/s), ratio {out[name]['ratio']:.2f}",
                 flush=True,
             )
+        if "cache" in args.sources:  # interleaved with the local-files stream it is held to
+            cached, local = [], []
+            for i in range(args.repeat):
+                folder = Path(tmp) / f"cache-{i}"
+                cached.append(
+                    cached_stream("s3://bench/s/", shaped, proxy, chunk, inflight, window, folder)
+                )
+                shutil.rmtree(folder)
+                local.append(stream(str(local_dir), options, chunk, inflight, window))
+            best = max(cached, key=lambda r: r["MB/s"])
+            reference = max(local, key=lambda r: r["MB/s"])
+            out["cache"] = {
+                **best,
+                "runs": cached,
+                "local": reference,
+                "ratio": best["MB/s"] / reference["MB/s"],
+            }
+            print(
+                f"cache: cold {best['cold']['MB/s']:.0f} MB/s, cached {best['MB/s']:.0f} MB/s "
+                f"({best['cached']['requests']} requests), local files "
+                f"{reference['MB/s']:.0f} MB/s, ratio {out['cache']['ratio']:.2f}",
+                flush=True,
+            )
         proxy.close()
     print(render(out))
     if args.json:
@@ -176,6 +291,8 @@ def render(out: dict[str, Any]) -> str:
         "|---|---|---|---|---|---|---|---|",
     ]
     for name in ("embedded S3, loopback", "embedded S3, S3-like network", "local files"):
+        if name not in out:
+            continue
         r, s = out[name]["raw"], out[name]["stream"]
         engine_rss = s["engine_peak_rss"] or 0
         lines.append(
@@ -192,10 +309,41 @@ def render(out: dict[str, Any]) -> str:
         "|---|---|---|---|",
     ]
     for name in ("embedded S3, loopback", "embedded S3, S3-like network"):
-        for r in (out[name]["raw"], out[name]["raw_aiohttp"]):
+        for r in (out[name]["raw"], out[name]["raw_aiohttp"]) if name in out else ():
             lines.append(
                 f"| {name} | {r['transport']} | {r['MB/s']:.0f} | {r['engine_cpu_s_per_gb']:.2f} |"
             )
+    if "cache" in out:
+        c = out["cache"]
+        local = c["local"]
+        lines += [
+            "",
+            "Local disk cache: one stream, epoch 1 from the S3-like network into an empty "
+            "cache, epoch 2 from the cache (best of the runs, by epoch 2):",
+            "",
+            "| epoch | MB/s | samples/s | requests | cache hits | misses | CRC checked | "
+            "consumer CPU µs/sample | / local files |",
+            "|---|---|---|---|---|---|---|---|---|",
+        ]
+        rows = (
+            ("1 without a cache (S3-like)", c["uncached"]),
+            ("1 (cold, S3-like)", c["cold"]),
+            ("2 (cached)", c["cached"]),
+            ("2, a new process (every file checked) †", c["new_process"]),
+        )
+        for label, e in rows:
+            lines.append(
+                f"| {label} | {e['MB/s']:.0f} | {e['samples/s']:.0f} | {e['requests']} | "
+                f"{e['hits']} | {e['misses']} | {e['checked']} | "
+                f"{e['consumer_cpu_us_per_sample']:.0f} | {e['MB/s'] / local['MB/s']:.2f} |"
+            )
+        lines += [
+            f"| local files (same run) | {local['MB/s']:.0f} | {local['samples/s']:.0f} | - | "
+            f"- | - | - | {local['consumer_cpu_us_per_sample']:.0f} | 1.00 |",
+            "",
+            "† timed from its first sample on: the engine's start (about half a second) "
+            "is left out.",
+        ]
     return "\n".join(lines)
 
 

@@ -87,6 +87,10 @@ def test_every_scenario_runs_and_the_json_is_complete(quick_run: dict[str, Any])
     assert dali["preloaded_images_per_s"] > 0
     assert [r["source"] for r in dali["rows"]] == ["whole-shard chunks", "8 MiB chunks"]
     assert all(r["images_per_s"] > 0 for r in dali["rows"])
+    cold, cached, _ = data["scenarios"]["cache"]["rows"]
+    assert cold["misses"] > 0
+    assert cached["misses"] == 0  # not one chunk from the network
+    assert cached["hits"] == 2 * cold["misses"]
 
 
 @pytest.mark.timeout(700)
@@ -96,7 +100,15 @@ def test_results_section_is_replaced_and_plots_written(quick_run: dict[str, Any]
     assert text.rstrip().endswith("more notes")
     assert "\nold\n" not in text
     section = text.split(BEGIN, 1)[1].split(END, 1)[0]
-    for heading in ("Raw fetch", "Loader only", "DALI", "Shuffle quality", "faults", "Hedged"):
+    for heading in (
+        "Raw fetch",
+        "Loader only",
+        "DALI",
+        "Shuffle quality",
+        "faults",
+        "Hedged",
+        "Local disk cache",
+    ):
         assert heading in section
     assert "| asyncstream |" in section
     plots = quick_run["json"]["plots"]
