@@ -166,18 +166,33 @@ class _Conn:
                 await self._ready(write=True)
 
     async def recv_into(self, view: memoryview) -> int:
-        """Bytes received into ``view`` (0 at the end of the stream)."""
+        """Bytes received into ``view`` (0 at the end of the stream).
+
+        Over TLS, every record already readable is decrypted into ``view`` in one call
+        (OpenSSL hands over one 16 KiB record per read): an await, and a reschedule of
+        the caller's stall timer, per record would cost more than the decryption.
+        """
         if self.tls is None:
             return await asyncio.get_running_loop().sock_recv_into(self.sock, view)
+        total, size = 0, len(view)
         while True:
             try:
-                return self.tls.recv_into(view, len(view))
+                while total < size:
+                    n = self.tls.recv_into(view[total:], size - total)
+                    if not n:
+                        return total
+                    total += n
+                return total
             except ssl.SSLWantReadError:
+                if total:
+                    return total
                 await self._ready(write=False)
             except ssl.SSLWantWriteError:
+                if total:
+                    return total
                 await self._ready(write=True)
             except ssl.SSLEOFError:
-                return 0  # the peer closed without close_notify: an end, as for plain TCP
+                return total  # the peer closed without close_notify: an end, as for TCP
 
     def close(self) -> None:
         self.sock.close()
