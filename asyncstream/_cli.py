@@ -49,7 +49,12 @@ def human(n: float) -> str:
 
 
 def _options(args: argparse.Namespace) -> S3Options:
-    return S3Options(endpoint_url=args.endpoint_url, profile=args.profile).resolve()
+    return S3Options(
+        endpoint_url=args.endpoint_url,
+        profile=args.profile,
+        ca_bundle=args.ca_bundle,
+        verify=not args.no_verify_ssl,
+    ).resolve()
 
 
 @contextlib.contextmanager
@@ -247,6 +252,16 @@ def _parser() -> argparse.ArgumentParser:
             help="S3-compatible endpoint (MinIO, moto, ...); default: AWS_ENDPOINT_URL or AWS",
         )
         p.add_argument("--profile", help="AWS profile from the shared configuration files")
+        p.add_argument(
+            "--ca-bundle",
+            help="PEM file of the certificate authorities to trust for https:// endpoints; "
+            "default: AWS_CA_BUNDLE, else the system's store",
+        )
+        p.add_argument(
+            "--no-verify-ssl",
+            action="store_true",
+            help="do not verify TLS certificates (test servers only)",
+        )
 
     ls = sub.add_parser("ls", help="list shards with sizes (and sample counts)")
     ls.add_argument(

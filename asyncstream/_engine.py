@@ -58,6 +58,8 @@ import asyncio
 import atexit
 import collections
 import contextlib
+import dataclasses
+import itertools
 import multiprocessing
 import multiprocessing.connection
 import multiprocessing.util
@@ -113,6 +115,12 @@ class EngineConfig:
         cache_dir: a local folder that keeps the S3 chunks fetched, served from it
             afterwards (see :mod:`asyncstream._cache`); None: no cache.
         cache_limit: the most bytes the cache folder's files may take; None: no limit.
+        coalesce_bytes: the most bytes one GET fetches for consecutive chunks of one
+            object waiting together (each still has its slot and is handed over as soon
+            as it is whole); 0 fetches every chunk alone. Each request pays a round trip
+            to the store, so small chunks in one request go faster: K requests in flight
+            carry more bytes. A group is not hedged, so chunks of half this or more (16 MiB,
+            the stream's default) are always fetched alone.
     """
 
     inflight: int = 8
@@ -128,6 +136,7 @@ class EngineConfig:
     transport: Literal["auto", "aiohttp"] = "auto"
     cache_dir: str | None = None
     cache_limit: int | None = None
+    coalesce_bytes: int = 8 << 20
 
     def __post_init__(self) -> None:
         if self.inflight < 1:
@@ -136,6 +145,8 @@ class EngineConfig:
             raise ValueError(f"hedge_factor must be >= 1, got {self.hedge_factor}")
         if not 0.0 <= self.hedge_budget <= 1.0:
             raise ValueError(f"hedge_budget must be in [0, 1], got {self.hedge_budget}")
+        if self.coalesce_bytes < 0:
+            raise ValueError(f"coalesce_bytes must be >= 0, got {self.coalesce_bytes}")
         if self.transport not in ("auto", "aiohttp"):
             raise ValueError(f"transport must be 'auto' or 'aiohttp', got {self.transport!r}")
         if self.cache_limit is not None and (self.cache_dir is None or self.cache_limit < 1):
@@ -381,10 +392,51 @@ class _Core:
                 await self.capacity.wait()
             slot = await self._free_slot()
             rid, request = self.pending.popleft()
+            group = [(rid, request, slot), *self._followers(request)]
             self.active += 1
-            task = asyncio.create_task(self._fetch(rid, request, slot))
+            if len(group) == 1:
+                task = asyncio.create_task(self._fetch(rid, request, slot))
+            else:
+                task = asyncio.create_task(self._fetch_group(group))
             self.tasks.add(task)
             task.add_done_callback(self.tasks.discard)
+
+    def _followers(self, first: ChunkRequest) -> list[tuple[int, ChunkRequest, int]]:
+        """Chunks that continue ``first``'s range of its object, taken from the next few
+        waiting (a stream's prefetch interleaves its shards), each with a free slot, up to
+        ``coalesce_bytes`` in all: fetched by the same GET."""
+        store = self.stores.get(scheme_of(first.url))
+        if store is None or not store.coalesces:
+            return []
+        reserve = max(0, _hedge_reserve(self.config) - self.hedging)
+        look = 2 * self.config.inflight
+        group: list[tuple[int, ChunkRequest, int]] = []
+        end, total = first.offset + first.length, first.length
+        while self.ring.free_count() > reserve:
+            at = next(
+                (
+                    i
+                    for i, (_, request) in enumerate(itertools.islice(self.pending, look))
+                    if request.url == first.url and request.offset == end
+                ),
+                None,
+            )
+            if at is None:
+                break
+            rid, request = self.pending[at]
+            if (
+                request.etag != first.etag
+                or request.length > self.ring.slot_bytes
+                or total + request.length > self.config.coalesce_bytes
+            ):
+                break
+            del self.pending[at]
+            slot = self.ring.acquire()
+            assert slot is not None
+            group.append((rid, request, slot))
+            end += request.length
+            total += request.length
+        return group
 
     async def _free_slot(self) -> int:
         while True:
@@ -454,6 +506,76 @@ class _Core:
                 self.predictor.add(request.length, timing)  # the winner's own timing
             self._on_success()
             self._send(("ready", rid, slot, request.length))
+        finally:
+            stats.add_inflight(-1)
+            self.active -= 1
+            self.capacity.set()
+
+    async def _fetch_group(self, group: list[tuple[int, ChunkRequest, int]]) -> None:
+        """Consecutive chunks of one object by one GET (with retries: a failed attempt
+        is taken up again from the first chunk not yet whole); each is handed over the
+        moment its slot is full. Not hedged."""
+        stats = self.stats
+        stats.add_inflight(1)
+        stats.started_chunks += len(group)
+        done = 0  # chunks handed over: a prefix of the group
+        began = time.monotonic()
+        first = group[0][1]
+        store = self.stores[scheme_of(first.url)]
+
+        def filled(i: int) -> None:
+            nonlocal done
+            rid, request, slot = group[done]
+            self.ring.publish(slot)
+            stats.bytes += request.length
+            stats.chunks += 1
+            stats.shards += request.final
+            self._send(("ready", rid, slot, request.length))
+            done += 1
+
+        async def attempt() -> Timing:
+            rest = group[done:]
+            slots = [self.ring.view(slot) for _, _, slot in rest]
+            views = [
+                whole[: request.length] for whole, (_, request, _) in zip(slots, rest, strict=True)
+            ]
+            merged = dataclasses.replace(
+                first,
+                offset=rest[0][1].offset,
+                length=sum(request.length for _, request, _ in rest),
+                final=rest[-1][1].final,
+            )
+            try:
+                return await store.read_group(merged, views, filled)
+            finally:
+                for view in (*views, *slots):
+                    view.release()
+
+        try:
+            timing = await retrying(
+                attempt,
+                url=first.url,
+                policy=self.config.retry,
+                rng=self.rng,
+                on_retry=self._on_retry,
+            )
+        except asyncio.CancelledError:
+            for _, _, slot in group[done:]:
+                self._abandon(slot)
+            raise
+        except Exception as exc:
+            stats.failed += len(group) - done
+            error = (
+                exc if isinstance(exc, AsyncStreamError) else EngineError(f"{first.url}: {exc!r}")
+            )
+            trace = traceback.format_exc()
+            for rid, _, slot in group[done:]:
+                self._abandon(slot)
+                self._send(("error", rid, error, trace))
+        else:
+            stats.first_byte.append(timing.first_byte)
+            stats.total.append(time.monotonic() - began)
+            self._on_success()
         finally:
             stats.add_inflight(-1)
             self.active -= 1
@@ -907,8 +1029,8 @@ def _close_on_sigterm() -> None:
     worker with status 0: it was being shut down, and a worker dead of a signal makes
     torch's watchdog in the main process raise ``RuntimeError`` during its exit.
     """
-    if threading.current_thread() is not threading.main_thread():
-        return
+    if threading.current_thread() is not threading.main_thread() or not _in_loader_worker():
+        return  # other daemonic processes (a Pool's workers) keep their own SIGTERM
     previous = signal.getsignal(signal.SIGTERM)
     if getattr(previous, "asyncstream", False):
         return  # installed already
@@ -923,6 +1045,12 @@ def _close_on_sigterm() -> None:
 
     on_sigterm.asyncstream = True  # type: ignore[attr-defined]
     signal.signal(signal.SIGTERM, on_sigterm)
+
+
+def _in_loader_worker() -> bool:
+    """Whether this process is a ``torch.utils.data.DataLoader`` worker (torch imported)."""
+    data = sys.modules.get("torch.utils.data")
+    return data is not None and data.get_worker_info() is not None
 
 
 def _reap(proc: subprocess.Popen[bytes]) -> None:

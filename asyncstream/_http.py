@@ -34,13 +34,21 @@ import contextlib
 import select
 import socket
 import ssl
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from urllib.parse import urlsplit
 
 from ._retry import ChunkFailure, Timeouts
 
-__all__ = ["PROBE_AFTER", "ConnectionPool", "Origin", "Reply", "TLSMismatch", "tls_failure"]
+__all__ = [
+    "PROBE_AFTER",
+    "ConnectionPool",
+    "Origin",
+    "Reply",
+    "Scatter",
+    "TLSMismatch",
+    "tls_failure",
+]
 
 _HEAD_LIMIT = 64 << 10  # response headers larger than this are refused
 _ERROR_BODY_LIMIT = 64 << 10  # an error document is read up to this
@@ -101,6 +109,60 @@ class Reply:
     status: int
     fields: Mapping[str, str]
     body: bytes = b""
+
+
+class Scatter:
+    """Where a body goes: consecutive buffers (ring slots), filled in order, each reported
+    by ``filled(index)`` as soon as it is full. One buffer is the common case; several let
+    one GET fill the slots of consecutive chunks (the engine's coalesced requests)."""
+
+    def __init__(
+        self, views: Sequence[memoryview], filled: Callable[[int], None] | None = None
+    ) -> None:
+        self.views = views
+        self.filled = filled
+        self.total = sum(len(v) for v in views)
+        self.pos = 0  # bytes received so far
+        self._index = 0  # the buffer being filled
+        self._at = 0  # bytes received into it
+        self._skip_empty()
+
+    def _skip_empty(self) -> None:
+        while self._index < len(self.views) and self._at == len(self.views[self._index]):
+            if self.filled is not None:
+                self.filled(self._index)
+            self._index += 1
+            self._at = 0
+
+    @property
+    def done(self) -> bool:
+        return self.pos >= self.total
+
+    def space(self) -> memoryview:
+        """The rest of the buffer being filled (receive into it, then :meth:`advance`)."""
+        return self.views[self._index][self._at :]
+
+    def advance(self, n: int) -> None:
+        """``n`` bytes were received into :meth:`space`."""
+        self._at += n
+        self.pos += n
+        self._skip_empty()
+
+    def write(self, data: bytes | memoryview) -> None:
+        """Copy ``data`` in (the body bytes that came with the headers; aiohttp's pieces).
+
+        Raises:
+            ChunkFailure: more bytes than the buffers hold.
+        """
+        view = memoryview(data)
+        if len(view) > self.total - self.pos:
+            raise ChunkFailure("length", f"more than the {self.total} bytes asked for")
+        while view:
+            space = self.space()
+            n = min(len(space), len(view))
+            space[:n] = view[:n]
+            view = view[n:]
+            self.advance(n)
 
 
 class _Conn:
@@ -335,11 +397,14 @@ class ConnectionPool:
         self,
         url: str,
         headers: Mapping[str, str],
-        out: memoryview,
+        out: Scatter,
         timeouts: Timeouts,
+        accept: Callable[[Reply], None] | None = None,
     ) -> tuple[Reply, float]:
         """``GET url`` (of this origin): a success's body goes into ``out``, which it must
-        fill exactly.
+        fill exactly. ``accept`` sees a success's head before any byte of its body lands
+        (and may raise): ``out`` hands each buffer on as soon as it is full, so what
+        identifies the object (ETag, Content-Range) is checked first.
 
         Returns the reply and the loop time its header arrived.
 
@@ -361,7 +426,7 @@ class ConnectionPool:
             if not fresh:
                 self.reused += 1
             try:
-                return await self._exchange(conn, request, out, timeouts)
+                return await self._exchange(conn, request, out, timeouts, accept)
             except _Stale:
                 conn.close()
                 if fresh or attempt:
@@ -395,7 +460,12 @@ class ConnectionPool:
         raise TLSMismatch(f"{self.origin} is a TLS (https://) endpoint: use https:// for it")
 
     async def _exchange(
-        self, conn: _Conn, request: bytes, out: memoryview, timeouts: Timeouts
+        self,
+        conn: _Conn,
+        request: bytes,
+        out: Scatter,
+        timeouts: Timeouts,
+        accept: Callable[[Reply], None] | None,
     ) -> tuple[Reply, float]:
         loop = asyncio.get_running_loop()
         conn.requests += 1
@@ -424,12 +494,14 @@ class ConnectionPool:
             body = await self._error_body(conn, extra, length, timeouts)
             self._release(conn, keep and len(body) == length)
             return Reply(status, fields, body), headers_at
-        if length != len(out):
-            raise ChunkFailure("length", f"asked for {len(out)} bytes, the response has {length}")
+        if length != out.total:
+            raise ChunkFailure("length", f"asked for {out.total} bytes, the response has {length}")
         if len(extra) > length:
             raise ChunkFailure("length", f"more than the {length} bytes asked for")
-        out[: len(extra)] = extra
-        await _receive(conn, out, len(extra), timeouts)
+        if accept is not None:
+            accept(Reply(status, fields))
+        out.write(extra)
+        await _receive(conn, out, timeouts)
         self._release(conn, keep)
         return Reply(status, fields), headers_at
 
@@ -485,23 +557,22 @@ class _Stale(Exception):
     """A connection that ended before the first byte of its response."""
 
 
-async def _receive(conn: _Conn, out: memoryview, pos: int, timeouts: Timeouts) -> None:
-    """Fill ``out[pos:]`` from the connection; a stall or an early end fails."""
+async def _receive(conn: _Conn, out: Scatter, timeouts: Timeouts) -> None:
+    """Fill ``out`` from the connection; a stall or an early end fails."""
     loop = asyncio.get_running_loop()
-    length = len(out)
     try:
         async with asyncio.timeout(timeouts.stall) as stall:
-            while pos < length:
-                n = await conn.recv_into(out[pos:])
+            while not out.done:
+                n = await conn.recv_into(out.space())
                 if not n:
                     break
-                pos += n
+                out.advance(n)
                 stall.reschedule(loop.time() + timeouts.stall)
     except TimeoutError:
         if stall.expired():
             raise ChunkFailure(
-                "stall", f"no byte for {timeouts.stall:g} s after {pos} of {length}"
+                "stall", f"no byte for {timeouts.stall:g} s after {out.pos} of {out.total}"
             ) from None
         raise
-    if pos < length:
-        raise ChunkFailure("truncated", f"the body ended after {pos} of {length} bytes")
+    if not out.done:
+        raise ChunkFailure("truncated", f"the body ended after {out.pos} of {out.total} bytes")

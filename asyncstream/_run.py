@@ -73,6 +73,7 @@ class StreamSettings:
     hedge: bool = True
     cache_dir: str | None = None
     cache_limit: int | None = None
+    coalesce_bytes: int = 8 << 20
 
     def fingerprint(self) -> str:
         """Identifies the dataset: URLs, sizes, ETags and sample counts."""
@@ -195,6 +196,7 @@ class EpochRun(Iterator[dict[str, Any]]):
                 s3=s.s3,
                 cache_dir=s.cache_dir,
                 cache_limit=s.cache_limit,
+                coalesce_bytes=s.coalesce_bytes,
                 seed=mix_key(s.seed, self.epoch, self.topology.rank, self.topology.worker),
             )
             # DataLoader workers are daemonic and may not start processes.

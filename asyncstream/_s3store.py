@@ -34,7 +34,7 @@ import ssl
 import time
 import urllib.request
 import xml.etree.ElementTree as ElementTree
-from collections.abc import Awaitable, Iterable
+from collections.abc import Awaitable, Callable, Iterable, Sequence
 from typing import Any, Literal, TypeVar
 
 import botocore.exceptions
@@ -44,7 +44,7 @@ from botocore.credentials import ReadOnlyCredentials
 from botocore.exceptions import NoCredentialsError
 
 from ._errors import ChunkFailure, S3ErrorResponse
-from ._http import PROBE_AFTER, ConnectionPool, Origin
+from ._http import PROBE_AFTER, ConnectionPool, Origin, Reply, Scatter
 from ._retry import Timeouts
 from ._s3 import S3Options
 from ._s3objects import S3Objects
@@ -181,10 +181,20 @@ class S3Store(Store):
 
     # -- reading ---------------------------------------------------------------------------
 
+    coalesces = True
+
     async def read_into(self, request: ChunkRequest, out: memoryview) -> Timing:
+        return await self.read_group(request, [out[: request.length]], None)
+
+    async def read_group(
+        self,
+        request: ChunkRequest,
+        outs: Sequence[memoryview],
+        filled: Callable[[int], None] | None,
+    ) -> Timing:
         loop = asyncio.get_running_loop()
         start = loop.time()
-        view = out[: request.length]
+        view = Scatter(outs, filled)
         try:
             async with asyncio.timeout(self.timeouts.chunk) as whole:
                 url = await self._object_url(request.url)
@@ -254,17 +264,20 @@ class S3Store(Store):
             headers["If-Match"] = request.etag
         return headers
 
-    async def _direct(self, request: ChunkRequest, origin: Origin, out: memoryview) -> float:
+    async def _direct(self, request: ChunkRequest, origin: Origin, out: Scatter) -> float:
         url, headers = await self._signed(request)
+
+        def accept(reply: Reply) -> None:  # before the first slot of the body is handed on
+            self._check(request, reply.fields.get("etag"), reply.fields.get("content-range"))
+
         reply, headers_at = await _first_byte(
-            self._pool(origin).get(url, headers, out, self.timeouts), self.timeouts
+            self._pool(origin).get(url, headers, out, self.timeouts, accept), self.timeouts
         )
         if reply.status >= 300:
             raise _error_response(reply.status, reply.body)
-        self._check(request, reply.fields.get("etag"), reply.fields.get("content-range"))
         return headers_at
 
-    async def _botocore(self, request: ChunkRequest, origin: Origin, out: memoryview) -> float:
+    async def _botocore(self, request: ChunkRequest, origin: Origin, out: Scatter) -> float:
         bucket, key = _split(request.url)
         params: dict[str, Any] = {"Bucket": bucket, "Key": key}
         headers = self._headers(request)
@@ -363,28 +376,23 @@ def _error_response(status: int, body: bytes) -> S3ErrorResponse:
 
 
 async def _receive_pieces(
-    stream: Any, out: memoryview, request: ChunkRequest, timeouts: Timeouts
+    stream: Any, out: Scatter, request: ChunkRequest, timeouts: Timeouts
 ) -> None:
     """aiohttp's body pieces copied into ``out`` (the fallback transport)."""
     loop = asyncio.get_running_loop()
-    pos, length = 0, request.length
     try:
         async with asyncio.timeout(timeouts.stall) as stall:
-            while pos < length:
+            while not out.done:
                 piece = await stream.readany()
-                n = len(piece)
-                if not n:
+                if not piece:
                     break
-                if pos + n > length:
-                    raise ChunkFailure("length", f"more than the {length} bytes asked for")
-                out[pos : pos + n] = piece
-                pos += n
+                out.write(piece)
                 stall.reschedule(loop.time() + timeouts.stall)
     except TimeoutError:
         if stall.expired():
             raise ChunkFailure(
-                "stall", f"no byte for {timeouts.stall:g} s after {pos} of {length}"
+                "stall", f"no byte for {timeouts.stall:g} s after {out.pos} of {out.total}"
             ) from None
         raise
-    if pos < length:
-        raise ChunkFailure("truncated", f"the body ended after {pos} of {length} bytes")
+    if not out.done:
+        raise ChunkFailure("truncated", f"the body ended after {out.pos} of {out.total} bytes")

@@ -20,8 +20,8 @@ import asyncio
 import contextlib
 import os
 import tempfile
-from collections.abc import Iterable
-from dataclasses import dataclass
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -75,6 +75,9 @@ class Store(abc.ABC):
 
     #: whether a slow read is worth a second, hedged request
     hedgeable: bool = False
+    #: whether consecutive chunks of one object are best read by one request
+    #: (:meth:`read_group`): where each request pays a round trip, as on S3
+    coalesces: bool = False
 
     # -- at open: blocking ------------------------------------------------------------------
 
@@ -118,6 +121,27 @@ class Store(abc.ABC):
             ChunkFailure, S3ErrorResponse, OSError, ...: whatever the attempt met; the
                 caller classifies it with :func:`._errors.verdict`.
         """
+
+    async def read_group(
+        self,
+        request: ChunkRequest,
+        outs: Sequence[memoryview],
+        filled: Callable[[int], None] | None,
+    ) -> Timing:
+        """Read ``request`` (a range of consecutive chunks) into ``outs`` (a buffer per
+        chunk, in order), calling ``filled(i)`` as soon as ``outs[i]`` is whole: one
+        attempt, no retry. This default reads chunk by chunk; stores that coalesce
+        (:attr:`coalesces`) make one request of it."""
+        loop = asyncio.get_running_loop()
+        start, first_byte, offset = loop.time(), None, request.offset
+        for i, out in enumerate(outs):
+            part = replace(request, offset=offset, length=len(out))
+            timing = await self.read_into(part, out)
+            first_byte = timing.first_byte if first_byte is None else first_byte
+            offset += len(out)
+            if filled is not None:
+                filled(i)
+        return Timing(first_byte or 0.0, loop.time() - start)
 
     def stats(self) -> dict[str, Any]:
         """What the store can tell about its reads (transport, connections)."""

@@ -37,6 +37,10 @@ Scenarios (``--scenarios`` picks some; all by default):
     The local disk cache: epoch 1 from the network into an empty cache folder, then, in
     a new process, two epochs from the cache (the second measured), against the
     local-files stream of the same shards; the requests each process made.
+``tls``
+    HTTP against HTTPS on the same embedded server software (a plain and a TLS moto):
+    raw fetch MB/s and the engine's CPU seconds per GB on both transports, K = 8, chunks
+    of 1 and 16 MiB (:mod:`bench.tls`; always on loopback, not the S3-like network).
 
 Output: JSON with every figure and the environment (``--json``, default
 ``bench/out/bench.json``), the Markdown tables written into ``bench/RESULTS.md`` between
@@ -443,6 +447,13 @@ def cache(b: Bench) -> dict[str, Any]:
     return {"rows": rows, "cached_over_local": best["mb_per_s"] / ours}
 
 
+def tls(b: Bench) -> dict[str, Any]:
+    from .tls import measure
+
+    quick = b.sizes is QUICK
+    return measure(4 if quick else 24, (8 if quick else 16) << 20, b.sizes.repeat)
+
+
 SCENARIOS: dict[str, Callable[[Bench], dict[str, Any]]] = {
     "raw_fetch": raw_fetch,
     "loader": loader,
@@ -453,6 +464,7 @@ SCENARIOS: dict[str, Callable[[Bench], dict[str, Any]]] = {
     "hedging": hedging,
     "throttling": throttling,
     "cache": cache,
+    "tls": tls,
 }
 
 

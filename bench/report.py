@@ -214,6 +214,20 @@ def tables(out: dict[str, Any], base: Path | None = None) -> str:
             )
             lines.append(f"| {x['epoch']} | {x['mb_per_s']:.0f} | {counts} |")
         lines.append("")
+    if "tls" in sc:
+        from .tls import table
+
+        r = sc["tls"]
+        lines += [
+            "### HTTP against HTTPS",
+            "",
+            f"Raw fetch of {r['objects']} objects of {r['object_mib']} MiB from a plain and a "
+            "TLS embedded server (the same software, each in its own process, on the same "
+            f"cores as the engine); K = 8, best of {r['repeat']}.",
+            "",
+            *table(r),
+            "",
+        ]
     for name, path in out.get("plots", {}).items():
         shown = os.path.relpath(path, base or ".")
         lines.append(f"![{name}]({shown})")

@@ -27,6 +27,7 @@ from ._run import arguments, header, report
 from .stream import raw_fetch
 
 MiB = 1 << 20
+CHUNKS = (MiB, 16 * MiB)
 
 
 def upload(server: LocalS3, objects: int, size: int) -> str:
@@ -37,11 +38,10 @@ def upload(server: LocalS3, objects: int, size: int) -> str:
     return "s3://tls-bench/raw/"
 
 
-def main() -> None:
-    args = arguments(__doc__ or "")
-    objects, size = (4, 8 * MiB) if args.quick else (24, 16 * MiB)
-    chunks = (MiB, 16 * MiB)
-    rows: dict[tuple[str, str, int], dict[str, Any]] = {}
+def measure(objects: int, size: int, repeat: int) -> dict[str, Any]:
+    """Every row (HTTP and HTTPS, both transports, 1 and 16 MiB chunks), best of ``repeat``,
+    interleaved: ``{"rows": [...]}``, one dict a row."""
+    best: dict[tuple[str, str, int], dict[str, Any]] = {}
     with tempfile.TemporaryDirectory() as tmp:
         certs = make_test_certificates(Path(tmp))
         with (
@@ -50,33 +50,60 @@ def main() -> None:
         ):
             servers = {"http": plain, "https": tls}
             urls = {scheme: upload(s, objects, size) for scheme, s in servers.items()}
-            for _ in range(args.repeat):
-                for chunk in chunks:
+            for _ in range(repeat):
+                for chunk in CHUNKS:
                     for transport in ("auto", "aiohttp"):
                         for scheme, server in servers.items():
                             got = raw_fetch(
                                 urls[scheme], server.options(), chunk, 8, 8, transport=transport
                             )
                             key = (scheme, got["transport"], chunk)
-                            if key not in rows or got["MB/s"] > rows[key]["MB/s"]:
-                                rows[key] = got
-    out = {**header(), "GB": objects * size / 1e9, "rows": {str(k): v for k, v in rows.items()}}
+                            if key not in best or got["MB/s"] > best[key]["MB/s"]:
+                                best[key] = got
+    rows = []
+    for chunk in CHUNKS:
+        for transport in ("direct", "aiohttp"):
+            h, s = best[("http", transport, chunk)], best[("https", transport, chunk)]
+            rows.append(
+                {
+                    "chunk_mib": chunk // MiB,
+                    "transport": transport,
+                    "http_mb_per_s": h["MB/s"],
+                    "https_mb_per_s": s["MB/s"],
+                    "http_cpu_s_per_gb": h["engine_cpu_s_per_gb"],
+                    "https_cpu_s_per_gb": s["engine_cpu_s_per_gb"],
+                }
+            )
+    return {"objects": objects, "object_mib": size // MiB, "repeat": repeat, "rows": rows}
+
+
+def table(result: dict[str, Any]) -> list[str]:
+    """The Markdown table of :func:`measure`'s rows."""
+    lines = [
+        "| chunk | transport | HTTP MB/s | HTTPS MB/s | HTTPS / HTTP "
+        "| engine CPU-s per GB, HTTP | HTTPS |",
+        "|---|---|---:|---:|---:|---:|---:|",
+    ]
+    for r in result["rows"]:
+        lines.append(
+            f"| {r['chunk_mib']} MiB | {r['transport']} | {r['http_mb_per_s']:.0f} "
+            f"| {r['https_mb_per_s']:.0f} | {r['https_mb_per_s'] / r['http_mb_per_s']:.2f} "
+            f"| {r['http_cpu_s_per_gb']:.2f} | {r['https_cpu_s_per_gb']:.2f} |"
+        )
+    return lines
+
+
+def main() -> None:
+    args = arguments(__doc__ or "")
+    objects, size = (4, 8 * MiB) if args.quick else (24, 16 * MiB)
+    result = measure(objects, size, args.repeat)
+    out = {**header(), **result}
     lines = [
         f"{out['machine']}; {objects} objects of {size // MiB} MiB; K = 8; best of "
         f"{args.repeat}; {out['date']}.",
         "",
-        "| chunk | transport | HTTP MB/s | HTTPS MB/s | HTTPS / HTTP "
-        "| engine CPU-s per GB, HTTP | HTTPS |",
-        "|---|---|---|---|---|---|---|",
+        *table(result),
     ]
-    for chunk in chunks:
-        for transport in ("direct", "aiohttp"):
-            h, s = rows[("http", transport, chunk)], rows[("https", transport, chunk)]
-            lines.append(
-                f"| {chunk // MiB} MiB | {transport} | {h['MB/s']:.0f} | {s['MB/s']:.0f} "
-                f"| {s['MB/s'] / h['MB/s']:.2f} | {h['engine_cpu_s_per_gb']:.2f} "
-                f"| {s['engine_cpu_s_per_gb']:.2f} |"
-            )
     report(out, "\n".join(lines), args.json)
 
 

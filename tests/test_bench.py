@@ -87,6 +87,14 @@ def test_every_scenario_runs_and_the_json_is_complete(quick_run: dict[str, Any])
     assert dali["preloaded_images_per_s"] > 0
     assert [r["source"] for r in dali["rows"]] == ["whole-shard chunks", "8 MiB chunks"]
     assert all(r["images_per_s"] > 0 for r in dali["rows"])
+    tls = data["scenarios"]["tls"]["rows"]
+    assert [(r["chunk_mib"], r["transport"]) for r in tls] == [
+        (1, "direct"),
+        (1, "aiohttp"),
+        (16, "direct"),
+        (16, "aiohttp"),
+    ]
+    assert all(r["http_mb_per_s"] > 0 and r["https_mb_per_s"] > 0 for r in tls)
     cold, cached, _ = data["scenarios"]["cache"]["rows"]
     assert cold["misses"] > 0
     assert cached["misses"] == 0  # not one chunk from the network

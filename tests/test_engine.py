@@ -90,7 +90,10 @@ def transport(request: pytest.FixtureRequest) -> str:
 
 
 def config(endpoint: str, **kwargs: Any) -> EngineConfig:
+    # One GET per chunk: these tests count requests, retries and hedges per chunk
+    # (coalesced GETs are tested in test_coalesce.py).
     base: dict[str, Any] = {
+        "coalesce_bytes": 0,
         "inflight": 8,
         "retry": FAST_RETRY,
         "timeouts": SHORT,

@@ -78,7 +78,9 @@ def test_the_command_writes_the_manifest_and_opens_then_read_no_shard(
     out = capsys.readouterr().out
     assert f"indexed {N} shards, {sum(SIZES):,} samples: {N} read" in out
     assert f"wrote {url}asyncstream.json" in out
-    assert shard_gets(proxy) == Counter({s.name: -(-len(s.data) // 8192) for s in shards})
+    gets = shard_gets(proxy)  # every shard read; chunks in flow coalesce into fewer GETs
+    assert set(gets) == {s.name for s in shards}
+    assert all(1 <= gets[s.name] <= -(-len(s.data) // 8192) for s in shards)
     body = s3_client.get_object(Bucket=bucket, Key="raw/asyncstream.json")["Body"].read()
     manifest = json.loads(body)
     listed = resolve_shards(url, s3_server.options())

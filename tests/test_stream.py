@@ -625,9 +625,9 @@ import os, sys
 from torch.utils.data import DataLoader
 from asyncstream import ShardStream
 def note(worker):
-    print("pid", os.getpid(), file=sys.stderr, flush=True)
+    os.write(2, f"pid {os.getpid()}\\n".encode())  # one write: lines of processes never mix
 if __name__ == "__main__":
-    print("pid", os.getpid(), file=sys.stderr, flush=True)
+    note(None)
     stream = ShardStream(sys.argv[1], samples_per_shard=int(sys.argv[2]), window=2, inflight=2)
     loader = DataLoader(
         stream, batch_size=None, num_workers=2, persistent_workers=True, worker_init_fn=note

@@ -1,0 +1,161 @@
+"""One GET for consecutive chunks of an object (``EngineConfig.coalesce_bytes``).
+
+Each chunk still has its slot and is handed over the moment it is whole; a failed GET is
+taken up again from the first chunk not yet whole. Counted at a real proxy, on shards
+that ``pack`` did not write.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import replace
+
+import pytest
+
+from asyncstream import LocalS3, NotFoundError, S3Options, ShardStream, resolve_shards
+from asyncstream._engine import Engine, EngineConfig
+from asyncstream.testing import FaultProxy
+from tests._foreign import ForeignShards, write_foreign_shards
+from tests._servers import FAST_RETRY, SHORT
+from tests.test_engine import chunks_of, drain
+
+CHUNK = 16 << 10
+
+
+@pytest.fixture(scope="module")
+def shards(s3_server: LocalS3, tmp_path_factory: pytest.TempPathFactory) -> ForeignShards:
+    data = write_foreign_shards(tmp_path_factory.mktemp("coalesce"), 6, seed=4)
+    client = s3_server.client()
+    client.create_bucket(Bucket="coalesce")
+    for path in sorted(data.folder.glob("*.tar")):
+        client.put_object(Bucket="coalesce", Key=f"c/{path.name}", Body=path.read_bytes())
+    return data
+
+
+@pytest.fixture
+def proxy(s3_server: LocalS3) -> Iterator[FaultProxy]:
+    with FaultProxy(s3_server.endpoint_url) as p:
+        yield p
+
+
+@pytest.fixture(params=["auto", "aiohttp"])
+def transport(request: pytest.FixtureRequest) -> str:
+    return str(request.param)
+
+
+def blobs(data: ForeignShards) -> dict[str, bytes]:
+    return {
+        f"s3://coalesce/c/{path.name}": path.read_bytes()
+        for path in sorted(data.folder.glob("*.tar"))
+    }
+
+
+def shard_gets(proxy: FaultProxy) -> int:
+    return sum(1 for method, path, _ in proxy.requests() if method == "GET" and ".tar" in path)
+
+
+def engine(proxy: FaultProxy, transport: str, coalesce: int = 4 * CHUNK) -> Engine:
+    config = EngineConfig(
+        inflight=4,
+        retry=FAST_RETRY,
+        timeouts=SHORT,
+        s3=S3Options(endpoint_url=proxy.endpoint_url).resolve(),
+        transport=transport,  # type: ignore[arg-type]
+        coalesce_bytes=coalesce,
+        hedge=False,
+    )
+    return Engine(config, n_slots=12, slot_bytes=CHUNK)
+
+
+def test_consecutive_chunks_share_a_get(
+    shards: ForeignShards, proxy: FaultProxy, transport: str
+) -> None:
+    listed = resolve_shards("s3://coalesce/c/", S3Options(endpoint_url=proxy.endpoint_url))
+    requests = chunks_of(listed, CHUNK)
+    before = shard_gets(proxy)
+    with engine(proxy, transport) as e:
+        got = drain(e, requests)
+        stats = e.stats()
+    assert got == blobs(shards)
+    assert stats["chunks"] == len(requests)
+    gets = shard_gets(proxy) - before
+    # At most 4 chunks a GET, and never across objects.
+    assert sum(-(-len(range(0, s.size, CHUNK)) // 4) for s in listed) <= gets < len(requests)
+
+
+def test_interleaved_chunks_still_coalesce(shards: ForeignShards, proxy: FaultProxy) -> None:
+    """A stream's prefetch interleaves its shards: a chunk's successor is a few behind it."""
+    listed = resolve_shards("s3://coalesce/c/", S3Options(endpoint_url=proxy.endpoint_url))
+    a, b = chunks_of(listed[:1], CHUNK), chunks_of(listed[1:2], CHUNK)
+    requests = [r for pair in zip(a, b, strict=False) for r in pair]
+    requests += a[len(b) :] + b[len(a) :]
+    before = shard_gets(proxy)
+    with engine(proxy, "auto") as e:
+        got = drain(e, requests)
+    expected = blobs(shards)
+    assert got == {url: expected[url] for url in got}
+    assert shard_gets(proxy) - before < len(requests) / 2
+
+
+def test_a_group_cut_mid_body_resumes_from_its_first_unfinished_chunk(
+    shards: ForeignShards, proxy: FaultProxy, transport: str
+) -> None:
+    listed = resolve_shards("s3://coalesce/c/", S3Options(endpoint_url=proxy.endpoint_url))
+    requests = chunks_of(listed[:2], CHUNK)
+    before = proxy.stats()["bytes_forwarded"]
+    with engine(proxy, transport) as e:
+        # 2.5 chunks of the first group arrive, then the connection is reset.
+        proxy.inject("reset", after_bytes=int(2.5 * CHUNK), match=".tar")
+        got = drain(e, requests)
+        stats = e.stats()
+    expected = blobs(shards)
+    assert got == {url: expected[url] for url in got}
+    assert stats["retries_total"] == 1
+    assert stats["chunks"] == len(requests)
+    # The retry asked for the group from its third chunk on: only the half of the third
+    # chunk that had arrived was sent twice (from the group's start: 2.5 chunks twice).
+    again = proxy.stats()["bytes_forwarded"] - before - sum(len(b) for b in got.values())
+    assert 0 < again <= CHUNK
+
+
+def test_a_missing_object_fails_every_chunk_of_its_group(
+    s3_server: LocalS3, shards: ForeignShards, proxy: FaultProxy, transport: str
+) -> None:
+    client = s3_server.client()
+    source = next(iter(blobs(shards).values()))
+    client.put_object(Bucket="coalesce", Key="gone/x.tar", Body=source)
+    (shard,) = resolve_shards("s3://coalesce/gone/", S3Options(endpoint_url=proxy.endpoint_url))
+    client.delete_object(Bucket="coalesce", Key="gone/x.tar")
+    requests = chunks_of([shard], CHUNK)[:4]
+    with engine(proxy, transport) as e:
+        e.submit(requests)
+        for _ in requests:
+            with pytest.raises(NotFoundError, match=r"gone/x\.tar"):
+                e.next()
+        assert e.stats()["retries_total"] == 0
+
+
+def test_a_stream_of_small_chunks_coalesces_and_stays_exact(
+    shards: ForeignShards, proxy: FaultProxy
+) -> None:
+    def epoch(coalesce: int) -> tuple[list[str], int]:
+        before = shard_gets(proxy)
+        with ShardStream(
+            "s3://coalesce/c/",
+            s3=S3Options(endpoint_url=proxy.endpoint_url),
+            samples_per_shard=shards.counts,
+            chunk_bytes=CHUNK,
+            window=3,
+            inflight=4,
+            seed=2,
+            hedge=False,
+        ) as stream:
+            stream._settings = replace(stream._settings, coalesce_bytes=coalesce)
+            keys = [s["__key__"] for s in stream]
+        return keys, shard_gets(proxy) - before
+
+    alone, gets_alone = epoch(0)
+    together, gets_together = epoch(8 << 20)
+    assert together == alone  # the same samples in the same order
+    assert sorted(alone) == sorted(shards.keys)
+    assert gets_together < gets_alone
