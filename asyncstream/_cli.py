@@ -222,7 +222,7 @@ def _cmd_pack(args: argparse.Namespace) -> int:
 
 
 def _cmd_generate(args: argparse.Namespace) -> int:
-    from ._datagen import generate_imagefolder
+    from .testing import generate_imagefolder
 
     start = time.perf_counter()
     paths = generate_imagefolder(args.dest, args.images, args.classes, seed=args.seed)

@@ -62,7 +62,7 @@ from pathlib import Path
 from typing import Any
 
 from asyncstream import LocalS3, S3Options, pack, resolve_shards, shuffle_quality
-from asyncstream._datagen import generate_imagefolder
+from asyncstream.testing import generate_imagefolder
 
 from ._proxy import ProxyProcess
 

@@ -67,7 +67,7 @@ def run(args: argparse.Namespace) -> int:
 
     from asyncstream import LocalS3, S3Options, ShardStream, pack
     from asyncstream._cli import human, list_shards
-    from asyncstream._datagen import generate_imagefolder
+    from asyncstream.testing import generate_imagefolder
 
     from ._loader import DALIImageLoader
 

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from asyncstream._datagen import class_names, generate_imagefolder, make_jpeg
+from asyncstream.testing import class_names, generate_imagefolder, make_jpeg
 
 N_CLASSES = 10
 N_SAMPLE = 60
