@@ -244,6 +244,13 @@ def test_more_classes_than_images(tmp_path: Path) -> None:
     assert sorted(p.name for p in tmp_path.iterdir()) == ["class_000", "class_001"]
 
 
+@pytest.mark.parametrize("workers", [1, 2])
+def test_progress_counts_every_image(tmp_path: Path, workers: int) -> None:
+    calls: list[tuple[int, int]] = []
+    generate_imagefolder(tmp_path, 5, 2, workers=workers, progress=lambda *a: calls.append(a))
+    assert calls == [(n, 5) for n in range(1, 6)]
+
+
 def test_process_pool_writes_the_same_bytes(tmp_path: Path) -> None:
     paths = generate_imagefolder(tmp_path, 6, 2, seed=1, workers=2)
     assert len(paths) == 6
