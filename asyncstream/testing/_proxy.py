@@ -88,7 +88,6 @@ class FaultProxy:
         if isinstance(strip_request_headers, str):
             raise TypeError("strip_request_headers must be a collection of header names")
         self.upstream = upstream
-        self.capacity = capacity
         self.tls = tls
         self.strip_request_headers = frozenset(h.lower() for h in strip_request_headers)
         self._ssl: ssl.SSLContext | None = None
@@ -124,6 +123,18 @@ class FaultProxy:
         if self._endpoint is None or self._closed:
             raise RuntimeError("FaultProxy is not running; call start() or use it with 'with'")
         return self._endpoint
+
+    @property
+    def capacity(self) -> int | None:
+        """The most ``GET`` requests served at once (``None``: no limit); settable while
+        the proxy runs, e.g. to end throttling."""
+        return self._control.capacity
+
+    @capacity.setter
+    def capacity(self, value: int | None) -> None:
+        if value is not None and (isinstance(value, bool) or value < 1):
+            raise ValueError(f"capacity must be an int >= 1 or None, got {value!r}")
+        self._control.capacity = value
 
     @property
     def faults(self) -> FaultPlan:
