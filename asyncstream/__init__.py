@@ -23,13 +23,13 @@ from ._exceptions import (
     StateError,
     TransientFetchError,
 )
-from ._local import LocalS3
 from ._pack import PackedShard, PackResult, pack
 from ._resolve import resolve_shards
 from ._retry import RetryPolicy, Timeouts
 from ._s3 import S3Credentials, S3Options
 from ._shuffle import ShuffleQuality, shuffle_quality
 from ._urls import Shard, expand_braces
+from .testing import LocalS3
 
 if TYPE_CHECKING:
     from ._indexer import IndexResult, index_dataset

@@ -1,7 +1,9 @@
-"""The ``asyncstream`` command: ``pack``, ``ls``, ``index``, ``generate`` and ``demo``.
+"""The ``asyncstream`` command: ``pack``, ``ls``, ``index``, ``generate``, ``serve`` and
+``demo``.
 
 ``demo``, the end-to-end run, is registered by ``dali_ops`` (it needs DALI, which
 asyncstream never imports) through the ``asyncstream.commands`` entry point group.
+Every option's help states its default (:class:`DefaultsHelpFormatter`).
 """
 
 from __future__ import annotations
@@ -46,6 +48,34 @@ def human(n: float) -> str:
             return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
         n /= 1024
     raise AssertionError("unreachable")
+
+
+class DefaultsHelpFormatter(argparse.HelpFormatter):
+    """Help in which every option with a default states it: ``(default: X)`` is appended
+    where the help text does not already say ``default``, as
+    :class:`argparse.ArgumentDefaultsHelpFormatter` does, but never ``(default: None)`` or
+    ``(default: False)``, which say nothing."""
+
+    def _get_help_string(self, action: argparse.Action) -> str | None:
+        text = action.help or ""
+        if (
+            not action.option_strings
+            or "default" in text
+            or action.default is None
+            or action.default is False
+            or action.default is argparse.SUPPRESS
+        ):
+            return action.help
+        return f"{text} (default: %(default)s)"
+
+
+def _version() -> str:
+    try:
+        return importlib.metadata.version("asyncstream")
+    except importlib.metadata.PackageNotFoundError:  # run from a source tree
+        from . import __version__
+
+        return __version__
 
 
 def _options(args: argparse.Namespace) -> S3Options:
@@ -153,7 +183,7 @@ def _cmd_ls(args: argparse.Namespace) -> int:
         _options(args),
         samples=args.samples,
         split=args.split,
-        show_progress=sys.stderr.isatty(),
+        show_progress=sys.stderr.isatty() and not args.no_progress,
     )
     _print_listing(rows, info, args.json)
     return 0
@@ -227,10 +257,18 @@ def _cmd_pack(args: argparse.Namespace) -> int:
 
 
 def _cmd_generate(args: argparse.Namespace) -> int:
-    from ._datagen import generate_imagefolder
+    from .testing import generate_imagefolder
 
     start = time.perf_counter()
-    paths = generate_imagefolder(args.dest, args.images, args.classes, seed=args.seed)
+    with tqdm(total=args.images, unit="img", desc="generating", disable=args.no_progress) as bar:
+        paths = generate_imagefolder(
+            args.dest,
+            args.images,
+            args.classes,
+            seed=args.seed,
+            workers=args.workers,
+            progress=lambda done, _total: bar.update(done - bar.n),
+        )
     elapsed = time.perf_counter() - start
     size = sum(p.stat().st_size for p in paths)
     print(
@@ -242,8 +280,11 @@ def _cmd_generate(args: argparse.Namespace) -> int:
 
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
-        prog="asyncstream", description="Stream tar shards of images from S3 into training."
+        prog="asyncstream",
+        description="Stream tar shards of images from S3 into training.",
+        formatter_class=DefaultsHelpFormatter,
     )
+    parser.add_argument("--version", action="version", version=f"%(prog)s {_version()}")
     sub = parser.add_subparsers(dest="command", required=True)
 
     def s3_flags(p: argparse.ArgumentParser) -> None:
@@ -251,7 +292,11 @@ def _parser() -> argparse.ArgumentParser:
             "--endpoint-url",
             help="S3-compatible endpoint (MinIO, moto, ...); default: AWS_ENDPOINT_URL or AWS",
         )
-        p.add_argument("--profile", help="AWS profile from the shared configuration files")
+        p.add_argument(
+            "--profile",
+            help="AWS profile from the shared configuration files (default: AWS_PROFILE, "
+            "else the default profile)",
+        )
         p.add_argument(
             "--ca-bundle",
             help="PEM file of the certificate authorities to trust for https:// endpoints; "
@@ -270,8 +315,15 @@ def _parser() -> argparse.ArgumentParser:
     ls.add_argument(
         "--samples", action="store_true", help="count the samples of shards no index covers"
     )
-    ls.add_argument("--split", help="the split of an index with splits (_info.json)")
+    ls.add_argument(
+        "--split", help="the split of an index with splits (_info.json) (default: the only one)"
+    )
     ls.add_argument("--json", action="store_true", help="print JSON")
+    ls.add_argument(
+        "--no-progress",
+        action="store_true",
+        help="no progress bar while --samples counts (default: shown on a terminal)",
+    )
     s3_flags(ls)
     ls.set_defaults(func=_cmd_ls)
 
@@ -285,10 +337,10 @@ def _parser() -> argparse.ArgumentParser:
         help="where to write the manifest (a path or s3:// URL); default: beside the shards",
     )
     ix.add_argument("--inflight", type=int, default=8, help="ranged GETs in flight (default 8)")
-    ix.add_argument(
-        "--chunk-bytes", type=parse_size, default=16 << 20, help="bytes per GET (default 16MiB)"
+    ix.add_argument(  # a string default goes through type=, and reads as the user writes it
+        "--chunk-bytes", type=parse_size, default="16MiB", help="bytes per GET (default 16MiB)"
     )
-    ix.add_argument("--no-progress", action="store_true", help="no progress bar")
+    ix.add_argument("--no-progress", action="store_true", help="no progress bar (default: shown)")
     s3_flags(ix)
     ix.set_defaults(func=_cmd_index)
 
@@ -313,14 +365,30 @@ def _parser() -> argparse.ArgumentParser:
     s3_flags(pk)
     pk.set_defaults(func=_cmd_pack)
 
-    gen = sub.add_parser("generate", help="generate a synthetic ImageFolder of JPEGs")
-    gen.add_argument("dest")
-    gen.add_argument("--images", type=int, default=2000)
-    gen.add_argument("--classes", type=int, default=10)
-    gen.add_argument("--seed", type=int, default=0)
+    gen = sub.add_parser(
+        "generate",
+        help="generate a synthetic ImageFolder of JPEGs",
+        description="Write synthetic photo-like JPEGs (about 108 KB each, ImageNet-like sizes) "
+        "into DEST/<class>/, deterministically: the same arguments write the same bytes.",
+    )
+    gen.add_argument("dest", help="the folder to write into (created if missing)")
+    gen.add_argument("--images", type=int, default=2000, help="how many images")
+    gen.add_argument(
+        "--classes", type=int, default=10, help="how many classes (one subfolder each)"
+    )
+    gen.add_argument("--seed", type=int, default=0, help="the dataset seed")
+    gen.add_argument(
+        "--workers", type=int, help="processes rendering images (default: one per core)"
+    )
+    gen.add_argument("--no-progress", action="store_true", help="no progress bar (default: shown)")
     gen.set_defaults(func=_cmd_generate)
 
+    from ._serve import register as register_serve
+
+    register_serve(sub)
     _plugins(sub)
+    for command in sub.choices.values():  # those the plugins added too
+        command.formatter_class = DefaultsHelpFormatter
     return parser
 
 
@@ -336,7 +404,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     try:
         return int(args.func(args))
-    except (AsyncStreamError, ValueError, OSError) as exc:
+    except (AsyncStreamError, ValueError, OSError, ImportError) as exc:
         print(f"asyncstream: error: {exc}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:

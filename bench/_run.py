@@ -14,10 +14,16 @@ from typing import Any
 
 def arguments(doc: str) -> argparse.Namespace:
     """``--quick``, ``--repeat N`` and ``--json PATH``, with the module's first doc line."""
-    parser = argparse.ArgumentParser(description=doc.splitlines()[0])
-    parser.add_argument("--quick", action="store_true", help="small sizes (a smoke run)")
-    parser.add_argument("--repeat", type=int, default=3)
-    parser.add_argument("--json", help="write the figures to this file")
+    from asyncstream._cli import DefaultsHelpFormatter
+
+    parser = argparse.ArgumentParser(
+        description=doc.splitlines()[0], formatter_class=DefaultsHelpFormatter
+    )
+    parser.add_argument(
+        "--quick", action="store_true", help="small sizes, a smoke run (default: full sizes)"
+    )
+    parser.add_argument("--repeat", type=int, default=3, help="runs of each measurement")
+    parser.add_argument("--json", help="write the figures to this file (default: print only)")
     return parser.parse_args()
 
 

@@ -27,8 +27,7 @@ from typing import Any
 import numpy as np
 
 from asyncstream import ShardStream, pack
-from asyncstream._datagen import generate_imagefolder
-from asyncstream._local import LocalS3
+from asyncstream.testing import LocalS3, generate_imagefolder
 from dali_ops import DALIImageLoader, PipelineSettings, build_pipeline
 
 

@@ -66,7 +66,7 @@ from pathlib import Path
 from typing import Any
 
 from asyncstream import LocalS3, S3Options, pack, resolve_shards, shuffle_quality
-from asyncstream._datagen import generate_imagefolder
+from asyncstream.testing import generate_imagefolder
 
 from ._proxy import ProxyProcess
 
@@ -591,25 +591,61 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     return out
 
 
+def make_parser() -> argparse.ArgumentParser:
+    """The command line of ``python -m bench``."""
+    from asyncstream._cli import DefaultsHelpFormatter
+
+    p = argparse.ArgumentParser(
+        prog="python -m bench",
+        description=__doc__.splitlines()[0],
+        formatter_class=DefaultsHelpFormatter,
+    )
+    p.add_argument(
+        "--quick", action="store_true", help="a small run, about a minute (default: the full run)"
+    )
+    p.add_argument(
+        "--endpoint", help="an S3-compatible endpoint, with --bucket (default: an embedded server)"
+    )
+    p.add_argument(
+        "--bucket", help="the bucket at --endpoint to write the dataset to (default: none)"
+    )
+    p.add_argument(
+        "--profile",
+        choices=["s3-like", "loopback"],
+        default="s3-like",
+        help="the network between readers and the embedded server: S3-like latency and "
+        "bandwidth, or bare loopback",
+    )
+    p.add_argument(
+        "--scenarios",
+        type=lambda s: s.split(","),
+        help=f"a comma-separated list, some of: {', '.join(SCENARIOS)} (default: all)",
+    )
+    p.add_argument(
+        "--peers",
+        type=lambda s: [p for p in s.split(",") if p],
+        help="the peers to compare with, comma-separated (default: all)",
+    )
+    p.add_argument(
+        "--json", default=str(ROOT / "out" / "bench.json"), help="where to write all figures"
+    )
+    p.add_argument(
+        "--results",
+        default=str(ROOT / "RESULTS.md"),
+        help="the Markdown file whose generated section gets the tables",
+    )
+    p.add_argument("--plots", default=str(ROOT / "plots"), help="the folder for the plots")
+    p.add_argument(
+        "--peer-logs",
+        default=str(ROOT / "out" / "peers"),
+        help="the folder for the peers' specs and logs",
+    )
+    p.add_argument("--no-progress", action="store_true", help="no progress bars (default: shown)")
+    return p
+
+
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(prog="python -m bench", description=__doc__.splitlines()[0])
-    parser.add_argument("--quick", action="store_true", help="a small run (about a minute)")
-    parser.add_argument("--endpoint", help="an S3-compatible endpoint (default: embedded)")
-    parser.add_argument("--bucket", help="the bucket at --endpoint to write the dataset to")
-    parser.add_argument("--profile", choices=["s3-like", "loopback"], default="s3-like")
-    parser.add_argument(
-        "--scenarios", type=lambda s: s.split(","), help=f"some of {','.join(SCENARIOS)}"
-    )
-    parser.add_argument(
-        "--peers", type=lambda s: [p for p in s.split(",") if p], help="peers (default: all)"
-    )
-    parser.add_argument("--json", default=str(ROOT / "out" / "bench.json"))
-    parser.add_argument("--results", default=str(ROOT / "RESULTS.md"))
-    parser.add_argument("--plots", default=str(ROOT / "plots"))
-    parser.add_argument(
-        "--peer-logs", default=str(ROOT / "out" / "peers"), help="the peers' specs and logs"
-    )
-    parser.add_argument("--no-progress", action="store_true")
+    parser = make_parser()
     args = parser.parse_args(argv)
     if args.endpoint is not None and not args.bucket:
         parser.error("--endpoint needs --bucket")

@@ -33,7 +33,7 @@ from typing import Any
 
 from asyncstream import LocalS3, index_dataset
 from asyncstream._count import CountProgress, CountSettings
-from asyncstream._datagen import generate_imagefolder
+from asyncstream.testing import generate_imagefolder
 
 from ._proxy import ProxyProcess
 from ._run import arguments, header, report

@@ -22,21 +22,69 @@ from typing import Any
 __all__ = ["register"]
 
 
+_FULL = {"images": 5000, "shards": 20, "steps": 300}
+_QUICK = {"images": 400, "shards": 8, "steps": 30}
+"""``--quick``: a smoke run of the whole path (under a minute on two CPU cores)."""
+
+
 def register(sub: Any) -> None:
     """Add the ``demo`` subcommand to the ``asyncstream`` command's subparsers."""
-    demo = sub.add_parser("demo", help="generate, pack, stream, decode and train, end to end")
-    demo.add_argument("--images", type=int, default=5000, help="images to generate (5000)")
-    demo.add_argument("--classes", type=int, default=10)
-    demo.add_argument("--shards", type=int, default=20)
-    demo.add_argument("--steps", type=int, default=300, help="training steps (300)")
-    demo.add_argument("--batch-size", type=int, default=32)
-    demo.add_argument("--image-size", type=int, default=96)
-    demo.add_argument("--device", default="auto", choices=["auto", "cpu", "gpu"])
-    demo.add_argument("--endpoint-url", help="use this S3 endpoint instead of an embedded one")
-    demo.add_argument("--bucket", default="asyncstream-demo")
-    demo.add_argument("--profile", help="AWS profile, with --endpoint-url or for AWS")
-    demo.add_argument("--no-progress", action="store_true", help="no progress bar")
+    demo = sub.add_parser(
+        "demo",
+        help="generate, pack, stream, decode and train, end to end",
+        description="Generate synthetic JPEGs, pack them into shards on an embedded S3 server "
+        "(or the endpoint and bucket given), stream them through the window shuffle, decode "
+        "them with DALI (on the GPU where there is one) and train a small CNN on them.",
+    )
+
+    def sized(name: str, text: str) -> str:
+        return f"{text} (default: {_FULL[name]}; {_QUICK[name]} with --quick)"
+
+    demo.add_argument(
+        "--quick",
+        action="store_true",
+        help=f"a smoke run: {_QUICK['images']} images, {_QUICK['shards']} shards, "
+        f"{_QUICK['steps']} steps (default: the full demo)",
+    )
+    demo.add_argument("--images", type=int, help=sized("images", "images to generate"))
+    demo.add_argument("--classes", type=int, default=10, help="classes of images")
+    demo.add_argument("--shards", type=int, help=sized("shards", "shards to pack them into"))
+    demo.add_argument("--steps", type=int, help=sized("steps", "training steps"))
+    demo.add_argument("--batch-size", type=int, default=32, help="images per training step")
+    demo.add_argument(
+        "--image-size", type=int, default=96, help="side of the square images trained on, px"
+    )
+    demo.add_argument(
+        "--device",
+        default="auto",
+        choices=["auto", "cpu", "gpu"],
+        help="where DALI decodes and the model trains; auto: the GPU where there is one",
+    )
+    demo.add_argument(
+        "--endpoint-url",
+        help="use this S3 endpoint instead of an embedded one (default: an embedded server)",
+    )
+    demo.add_argument("--bucket", default="asyncstream-demo", help="the bucket to pack into")
+    demo.add_argument(
+        "--profile",
+        help="AWS profile, with --endpoint-url or for AWS (default: AWS_PROFILE, else the "
+        "default profile)",
+    )
+    demo.add_argument(
+        "--no-progress", action="store_true", help="no progress bars (default: shown)"
+    )
     demo.set_defaults(func=run)
+
+
+def _sizes(args: argparse.Namespace) -> None:
+    """Fill ``--images``, ``--shards`` and ``--steps`` left unset, by ``--quick``."""
+    preset = _QUICK if args.quick else _FULL
+    for name, value in preset.items():
+        if getattr(args, name) is None:
+            setattr(args, name, value)
+    for name in ("images", "classes", "shards", "steps", "batch_size", "image_size"):
+        if getattr(args, name) < 1:
+            raise ValueError(f"--{name.replace('_', '-')} must be at least 1")
 
 
 def _model(classes: int) -> Any:
@@ -67,10 +115,11 @@ def run(args: argparse.Namespace) -> int:
 
     from asyncstream import LocalS3, S3Options, ShardStream, pack
     from asyncstream._cli import human, list_shards
-    from asyncstream._datagen import generate_imagefolder
+    from asyncstream.testing import generate_imagefolder
 
     from ._loader import DALIImageLoader
 
+    _sizes(args)
     server: contextlib.AbstractContextManager[Any] = (
         contextlib.nullcontext() if args.endpoint_url else LocalS3(mode="process")
     )
@@ -83,7 +132,16 @@ def run(args: argparse.Namespace) -> int:
             options = S3Options(endpoint_url=args.endpoint_url, profile=args.profile).resolve()
             print(f"S3 endpoint {options.endpoint_url}, bucket {args.bucket}")
         started = time.perf_counter()
-        paths = generate_imagefolder(Path(tmp) / "images", args.images, args.classes, seed=0)
+        with tqdm(
+            total=args.images, unit="img", desc="generating", disable=args.no_progress
+        ) as bar:
+            paths = generate_imagefolder(
+                Path(tmp) / "images",
+                args.images,
+                args.classes,
+                seed=0,
+                progress=lambda done, _total: bar.update(done - bar.n),
+            )
         size = sum(p.stat().st_size for p in paths)
         print(
             f"generated {len(paths):,} JPEGs in {args.classes} classes, {human(size)} "
@@ -91,15 +149,23 @@ def run(args: argparse.Namespace) -> int:
         )
         # A prefix of the demo's own: rerunning it replaces its shards and nothing else.
         dest = f"s3://{args.bucket}/asyncstream-demo/train/"
-        pack(
-            Path(tmp) / "images",
-            dest,
-            shard_samples=math.ceil(args.images / args.shards),
-            shard_bytes=None,
-            shuffle_seed=0,
-            options=options,
-            overwrite=True,
-        )
+        with tqdm(total=args.images, unit="img", desc="packing", disable=args.no_progress) as bar:
+
+            def packed(done: int, nbytes: int, total: int) -> None:
+                bar.total = total
+                bar.set_postfix_str(human(nbytes), refresh=False)
+                bar.update(done - bar.n)
+
+            pack(
+                Path(tmp) / "images",
+                dest,
+                shard_samples=math.ceil(args.images / args.shards),
+                shard_bytes=None,
+                shuffle_seed=0,
+                options=options,
+                overwrite=True,
+                progress=packed,
+            )
         rows = list_shards([dest], options, samples=False)
         print(f"packed into {len(rows)} shards at {dest} ({human(sum(r['size'] for r in rows))})")
         return _train(args, dest, options, ShardStream, DALIImageLoader, torch, tqdm)

@@ -25,8 +25,8 @@ from types import TracebackType
 from typing import Any
 
 from asyncstream import S3Credentials, S3Options
-from asyncstream._local import stop_child, wait_for_line
 from asyncstream._s3 import sync_client
+from asyncstream.testing._local import stop_child, wait_for_line
 
 __all__ = ["CREDENTIALS", "VERSION", "S3rver", "Unavailable", "cache_folder", "install"]
 

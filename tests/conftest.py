@@ -15,8 +15,8 @@ from _s3rver import CREDENTIALS as S3RVER_CREDENTIALS
 from _s3rver import S3rver, Unavailable
 from _servers import Backend
 
-from asyncstream._local import LOCAL_CREDENTIALS, LocalS3
 from asyncstream.testing import TestCertificates, make_test_certificates
+from asyncstream.testing._local import LOCAL_CREDENTIALS, LocalS3
 
 _FAKE_ENV = {
     "AWS_ACCESS_KEY_ID": "asyncstream-test-key",

@@ -15,7 +15,7 @@ import pytest
 import torch
 
 from asyncstream import DecodeError, ShardStream, StateError, pack
-from asyncstream._datagen import generate_imagefolder
+from asyncstream.testing import generate_imagefolder
 from dali_ops import DALIImageLoader, PipelineSettings, build_pipeline
 from dali_ops._feed import check_image
 

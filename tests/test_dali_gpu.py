@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from asyncstream import DecodeError, ShardStream, pack
-from asyncstream._datagen import generate_imagefolder
+from asyncstream.testing import generate_imagefolder
 from dali_ops import DALIImageLoader, PipelineSettings, build_pipeline
 
 pytestmark = [

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from asyncstream._datagen import class_names, generate_imagefolder, make_jpeg
+from asyncstream.testing import class_names, generate_imagefolder, make_jpeg
 
 N_CLASSES = 10
 N_SAMPLE = 60
@@ -242,6 +242,13 @@ def test_more_classes_than_images(tmp_path: Path) -> None:
         "class_001/class_001_000001.jpg",
     ]
     assert sorted(p.name for p in tmp_path.iterdir()) == ["class_000", "class_001"]
+
+
+@pytest.mark.parametrize("workers", [1, 2])
+def test_progress_counts_every_image(tmp_path: Path, workers: int) -> None:
+    calls: list[tuple[int, int]] = []
+    generate_imagefolder(tmp_path, 5, 2, workers=workers, progress=lambda *a: calls.append(a))
+    assert calls == [(n, 5) for n in range(1, 6)]
 
 
 def test_process_pool_writes_the_same_bytes(tmp_path: Path) -> None:

@@ -21,9 +21,9 @@ from _servers import FAST_RETRY, SHORT, Backend, Dataset, open_stream, upload_fo
 
 from asyncstream import LocalS3, PermanentFetchError, S3Options, Timeouts, resolve_shards
 from asyncstream._engine import Engine, EngineConfig
-from asyncstream._local import LOCAL_CREDENTIALS
 from asyncstream._store import ChunkRequest
 from asyncstream.testing import FaultProxy, TestCertificates, make_test_certificates
+from asyncstream.testing._local import LOCAL_CREDENTIALS
 
 URL = "s3://tls-bucket/x.tar"
 

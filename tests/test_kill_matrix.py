@@ -37,8 +37,7 @@ from typing import Any
 import pytest
 
 from asyncstream import LocalS3, pack
-from asyncstream._datagen import generate_imagefolder
-from asyncstream.testing import FaultPlan, FaultProxy
+from asyncstream.testing import FaultPlan, FaultProxy, generate_imagefolder
 
 CHILD = Path(__file__).with_name("_kill_child.py")
 N_SAMPLES = 48

@@ -4,14 +4,20 @@ from __future__ import annotations
 
 import random
 import socket
+import subprocess
+import sys
 import threading
 import tracemalloc
+import warnings
+from pathlib import Path
 from typing import Any
 
 import pytest
 from botocore.exceptions import ClientError
 
 from asyncstream import LocalS3
+from asyncstream.testing import MotoRangesWarning, _moto_ranges
+from asyncstream.testing._moto_ranges import mismatches
 
 
 def _port_open(endpoint: str) -> bool:
@@ -63,6 +69,151 @@ def test_bad_arguments() -> None:
         LocalS3(mode="fork")  # type: ignore[arg-type]
     with pytest.raises(ValueError, match="process"):
         LocalS3(require_auth=True)
+    with pytest.raises(ValueError, match="port"):
+        LocalS3(port=70000)
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+@pytest.mark.parametrize("mode", ["thread", "process"])
+def test_serves_on_the_port_given(mode: str, aws_env: dict[str, str]) -> None:
+    port = _free_port()
+    with LocalS3(mode=mode, port=port) as server:  # type: ignore[arg-type]
+        assert server.endpoint_url == f"http://127.0.0.1:{port}"
+        server.client().create_bucket(Bucket="on-a-port")
+    assert not _port_open(f"http://127.0.0.1:{port}")
+
+
+def test_a_port_in_use_fails_at_once_naming_the_cause(aws_env: dict[str, str]) -> None:
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        with pytest.raises(OSError, match="in use"):
+            LocalS3(port=port).start()
+        # In a child process: its stderr's last lines come with the error.
+        with pytest.raises(RuntimeError, match=r"(?s)exited with status 1.*in use"):
+            LocalS3(mode="process", port=port).start()
+
+
+def test_a_child_that_fails_to_start_shows_its_stderr(tmp_path: Path) -> None:
+    missing = str(tmp_path / "missing.pem")
+    server = LocalS3(mode="process", tls=(missing, missing))
+    with pytest.raises(RuntimeError) as failed:
+        server.start()
+    message = str(failed.value)
+    assert "the local S3 server" in message
+    assert "exited with status" in message
+    assert "its stderr ends with:" in message
+    assert "FileNotFoundError" in message or "No such file" in message
+    server.close()
+
+
+def test_without_moto_the_error_says_what_to_install(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setitem(sys.modules, "moto.server", None)  # import moto.server fails
+    for mode in ("thread", "process"):
+        with pytest.raises(ImportError, match=r"pip install 'moto\[server\]>=5\.0,<6'"):
+            LocalS3(mode=mode).start()  # type: ignore[arg-type]
+
+
+# -- the moto patch is guarded --------------------------------------------------------
+
+
+def test_the_installed_moto_is_the_one_the_patch_was_written_against() -> None:
+    """In a fresh process (this one's moto may be patched already): nothing differs, the
+    patch goes in, and nothing warns."""
+    code = (
+        "import moto\n"
+        "from moto.s3.models import FakeKey\n"
+        "from moto.s3.responses import S3Response\n"
+        "from asyncstream.testing import _moto_ranges\n"
+        "assert _moto_ranges.mismatches(moto.__version__, S3Response, FakeKey) == []\n"
+        "assert _moto_ranges.install() is True\n"
+        "assert S3Response.get_object.__module__ == 'asyncstream.testing._moto_ranges'\n"
+    )
+    proc = subprocess.run(
+        [sys.executable, "-W", "error::RuntimeWarning", "-c", code],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+
+
+def _fake_internals() -> tuple[type, type]:
+    class Responses:
+        def get_object(self) -> Any:
+            key: Any = None
+            return 200, {}, key.value
+
+        def key_response(self) -> Any:
+            status_code = 200
+            if status_code == 200:
+                return self._handle_range_header()  # type: ignore[attr-defined]
+            return None
+
+    class Key:
+        def __init__(self) -> None:
+            self._value_buffer = None
+            self.lock = None
+
+        @property
+        def value(self) -> bytes:
+            return b""
+
+    return Responses, Key
+
+
+def test_the_guard_names_each_difference() -> None:
+    responses, key = _fake_internals()
+    assert mismatches("5.2.5", responses, key) == []  # the shape the patch relies on
+    assert mismatches("6.0.0", responses, key) == [
+        "moto 6.0.0 is outside the versions it was written for (5.x)"
+    ]
+    assert "moto 4.2.14" in mismatches("4.2.14", responses, key)[0]
+
+    def get_object(self: Any, request: Any) -> Any:
+        return 200, {}, request.value
+
+    changed = type("Responses", (responses,), {"get_object": get_object})
+    assert mismatches("5.2.5", changed, key) == [
+        "S3Response.get_object(self, request) is not (self)",
+        "S3Response.get_object no longer answers with key.value",
+    ]
+    plain_value = type("Key", (key,), {"value": b"a class attribute"})
+    assert mismatches("5.2.5", responses, plain_value) == ["FakeKey.value is not a property"]
+    gone = type("Responses", (), {})
+    assert mismatches("5.2.5", gone, object) == [
+        "S3Response.get_object is missing or not a plain function",
+        "S3Response.key_response no longer applies ranges to 200 answers only",
+        "FakeKey.value is not a property",
+        "FakeKey no longer keeps its body in _value_buffer under self.lock",
+    ]
+
+
+def test_a_changed_moto_is_left_alone_with_one_loud_warning(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from moto.s3.models import FakeKey
+    from moto.s3.responses import S3Response
+
+    def get_object(self: Any, part: int = 0) -> Any:  # a moto whose signature moved on
+        raise AssertionError("never called here")
+
+    value_before = FakeKey.__dict__["value"]
+    monkeypatch.setattr(S3Response, "get_object", get_object)
+    monkeypatch.setattr(_moto_ranges, "_state", {"done": False, "patched": False})
+    with pytest.warns(MotoRangesWarning, match=r"get_object\(self, part\) is not"):
+        assert _moto_ranges.install() is False
+    assert S3Response.get_object is get_object  # not wrapped
+    assert FakeKey.__dict__["value"] is value_before
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert _moto_ranges.install() is False  # once per process: no second warning
 
 
 # -- ranged GETs read only their range ---------------------------------------------

@@ -10,7 +10,7 @@ import pytest
 from _torchrun import torchrun
 
 from asyncstream import pack
-from asyncstream._datagen import generate_imagefolder
+from asyncstream.testing import generate_imagefolder
 
 # What a training script does under torchrun: the stream takes its rank and world size from
 # torch.distributed, and every rank takes the same number of steps.

@@ -1,46 +1,52 @@
 """An embedded S3-compatible server (moto's server mode) on a free loopback port.
 
-Used by ``asyncstream demo``, the benchmark and the tests, so that everything runs with
-no cloud account. Two modes:
+Used by ``asyncstream demo``, ``asyncstream serve``, the benchmark and the tests, so that
+everything runs with no cloud account. Two modes:
 
 * ``"thread"``: moto's werkzeug server in a thread of this process. Starts in
   milliseconds; right for tests. moto keeps its state per process, so thread-mode
   servers of one process share their buckets, and closing one resets them all.
-* ``"process"``: the same server in a child process, so that serving bytes does not
-  compete for this process's GIL; right for the demo and benchmarks. The child exits
-  when its stdin closes, so it cannot outlive a parent killed with SIGKILL.
+* ``"process"``: the same server in a child process (``_s3child.py``), so that serving
+  bytes does not compete for this process's GIL; right for the demo and benchmarks. The
+  child exits when its stdin closes, so it cannot outlive a parent killed with SIGKILL. If
+  it fails to start, the error carries the end of what it wrote on stderr.
 
 ``tls=(cert_pem, key_pem)`` serves HTTPS instead (werkzeug's ``ssl_context``), in either
 mode, for tests of TLS against moto (see :func:`asyncstream.testing.make_test_certificates`).
 
-Ranged GETs read only their range (:mod:`._moto_ranges`; moto itself reads the whole
-object and slices it). Objects are held in the server's memory; :meth:`LocalS3.close`
-resets it, so nothing is left behind (moto spills large objects to anonymous temporary
-files, which the reset closes).
+Ranged GETs read only their range (:mod:`._moto_ranges`, where the installed moto is one
+it was written against; moto itself reads the whole object and slices it). Objects are
+held in the server's memory; :meth:`LocalS3.close` resets it, so nothing is left behind
+(moto spills large objects to anonymous temporary files, which the reset closes).
 """
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import logging
 import os
 import ssl
 import subprocess
 import sys
+import tempfile
 import threading
 import urllib.request
+import warnings
 from types import TracebackType
 from typing import IO, Any, Literal
 
+from .._s3 import S3Credentials, S3Options, sync_client
 from . import _moto_ranges
-from ._s3 import S3Credentials, S3Options, sync_client
+from ._motoserver import MotoServer, require_moto
 
-__all__ = ["LOCAL_CREDENTIALS", "LocalS3"]
+__all__ = ["LOCAL_CREDENTIALS", "LocalS3", "stop_child", "wait_for_line"]
 
 LOCAL_CREDENTIALS = S3Credentials("asyncstream-local", "asyncstream-local")
+"""What :meth:`LocalS3.options` signs with (the server takes any signature)."""
 
 _START_TIMEOUT = 60.0
+_STDERR_TAIL = 4000  # characters of a failed child's stderr that its error carries
+_relayed: set[str] = set()  # warnings of children already raised again in this process
 
 
 class LocalS3:
@@ -54,7 +60,8 @@ class LocalS3:
 
     Args:
         mode: ``"thread"`` (in this process) or ``"process"`` (a child process).
-        host: the loopback address to bind.
+        host: the address to bind (loopback by default: the server checks no signature).
+        port: the port to bind; ``0`` (the default) for a free one.
         require_auth: check request signatures against moto's IAM (process mode only), so
             that unknown credentials are refused with 403 as real S3 does.
         tls: ``(cert_pem, key_pem)``: serve HTTPS with this certificate.
@@ -70,6 +77,7 @@ class LocalS3:
         *,
         mode: Literal["thread", "process"] = "thread",
         host: str = "127.0.0.1",
+        port: int = 0,
         require_auth: bool = False,
         tls: tuple[str, str] | None = None,
         ca_bundle: str | None = None,
@@ -78,13 +86,17 @@ class LocalS3:
             raise ValueError(f"mode must be 'thread' or 'process', got {mode!r}")
         if require_auth and mode != "process":
             raise ValueError("require_auth=True needs mode='process' (moto reads it per process)")
+        if isinstance(port, bool) or not isinstance(port, int) or not 0 <= port <= 65535:
+            raise ValueError(f"port must be an int in [0, 65535], got {port!r}")
         self.mode = mode
+        self.port = port
         self.require_auth = require_auth
         self.host = host
         self.tls = tls
         self.ca_bundle = ca_bundle
-        self._server: Any = None
+        self._server: MotoServer | None = None
         self._proc: subprocess.Popen[str] | None = None
+        self._stderr: IO[bytes] | None = None
         self._endpoint: str | None = None
         self._closed = False
 
@@ -100,7 +112,14 @@ class LocalS3:
         return self._endpoint
 
     def start(self) -> LocalS3:
-        """Start the server and wait until it answers. Returns ``self``."""
+        """Start the server and wait until it answers. Returns ``self``.
+
+        Raises:
+            ImportError: moto's server is not installed; the message says what to install.
+            OSError: the address cannot be bound (thread mode).
+            RuntimeError: the server did not start (process mode: the message ends with
+                what the child wrote on stderr), or this server was closed.
+        """
         if self._closed:
             raise RuntimeError("this LocalS3 was closed; make a new one")
         if self._endpoint is not None:
@@ -108,8 +127,9 @@ class LocalS3:
         if self.mode == "thread":
             # One line per request on stderr is noise for an embedded server.
             logging.getLogger("werkzeug").setLevel(logging.WARNING)
+            require_moto()
             _moto_ranges.install()
-            server = _moto_server(self.host, self.tls)
+            server = MotoServer(self.host, self.port, self.tls)
             server.start()
             self._server = server
             host, port = server.get_host_and_port()
@@ -119,27 +139,54 @@ class LocalS3:
         return self
 
     def _start_process(self) -> tuple[str, int]:
+        require_moto()  # here, where its message reaches the caller as it is
         env = dict(os.environ)
         if self.require_auth:
             env["INITIAL_NO_AUTH_ACTION_COUNT"] = "0"
         tls = ["--cert", self.tls[0], "--key", self.tls[1]] if self.tls else []
+        # stderr to a file, not a pipe: nobody drains it while the server runs.
+        self._stderr = tempfile.TemporaryFile(prefix="asyncstream-local-s3-")  # noqa: SIM115
+        command = ["-m", "asyncstream.testing._s3child", "--host", self.host]
         proc = subprocess.Popen(
-            [sys.executable, "-m", "asyncstream._local", "--host", self.host, *tls],
+            [sys.executable, *command, "--port", str(self.port), *tls],
             env=env,
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
-            stderr=subprocess.DEVNULL,
+            stderr=self._stderr,
             text=True,
         )
         self._proc = proc
         if proc.stdout is None:
             raise RuntimeError("no pipe to the local S3 server")
-        line = wait_for_line(proc.stdout, "READY ", _START_TIMEOUT)
-        if line is None:
+        lines, ended = _read_until(proc.stdout, "READY ", _START_TIMEOUT)
+        for line in lines:
+            if line.startswith("WARNING ") and line not in _relayed:
+                _relayed.add(line)
+                warnings.warn(line[8:].strip(), _moto_ranges.MotoRangesWarning, stacklevel=3)
+        if not lines or not lines[-1].startswith("READY "):
+            self._proc = None
+            stop_child(proc)  # first, so that its stderr is complete
+            tail = self._stderr_tail()
             self._stop_process()
-            raise RuntimeError(f"the local S3 server did not start within {_START_TIMEOUT:.0f} s")
-        _, host, port = line.split()
+            what = (
+                f"exited with status {proc.returncode}"
+                if ended
+                else f"did not start within {_START_TIMEOUT:.0f} s"
+            )
+            raise RuntimeError(
+                f"the local S3 server ({sys.executable} {' '.join(command)}) {what}; "
+                f"its stderr ends with:\n{tail or '(nothing)'}"
+            )
+        _, host, port = lines[-1].split()
         return host, int(port)
+
+    def _stderr_tail(self) -> str:
+        if self._stderr is None:
+            return ""
+        self._stderr.seek(0, os.SEEK_END)
+        size = self._stderr.tell()
+        self._stderr.seek(max(0, size - _STDERR_TAIL))
+        return self._stderr.read().decode(errors="replace").strip()
 
     def options(self) -> S3Options:
         """:class:`S3Options` for this server.
@@ -178,7 +225,6 @@ class LocalS3:
                 self.reset()
         if self._server is not None:
             self._server.stop()
-            self._server._server.server_close()
             self._server = None
         self._stop_process()
         self._endpoint = None
@@ -187,6 +233,9 @@ class LocalS3:
         proc, self._proc = self._proc, None
         if proc is not None:
             stop_child(proc)
+        stderr, self._stderr = self._stderr, None
+        if stderr is not None:
+            stderr.close()
 
     def __enter__(self) -> LocalS3:
         return self.start()
@@ -217,6 +266,25 @@ def wait_for_line(stream: IO[str], prefix: str, timeout: float) -> str | None:
     return found[0] if found else None
 
 
+def _read_until(stream: IO[str], prefix: str, timeout: float) -> tuple[list[str], bool]:
+    """A child's output lines up to and including the first that starts with ``prefix``
+    (all of them, if none does before the output ends or ``timeout`` seconds pass), and
+    whether the reading ended (``False``: the time ran out)."""
+    lines: list[str] = []
+    done = threading.Event()
+
+    def read() -> None:
+        for line in stream:
+            lines.append(line)
+            if line.startswith(prefix):
+                break
+        done.set()
+
+    threading.Thread(target=read, daemon=True).start()
+    ended = done.wait(timeout)
+    return list(lines), ended
+
+
 def stop_child(proc: subprocess.Popen[str], timeout: float = 10.0) -> None:
     """Stop a server child that exits when its stdin closes (killed after ``timeout``),
     and close its pipes."""
@@ -230,57 +298,3 @@ def stop_child(proc: subprocess.Popen[str], timeout: float = 10.0) -> None:
         proc.wait()
     if proc.stdout is not None:
         proc.stdout.close()
-
-
-def _moto_server(host: str, tls: tuple[str, str] | None) -> Any:
-    """moto's threaded server on a free port of ``host``, over TLS with ``tls``."""
-    from moto.moto_server.werkzeug_app import (
-        DomainDispatcherApplication,
-        MotoRequestHandler,
-        create_backend_app,
-    )
-    from moto.server import ThreadedMotoServer
-    from werkzeug.serving import make_server
-
-    if tls is None:
-        return ThreadedMotoServer(ip_address=host, port=0, verbose=False)
-    context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
-    context.load_cert_chain(*tls)
-
-    class TLSMotoServer(ThreadedMotoServer):
-        """moto's own server entry, with werkzeug's ``ssl_context`` (it takes none)."""
-
-        def _server_entry(self) -> None:
-            app = DomainDispatcherApplication(create_backend_app)
-            self._server = make_server(
-                self._ip_address,
-                self._port,
-                app,
-                threaded=True,
-                request_handler=MotoRequestHandler,
-                ssl_context=context,
-            )
-            self._server_ready_event.set()
-            self._server.serve_forever()
-
-    return TLSMotoServer(ip_address=host, port=0, verbose=False)
-
-
-def _serve(host: str, tls: tuple[str, str] | None) -> None:
-    """Child-process entry: serve until stdin closes (the parent closed it or died)."""
-    _moto_ranges.install()
-    server = _moto_server(host, tls)
-    server.start()
-    bound_host, port = server.get_host_and_port()
-    print(f"READY {bound_host} {port}", flush=True)
-    sys.stdin.read()  # blocks until EOF
-    server.stop()
-
-
-if __name__ == "__main__":
-    parser = argparse.ArgumentParser(description="embedded S3 server (internal)")
-    parser.add_argument("--host", default="127.0.0.1")
-    parser.add_argument("--cert")
-    parser.add_argument("--key")
-    args = parser.parse_args()
-    _serve(args.host, (args.cert, args.key) if args.cert else None)
