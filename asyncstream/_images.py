@@ -12,22 +12,26 @@ only 1.7x faster and skips part of the work, so it is not used), spread over pac
 ``workers`` threads, as Pillow lets go of the GIL while it decodes. Flipped bits in JPEG
 entropy data still decode, to wrong pixels, in Pillow and DALI alike: nothing catches them.
 
-Formats. Kept byte for byte: JPEG (also MPO, the multi-picture JPEG of many cameras),
-PNG, WebP and BMP. DALI 2.4's ``fn.decoders.image`` reads all four (checked on its CPU
-decoder here: 8 bit, grey, palette, alpha; animated PNG and WebP give their first frame).
-Anything else Pillow reads is converted to PNG, losslessly: GIF (DALI has no GIF decoder;
-the first frame is kept), TIFF (DALI's TIFF parser rejects variants Pillow reads, bilevel
-ones for instance), PPM, TGA and the rest. With ``to_jpeg`` every image that is not a JPEG
-already becomes a JPEG at ``jpeg_quality`` (JPEGs are kept as they are: no second
-generation of loss). A converted image is first turned upright by its EXIF orientation
-(the tag is not carried over); one that becomes a JPEG loses its alpha channel, as the
-loader's RGB decode of the original would drop it too.
+Formats. Kept byte for byte: JPEG (also MPO, the multi-picture JPEG of many cameras), PNG,
+WebP and BMP. DALI 2.4's ``fn.decoders.image`` reads all four (checked on its CPU decoder
+here: 8 bit, grey, palette, alpha; animated PNG and WebP give their first frame). From a
+JPEG only what follows its end-of-image marker is dropped (a phone's appended video, an
+MPO's second picture, padding): no decoder reads it, and the loader's pre-check takes a JPEG
+that does not end with that marker for a truncated one. Anything else Pillow reads is
+converted to PNG, losslessly: GIF (DALI has no GIF decoder; the first frame is kept), TIFF
+(DALI's TIFF parser rejects variants Pillow reads, bilevel ones for instance) and whatever
+other format Pillow finds in a file named like an image. With ``to_jpeg`` every image that
+is not a JPEG already becomes a JPEG at ``jpeg_quality`` (JPEGs are kept as they are: no
+second generation of loss). A converted image is first turned upright by its EXIF
+orientation (the tag is not carried over); one that becomes a JPEG loses its alpha channel,
+as the loader's RGB decode of the original would drop it too.
 """
 
 from __future__ import annotations
 
 import io
 import json
+import re
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -47,6 +51,7 @@ __all__ = [
     "SourceImage",
     "check_images",
     "encode_for_pack",
+    "jpeg_end",
     "listing",
 ]
 
@@ -55,6 +60,8 @@ KEPT_FORMATS = {"JPEG": "jpg", "MPO": "jpg", "PNG": "png", "WEBP": "webp", "BMP"
 
 _PNG_MODES = frozenset({"1", "L", "LA", "I", "I;16", "P", "RGB", "RGBA"})
 _JPEG_MODES = frozenset({"L", "RGB"})
+# In entropy-coded data FF is followed by 00 (a stuffed byte), a restart marker or more FF.
+_NEXT_MARKER = re.compile(rb"\xff(?=[^\x00\xd0-\xd7\xff])")
 _SHOWN = 10  # bad images named in a message; PackResult.skipped has them all
 _T = TypeVar("_T")
 _R = TypeVar("_R")
@@ -115,7 +122,8 @@ class Encoded:
 
     Attributes:
         ext: the member's extension (``jpg``, ``png``, ``webp`` or ``bmp``).
-        data: the converted bytes, or ``None`` to pack the file's own bytes.
+        data: the bytes to pack (converted, or a JPEG without what follows its end), or
+            ``None`` to pack the file's own bytes.
         converted_from: Pillow's name of the source format when converted (``"GIF"``).
     """
 
@@ -140,7 +148,10 @@ def encode_for_pack(data: bytes, *, to_jpeg: bool, jpeg_quality: int) -> Encoded
         with Image.open(io.BytesIO(data)) as image:
             image.load()
             ext = KEPT_FORMATS.get(found)
-            if ext == "jpg" or (ext is not None and not to_jpeg):
+            if ext == "jpg":
+                end = jpeg_end(data)
+                return Encoded(ext, data[:end] if end is not None and end < len(data) else None)
+            if ext is not None and not to_jpeg:
                 return Encoded(ext)
             target = "JPEG" if to_jpeg else "PNG"
             return Encoded(target_ext(target), _convert(image, target, jpeg_quality), found)
@@ -150,6 +161,40 @@ def encode_for_pack(data: bytes, *, to_jpeg: bool, jpeg_quality: int) -> Encoded
         raise BadImage("not an image (no format Pillow knows matches its bytes)") from None
     except Exception as exc:  # Pillow raises OSError, SyntaxError, ValueError, EOFError...
         raise BadImage(f"does not decode ({type(exc).__name__}: {exc})") from None
+
+
+def jpeg_end(data: bytes) -> int | None:
+    """The offset just past the end-of-image marker of the JPEG that ``data`` starts with.
+
+    Walks the marker segments (and, after each start of scan, the entropy-coded data, in
+    which ``FF`` is followed only by ``00``, a restart marker or more ``FF``), so an ``FF
+    D9`` inside an EXIF thumbnail or a trailer is never taken for the end. ``None`` where
+    the structure is not what it should be: the bytes are then packed as they are.
+    """
+    size = len(data)
+    if not data.startswith(b"\xff\xd8"):
+        return None
+    pos = 2
+    while pos + 1 < size:
+        if data[pos] != 0xFF:
+            return None
+        marker = data[pos + 1]
+        if marker == 0xFF:  # fill byte before a marker
+            pos += 1
+        elif marker == 0xD9:
+            return pos + 2
+        elif marker == 0x01 or 0xD0 <= marker <= 0xD7:  # markers without a length
+            pos += 2
+        else:
+            if pos + 4 > size:
+                return None
+            pos += 2 + int.from_bytes(data[pos + 2 : pos + 4], "big")
+            if marker == 0xDA:  # entropy-coded data up to the next marker
+                found = _NEXT_MARKER.search(data, pos)
+                if found is None:
+                    return None
+                pos = found.start()
+    return None
 
 
 def target_ext(fmt: str) -> str:
@@ -203,8 +248,9 @@ def check_images(
         meta: dict[str, Any] = {"source": found_image.source, "class": classes[label]}
         meta["label"] = label
         data_path, size = found_image.path, len(data)
-        if encoded.data is not None:
+        if encoded.converted_from is not None:
             meta["converted_from"] = encoded.converted_from
+        if encoded.data is not None:
             data_path, size = conversion.spool / f"{index}.{encoded.ext}", len(encoded.data)
             data_path.write_bytes(encoded.data)
         meta_bytes = json.dumps(meta, separators=(",", ":")).encode()

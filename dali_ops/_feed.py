@@ -126,7 +126,7 @@ def source_of(meta: object) -> str | None:
         return None
     try:
         parsed = json.loads(meta)
-    except ValueError:  # not JSON (or not UTF-8): another tool's member, not ours to judge
+    except (ValueError, RecursionError):  # not JSON, not UTF-8, nested too deep: not ours
         return None
     source = parsed.get("source") if isinstance(parsed, dict) else None
     return source if isinstance(source, str) else None

@@ -526,3 +526,16 @@ def test_to_jpeg_writes_only_jpeg_members(tmp_path: Path) -> None:
                 assert np.abs(_pixels(by_source[rel]) - np.asarray(image)).mean() < 8
         sizes[quality] = sum(len(by_source[rel]) for rel in images if rel != "b/six.jpg")
     assert sizes[50] < sizes[95]
+
+
+def test_a_jpeg_loses_only_what_follows_its_end_marker(tmp_path: Path) -> None:
+    """Phones append videos, cameras a second picture: no decoder reads them, and the
+    loader's pre-check would take a JPEG that does not end with its marker as truncated."""
+    (tmp_path / "src" / "a").mkdir(parents=True)
+    image = _jpeg("trailer", 2_000)
+    (tmp_path / "src" / "a" / "plain.jpg").write_bytes(image)
+    (tmp_path / "src" / "a" / "video.jpg").write_bytes(image + b"\xff\xd9" + b"\x00ftypmp42" * 50)
+    pack(tmp_path / "src", str(tmp_path / "out"), shard_samples=10, shard_bytes=None)
+    samples = _read_samples(tmp_path / "out")
+    assert [s["jpg"] for s in samples] == [image, image]
+    assert all("converted_from" not in json.loads(s["json"]) for s in samples)
