@@ -283,17 +283,10 @@ def pack(
             conversion = Conversion(to_jpeg, jpeg_quality, spool)
             samples, bad = check_images(found, classes, conversion, workers, check_progress)
             if bad and (on_error == "fail" or not samples):
-                hint = (
-                    ""
-                    if not samples
-                    else (
-                        "; fix or remove them, or pass on_error='skip' (--on-error skip) to pack "
-                        "the rest"
-                    )
-                )
+                hint = "; fix or remove them, or pass on_error='skip' (--on-error skip)"
                 raise DecodeError(
                     f"pack refused: {len(bad)} of {len(found)} images in {src} do not decode, "
-                    f"so nothing was written: {listing(bad)}{hint}"
+                    f"so nothing was written: {listing(bad)}{hint if samples else ''}"
                 )
             if bad:
                 warnings.warn(

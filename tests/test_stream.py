@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from _jpegs import jpeg_of
 from _procs import alive
 from torch.utils.data import DataLoader
 
@@ -45,7 +46,7 @@ def make_tree(root: Path, n: int, classes: int, seed: int) -> None:
         folder = root / f"c{i % classes}"
         folder.mkdir(parents=True, exist_ok=True)
         size = rng.choice([60, 300, 900, 2500, 5000, 9000])  # some bigger than a chunk
-        (folder / f"img{i:04d}.jpg").write_bytes(rng.randbytes(size))
+        (folder / f"img{i:04d}.jpg").write_bytes(jpeg_of(rng, size))
 
 
 @pytest.fixture(scope="module")
