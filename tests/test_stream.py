@@ -115,10 +115,11 @@ def test_samples_carry_their_bytes_and_shard(dataset: dict[str, Any]) -> None:
         samples = list(s)
     assert len(samples) == 120
     for sample in samples:
-        assert set(sample) == {"__key__", "__url__", "jpg", "cls"}
+        assert set(sample) == {"__key__", "__url__", "jpg", "cls", "json"}
         assert sample["__url__"].startswith("s3://stream-data/train/shard-")
         source = by_bytes[sample["jpg"]]
         assert int(sample["cls"]) == int(source.parent.name[1:])
+        assert json.loads(sample["json"])["source"] == source.relative_to(src).as_posix()
 
 
 def test_no_shuffle_is_plan_and_shard_order(dataset: dict[str, Any]) -> None:
