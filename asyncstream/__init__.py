@@ -19,11 +19,12 @@ from ._exceptions import (
     NotFoundError,
     PermanentFetchError,
     ShardURLError,
+    SkippedImageWarning,
     StaleShardWarning,
     StateError,
     TransientFetchError,
 )
-from ._pack import PackedShard, PackResult, pack
+from ._pack import PackedShard, PackResult, SkippedImage, pack
 from ._resolve import resolve_shards
 from ._retry import RetryPolicy, Timeouts
 from ._s3 import S3Credentials, S3Options
@@ -58,6 +59,8 @@ __all__ = [
     "ShardStream",
     "ShardURLError",
     "ShuffleQuality",
+    "SkippedImage",
+    "SkippedImageWarning",
     "StaleShardWarning",
     "StateError",
     "Timeouts",

@@ -15,6 +15,7 @@ import json
 import re
 import sys
 import time
+import warnings
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
@@ -215,8 +216,8 @@ def _cmd_index(args: argparse.Namespace) -> int:
 
 
 @contextlib.contextmanager
-def _pack_bar(enabled: bool) -> Iterator[Any]:
-    bar = tqdm(unit="img", desc="packing", disable=not enabled)
+def _pack_bar(enabled: bool, desc: str = "packing") -> Iterator[Any]:
+    bar = tqdm(unit="img", desc=desc, disable=not enabled)
     try:
 
         def update(done: int, nbytes: int, total: int) -> None:
@@ -230,13 +231,34 @@ def _pack_bar(enabled: bool) -> Iterator[Any]:
         bar.close()
 
 
+@contextlib.contextmanager
+def _check_bar(enabled: bool) -> Iterator[Callable[[int, int], None]]:
+    bar = tqdm(unit="img", desc="checking", disable=not enabled, miniters=64)
+    try:
+
+        def update(done: int, total: int) -> None:
+            bar.total = total
+            bar.update(done - bar.n)
+
+        yield update
+    finally:
+        bar.close()
+
+
 def _cmd_pack(args: argparse.Namespace) -> int:
+    from ._exceptions import SkippedImageWarning
     from ._pack import pack
 
     shard_bytes = args.shard_bytes
     if shard_bytes is None and args.shard_samples is None:
         shard_bytes = 256 << 20
-    with _pack_bar(not args.no_progress) as update:
+    show = not args.no_progress
+    with (
+        warnings.catch_warnings(),  # the skipped images are listed below, one per line
+        _check_bar(show) as checked,
+        _pack_bar(show) as update,
+    ):
+        warnings.simplefilter("ignore", SkippedImageWarning)
         result = pack(
             args.src,
             args.dest,
@@ -248,10 +270,23 @@ def _cmd_pack(args: argparse.Namespace) -> int:
             workers=args.workers,
             progress=update,
             overwrite=args.overwrite,
+            on_error=args.on_error,
+            to_jpeg=args.to_jpeg,
+            jpeg_quality=args.jpeg_quality,
+            check_progress=checked,
         )
+    if result.skipped:
+        print(
+            f"asyncstream: skipped {len(result.skipped)} bad images (--on-error fail refuses "
+            "the pack instead):",
+            file=sys.stderr,
+        )
+        for image in result.skipped:
+            print(f"  {image}", file=sys.stderr)
+    skipped = f", skipped {len(result.skipped)} bad images" if result.skipped else ""
     print(
         f"packed {result.samples:,} samples of {len(result.classes)} classes into "
-        f"{len(result.shards)} shards, {human(result.size)}, at {args.dest}"
+        f"{len(result.shards)} shards, {human(result.size)}, at {args.dest}{skipped}"
     )
     return 0
 
@@ -344,7 +379,16 @@ def _parser() -> argparse.ArgumentParser:
     s3_flags(ix)
     ix.set_defaults(func=_cmd_index)
 
-    pk = sub.add_parser("pack", help="pack an ImageFolder tree into tar shards")
+    pk = sub.add_parser(
+        "pack",
+        help="pack an ImageFolder tree into tar shards",
+        description=(
+            "Pack SRC/<class>/<image> into webdataset tar shards of KEY.<image>, KEY.cls and "
+            "KEY.json (the source path, class and label). Every image is decoded first; "
+            "JPEG, PNG, WebP and BMP are stored as they are, other formats (GIF, TIFF) "
+            "converted to PNG, or everything to JPEG with --to-jpeg."
+        ),
+    )
     pk.add_argument("src", help="folder with one subfolder per class")
     pk.add_argument("dest", help="local folder or s3://bucket/prefix/")
     pk.add_argument(
@@ -352,15 +396,46 @@ def _parser() -> argparse.ArgumentParser:
         type=parse_size,
         help="target shard size (default 256MiB unless --shard-samples is given)",
     )
-    pk.add_argument("--shard-samples", type=int, help="samples per shard (instead of bytes)")
-    pk.add_argument("--shuffle-seed", type=int, help="shuffle samples before sharding")
+    pk.add_argument(
+        "--shard-samples", type=int, help="samples per shard, instead of bytes (default: none)"
+    )
+    pk.add_argument(
+        "--shuffle-seed",
+        type=int,
+        help="shuffle samples with this seed before sharding (default: class-sorted order)",
+    )
     pk.add_argument("--prefix", default="shard-", help="shard name prefix (default shard-)")
-    pk.add_argument("--workers", type=int, default=8, help="parallel shard uploads")
-    pk.add_argument("--no-progress", action="store_true", help="no progress bar")
+    pk.add_argument(
+        "--workers",
+        type=int,
+        default=8,
+        help="images checked and shards uploaded in parallel (default 8)",
+    )
+    pk.add_argument("--no-progress", action="store_true", help="no progress bars (default: shown)")
     pk.add_argument(
         "--overwrite",
         action="store_true",
-        help="pack into a destination that holds shards, removing those not written now",
+        help="pack into a destination that holds shards, removing those not written now "
+        "(default: refuse)",
+    )
+    pk.add_argument(
+        "--on-error",
+        choices=("skip", "fail"),
+        default="skip",
+        help="an image that does not decode: skip it and list it on stderr, or fail the "
+        "pack naming it, before anything is written (default skip)",
+    )
+    pk.add_argument(
+        "--to-jpeg",
+        action="store_true",
+        help="store every image as a JPEG; JPEGs are kept as they are (default: JPEG, PNG, "
+        "WebP and BMP as they are, other formats converted to PNG)",
+    )
+    pk.add_argument(
+        "--jpeg-quality",
+        type=int,
+        default=95,
+        help="quality of images converted by --to-jpeg, 1-100 (default 95)",
     )
     s3_flags(pk)
     pk.set_defaults(func=_cmd_pack)

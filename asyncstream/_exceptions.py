@@ -13,13 +13,16 @@ argument mistakes are additionally ``ValueError`` / ``TypeError`` so that plain
     │       └── NotFoundError            404: NoSuchBucket, NoSuchKey, empty prefix
     ├── DataError                        the bytes arrived but are not what they claim
     │   ├── CorruptTarError              a tar header that does not parse
-    │   └── DecodeError                  an image that does not decode
+    │   └── DecodeError                  an image that does not decode (in the loader, or
+    │                                        one that ``pack(on_error="fail")`` refuses)
     ├── EngineError                      the fetch engine died or stopped answering
     └── StateError (ValueError)          a state_dict that does not fit this stream
 
     UserWarning
-    └── StaleShardWarning                a .tar under a prefix that the dataset's index
-                                         does not list: left out, not read
+    ├── StaleShardWarning                a .tar under a prefix that the dataset's index
+    │                                    does not list: left out, not read
+    └── SkippedImageWarning              images that ``pack`` left out because they do not
+                                         decode (``on_error="skip"``)
 
 An index that disagrees with the shards (a shard it lists is missing, a size or ETag that
 differs, a count that cannot fit the shard) is a :class:`DataError` naming both.
@@ -43,6 +46,7 @@ __all__ = [
     "NotFoundError",
     "PermanentFetchError",
     "ShardURLError",
+    "SkippedImageWarning",
     "StaleShardWarning",
     "StateError",
     "TransientFetchError",
@@ -130,6 +134,15 @@ class StaleShardWarning(UserWarning):
     this warning (``strict=True`` makes it a :class:`DataError`). Shards left behind by
     an earlier, larger pack into the same place are the usual cause;
     ``asyncstream pack --overwrite`` removes them.
+    """
+
+
+class SkippedImageWarning(UserWarning):
+    """``pack`` left out source images that do not decode (``on_error="skip"``).
+
+    The message names each file (relative to the source folder) and why it was left out;
+    :attr:`asyncstream.PackResult.skipped` lists them all. ``on_error="fail"`` (``asyncstream
+    pack --on-error fail``) refuses the pack instead, with a :class:`DecodeError`.
     """
 
 

@@ -1,7 +1,11 @@
 """Pack an ImageFolder tree into webdataset-layout tar shards, locally or on S3.
 
-``SRC/<class>/<image>`` becomes shards of ``KEY.jpg`` + ``KEY.cls`` (the class index as
-ASCII digits), with ``classes.json`` beside them mapping class names to indices, and
+``SRC/<class>/<image>`` becomes shards of samples ``KEY.jpg`` (or ``.png``, ``.webp``,
+``.bmp``: see :mod:`._images`), ``KEY.cls`` (the class index as ASCII digits) and
+``KEY.json``, ``{"source": "cat/img_0007.png", "class": "cat", "label": 0}`` (plus
+``"converted_from": "GIF"`` for a converted image): keys are renumbered in pack order, so
+the source path is what ties a sample, and an error naming it, back to its file. Beside
+the shards go ``classes.json``, mapping class names to indices, and
 ``asyncstream.json``, the manifest: every shard's samples, size and ETag (S3 returns the
 ETag of each upload; local files have none), which a stream opens with one read. Classes
 are numbered in sorted folder order, as torchvision's ImageFolder does. Shards are
@@ -16,6 +20,14 @@ one, never a mix that is read as one dataset). Only the destination folder itsel
 cleared: ``.tar`` files in folders below it are left alone (a stream over the prefix
 warns about them as stale).
 
+Every image is decoded before anything is written (:mod:`._images` says how and why). A
+bad one (truncated, not an image, undecodable) is, with ``on_error="skip"`` (the default),
+left out, named in a :class:`~asyncstream.SkippedImageWarning` and listed in
+:attr:`PackResult.skipped`; with ``on_error="fail"`` the pack is refused with a
+:class:`~asyncstream.DecodeError` naming every bad file and why, before any shard is
+written or uploaded. The check comes first because a shard is closed by its byte size,
+which depends on what is left out and on conversions.
+
 Symbolic links are followed only while they stay inside ``SRC``; one that points outside
 is refused, so packing cannot leak files from elsewhere on the machine. A link to a folder
 that is packed already (a loop, or a second path to the same folder) is refused too.
@@ -27,28 +39,26 @@ import io
 import json
 import os
 import random
-import shutil
 import tarfile
 import tempfile
 import threading
+import warnings
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import IO, Any
+from typing import IO, Literal
 
+from ._exceptions import DecodeError, SkippedImageWarning
+from ._images import Conversion, PackImage, SkippedImage, SourceImage, check_images, listing
 from ._index import MANIFEST_NAME, manifest_bytes
+from ._packsink import PackSink
 from ._s3 import S3Options
-from ._s3store import S3Store
-from ._store import Stores
-from ._urls import local_path, parse_s3_url, scheme_of
 
-__all__ = ["IMAGE_EXTENSIONS", "PackResult", "PackedShard", "pack"]
+__all__ = ["IMAGE_EXTENSIONS", "PackResult", "PackedShard", "SkippedImage", "pack"]
 
 IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png", ".webp", ".bmp", ".gif", ".tif", ".tiff")
 _HEADER = 512
-_MULTIPART_THRESHOLD = 64 << 20
-_PART_BYTES = 16 << 20
 
 
 @dataclass(frozen=True)
@@ -63,10 +73,18 @@ class PackedShard:
 
 @dataclass(frozen=True)
 class PackResult:
-    """What :func:`pack` wrote."""
+    """What :func:`pack` wrote, and the source images it left out.
+
+    Attributes:
+        classes: class names; a class's index is its position.
+        shards: the shards written, in order.
+        skipped: images left out because they do not decode (``on_error="skip"``), each
+            with its path relative to the source folder and the reason.
+    """
 
     classes: list[str]
     shards: list[PackedShard] = field(default_factory=list)
+    skipped: list[SkippedImage] = field(default_factory=list)
 
     @property
     def samples(self) -> int:
@@ -77,14 +95,6 @@ class PackResult:
     def size(self) -> int:
         """Total bytes over all shards."""
         return sum(s.size for s in self.shards)
-
-
-@dataclass(frozen=True)
-class _Sample:
-    path: Path
-    label: int
-    ext: str
-    size: int
 
 
 def _inside(path: Path, root: Path) -> bool:
@@ -104,12 +114,12 @@ def _enter(folder: Path, root: Path, src: Path, walked: set[Path]) -> None:
     walked.add(real)
 
 
-def _scan(src: Path) -> tuple[list[str], list[_Sample]]:
+def _scan(src: Path) -> tuple[list[str], list[SourceImage]]:
     if not src.is_dir():
         raise ValueError(f"pack source {src} is not a folder (expected SRC/<class>/<image>)")
     root = src.resolve()
     classes = sorted(p.name for p in src.iterdir() if not p.name.startswith(".") and p.is_dir())
-    samples: list[_Sample] = []
+    found: list[SourceImage] = []
     # Each real folder is walked once: os.walk(followlinks=True) does not notice link loops,
     # so a link to an ancestor would repeat its images (two such links: exponentially).
     walked: set[Path] = {root}
@@ -123,26 +133,32 @@ def _scan(src: Path) -> tuple[list[str], list[_Sample]]:
                 _enter(here / d, root, src, walked)
             for fname in sorted(filenames):
                 path = here / fname
-                ext = path.suffix.lower()
-                if fname.startswith(".") or ext not in IMAGE_EXTENSIONS:
+                if fname.startswith(".") or path.suffix.lower() not in IMAGE_EXTENSIONS:
                     continue
-                real = path.resolve()
-                if not _inside(real, root):
+                if not _inside(path.resolve(), root):
                     raise ValueError(f"refusing {path}: a symbolic link pointing outside {src}")
-                ext = "jpg" if ext in (".jpg", ".jpeg") else ext[1:]
-                samples.append(_Sample(path, label, ext, real.stat().st_size))
-    if not samples:
+                found.append(SourceImage(path, label, path.relative_to(src).as_posix()))
+    if not found:
         raise ValueError(f"pack source {src} holds no image in any class folder")
-    return classes, samples
+    return classes, found
+
+
+def _blocks(size: int) -> int:
+    """Bytes a member of ``size`` bytes takes in a tar: its header and padded data."""
+    return _HEADER + -(-size // _HEADER) * _HEADER
+
+
+def _sample_bytes(sample: PackImage) -> int:
+    return _blocks(sample.size) + _blocks(len(str(sample.label))) + _blocks(len(sample.meta))
 
 
 def _group(
-    samples: Sequence[_Sample], shard_bytes: int | None, shard_samples: int | None
-) -> Iterator[list[tuple[int, _Sample]]]:
-    group: list[tuple[int, _Sample]] = []
+    samples: Sequence[PackImage], shard_bytes: int | None, shard_samples: int | None
+) -> Iterator[list[tuple[int, PackImage]]]:
+    group: list[tuple[int, PackImage]] = []
     size = 0
     for index, sample in enumerate(samples):
-        cost = 4 * _HEADER + sample.size
+        cost = _sample_bytes(sample)
         full_by_count = shard_samples is not None and len(group) >= shard_samples
         full_by_bytes = shard_bytes is not None and group and size + cost > shard_bytes
         if full_by_count or full_by_bytes:
@@ -163,118 +179,15 @@ def _add(archive: tarfile.TarFile, name: str, data: bytes | IO[bytes], size: int
     archive.addfile(info, fileobj)
 
 
-def _write_shard(out: IO[bytes], members: list[tuple[int, _Sample]], width: int) -> None:
+def _write_shard(out: IO[bytes], members: list[tuple[int, PackImage]], width: int) -> None:
     with tarfile.open(fileobj=out, mode="w", format=tarfile.USTAR_FORMAT) as archive:
         for index, sample in members:
             key = f"{index:0{width}d}"
-            with sample.path.open("rb") as image:
+            with sample.data_path.open("rb") as image:
                 _add(archive, f"{key}.{sample.ext}", image, sample.size)
-            _add(archive, f"{key}.cls", str(sample.label).encode("ascii"), len(str(sample.label)))
-
-
-class _Sink:
-    """Where shards go: a local folder or an S3 prefix, through the stores."""
-
-    def __init__(self, dest: str, options: S3Options | None, part_workers: int) -> None:
-        self.dest = dest
-        self.stores = Stores(options)
-        self.s3 = scheme_of(dest) == "s3"
-        self._pool = ThreadPoolExecutor(part_workers) if self.s3 else None
-        if self.s3:
-            self.bucket, prefix = parse_s3_url(dest)
-            self.prefix = prefix if not prefix or prefix.endswith("/") else prefix + "/"
-            store = self.stores.for_url(dest)
-            assert isinstance(store, S3Store)
-            self.objects = store.objects
-            self.client = self.objects.client
-            self.objects.call(dest, lambda: self.client.head_bucket(Bucket=self.bucket))
-        else:
-            self.folder = local_path(dest)
-            self.folder.mkdir(parents=True, exist_ok=True)
-
-    def url(self, name: str) -> str:
-        if self.s3:
-            return f"s3://{self.bucket}/{self.prefix}{name}"
-        return (self.folder / name).absolute().as_uri()
-
-    @property
-    def folder_url(self) -> str:
-        if self.s3:
-            return f"s3://{self.bucket}/{self.prefix}".rstrip("/")
-        return self.folder.absolute().as_uri()
-
-    def existing(self) -> list[str]:
-        """URLs of the ``.tar`` shards and manifest directly in the destination folder."""
-        wanted = (".tar", "/" + MANIFEST_NAME)
-        if not self.s3:
-            return sorted(
-                p.absolute().as_uri()
-                for p in self.folder.iterdir()
-                if p.is_file() and (p.suffix == ".tar" or p.name == MANIFEST_NAME)
-            )
-        listing = self.stores.for_url(self.folder_url + "/").list(self.folder_url + "/")
-        found = [o.url for o in listing if "/" not in o.url[len(self.folder_url) + 1 :]]
-        return sorted(u for u in found if u.endswith(wanted))
-
-    def put_file(self, name: str, path: Path) -> str | None:
-        """Store a shard; returns its ETag (S3) or None (local)."""
-        if not self.s3:
-            shutil.move(path, self.folder / name)
-            return None
-        size = path.stat().st_size
-        key = self.prefix + name
-        if size < _MULTIPART_THRESHOLD:
-
-            def put() -> Any:
-                with path.open("rb") as body:
-                    return self.client.put_object(Bucket=self.bucket, Key=key, Body=body)
-
-            answer = self.objects.call(self.url(name), put)
-        else:
-            answer = self._multipart(key, path, size)
-        etag = answer.get("ETag")
-        return str(etag) if etag else None
-
-    def put_bytes(self, name: str, data: bytes) -> None:
-        self.stores.write(self.url(name), data)
-
-    def _multipart(self, key: str, path: Path, size: int) -> dict[str, Any]:
-        assert self._pool is not None
-        url = f"s3://{self.bucket}/{key}"
-        call = self.objects.call
-        upload = call(url, lambda: self.client.create_multipart_upload(Bucket=self.bucket, Key=key))
-        upload_id = upload["UploadId"]
-
-        def part(number: int, offset: int) -> dict[str, Any]:
-            with path.open("rb") as f:
-                f.seek(offset)
-                body = f.read(_PART_BYTES)
-            answer = call(
-                url,
-                lambda: self.client.upload_part(
-                    Bucket=self.bucket, Key=key, UploadId=upload_id, PartNumber=number, Body=body
-                ),
-            )
-            return {"PartNumber": number, "ETag": answer["ETag"]}
-
-        try:
-            offsets = range(0, size, _PART_BYTES)
-            parts = list(self._pool.map(part, range(1, len(offsets) + 1), offsets))
-            done = {"Parts": parts}
-            answer: dict[str, Any] = call(
-                url,
-                lambda: self.client.complete_multipart_upload(
-                    Bucket=self.bucket, Key=key, UploadId=upload_id, MultipartUpload=done
-                ),
-            )
-            return answer
-        except BaseException:
-            self.client.abort_multipart_upload(Bucket=self.bucket, Key=key, UploadId=upload_id)
-            raise
-
-    def close(self) -> None:
-        if self._pool is not None:
-            self._pool.shutdown(wait=True)
+            label = str(sample.label).encode("ascii")
+            _add(archive, f"{key}.cls", label, len(label))
+            _add(archive, f"{key}.json", sample.meta, len(sample.meta))
 
 
 def pack(
@@ -289,6 +202,10 @@ def pack(
     workers: int = 8,
     progress: Callable[[int, int, int], None] | None = None,
     overwrite: bool = False,
+    on_error: Literal["skip", "fail"] = "skip",
+    to_jpeg: bool = False,
+    jpeg_quality: int = 95,
+    check_progress: Callable[[int, int], None] | None = None,
 ) -> PackResult:
     """Pack an ImageFolder tree into tar shards.
 
@@ -302,20 +219,34 @@ def pack(
             class-sorted order).
         name_prefix: shard names are ``{name_prefix}{index:06d}.tar``.
         options: how to reach S3.
-        workers: shards built and uploaded in parallel.
+        workers: images checked, and shards built and uploaded, in parallel.
         progress: called as ``progress(samples_done, bytes_done, samples_total)`` after
             each shard.
         overwrite: pack into a destination that already holds shards, and remove its
             shards that this pack does not write (see the module docstring).
+        on_error: what to do with an image that does not decode: ``"skip"`` leaves it out,
+            names it in a :class:`~asyncstream.SkippedImageWarning` and lists it in
+            :attr:`PackResult.skipped`; ``"fail"`` refuses the pack before anything is
+            written.
+        to_jpeg: store every image as a JPEG (JPEGs as they are, others encoded at
+            ``jpeg_quality``); by default JPEG, PNG, WebP and BMP are stored as they are
+            and other formats (GIF, TIFF, ...) converted to PNG.
+        jpeg_quality: the quality of images converted to JPEG, 1 to 100.
+        check_progress: called as ``check_progress(images_checked, images_total)`` while
+            the images are decoded, before any shard is written.
 
     Returns:
-        The shards written, in order, and the class names.
+        The shards written, in order, the class names and the images left out.
 
     Raises:
         ValueError: a bad argument, an empty source, a symlink out of ``src`` or to a
             folder already packed (a loop), or a destination that holds shards already
             (without ``overwrite``).
+        DecodeError: with ``on_error="fail"``, an image that does not decode; with
+            ``"skip"``, a source in which no image decodes. Each bad file is named (relative
+            to ``src``) with the reason, and nothing is written.
         FetchError: the destination bucket is missing or not writable.
+        OSError: a source file that cannot be read.
     """
     if shard_bytes is None and shard_samples is None:
         raise ValueError("give shard_bytes, shard_samples or both")
@@ -327,31 +258,86 @@ def pack(
         raise ValueError(f"workers must be >= 1, got {workers}")
     if "/" in name_prefix:
         raise ValueError(f"name_prefix must not contain '/', got {name_prefix!r}")
-    classes, samples = _scan(Path(src))
-    if shuffle_seed is not None:
-        random.Random(shuffle_seed).shuffle(samples)
-    width = max(6, len(str(len(samples) - 1)))
-    groups = list(_group(samples, shard_bytes, shard_samples))
-    sink = _Sink(str(dest), options, part_workers=workers)
+    if on_error not in ("skip", "fail"):
+        raise ValueError(f"on_error must be 'skip' or 'fail', got {on_error!r}")
+    if isinstance(jpeg_quality, bool) or not isinstance(jpeg_quality, int):
+        raise ValueError(f"jpeg_quality must be an integer from 1 to 100, got {jpeg_quality!r}")
+    if not 1 <= jpeg_quality <= 100:
+        raise ValueError(f"jpeg_quality must be an integer from 1 to 100, got {jpeg_quality!r}")
+    classes, found = _scan(Path(src))
+    sink = PackSink(str(dest), options, part_workers=workers)
     try:
         before = sink.existing()
-    except BaseException:
+        if before and not overwrite:
+            shown = ", ".join(before[:3])
+            shown += f", ... ({len(before)} in all)" if len(before) > 3 else ""
+            raise ValueError(
+                f"{dest} already holds a dataset ({shown}): pack refuses to write over it, "
+                "since its extra shards would be left behind; pass overwrite=True "
+                "(--overwrite) to replace it and remove the shards the new pack does not write"
+            )
+        tmp_root = None if sink.s3 else sink.folder
+        with tempfile.TemporaryDirectory(prefix=".asyncstream-pack-", dir=tmp_root) as tmp:
+            spool = Path(tmp) / "converted"
+            spool.mkdir()
+            conversion = Conversion(to_jpeg, jpeg_quality, spool)
+            samples, bad = check_images(found, classes, conversion, workers, check_progress)
+            if bad and (on_error == "fail" or not samples):
+                hint = "; fix or remove them, or pass on_error='skip' (--on-error skip)"
+                raise DecodeError(
+                    f"pack refused: {len(bad)} of {len(found)} images in {src} do not decode, "
+                    f"so nothing was written: {listing(bad)}{hint if samples else ''}"
+                )
+            if bad:
+                warnings.warn(
+                    SkippedImageWarning(
+                        f"pack skipped {len(bad)} of {len(found)} images in {src} that do not "
+                        f"decode: {listing(bad)}"
+                    ),
+                    stacklevel=2,
+                )
+            shards = _write(
+                sink,
+                samples,
+                classes,
+                before,
+                Path(tmp),
+                _Writing(shard_bytes, shard_samples, shuffle_seed, name_prefix, workers, progress),
+            )
+    finally:
         sink.close()
-        raise
-    if before and not overwrite:
-        sink.close()
-        shown = ", ".join(before[:3]) + (f", ... ({len(before)} in all)" if len(before) > 3 else "")
-        raise ValueError(
-            f"{dest} already holds a dataset ({shown}): pack refuses to write over it, since "
-            "its extra shards would be left behind; pass overwrite=True (--overwrite) to "
-            "replace it and remove the shards the new pack does not write"
-        )
+    return PackResult(classes=classes, shards=shards, skipped=bad)
+
+
+@dataclass(frozen=True)
+class _Writing:
+    shard_bytes: int | None
+    shard_samples: int | None
+    shuffle_seed: int | None
+    name_prefix: str
+    workers: int
+    progress: Callable[[int, int, int], None] | None
+
+
+def _write(
+    sink: PackSink,
+    samples: list[PackImage],
+    classes: list[str],
+    before: list[str],
+    tmp: Path,
+    how: _Writing,
+) -> list[PackedShard]:
+    """Write the shards, ``classes.json`` and the manifest; remove stale shards."""
+    if how.shuffle_seed is not None:
+        random.Random(how.shuffle_seed).shuffle(samples)
+    width = max(6, len(str(len(samples) - 1)))
+    groups = list(_group(samples, how.shard_bytes, how.shard_samples))
     lock = threading.Lock()
     done = [0, 0]
     results: list[PackedShard | None] = [None] * len(groups)
 
-    def build(number: int, members: list[tuple[int, _Sample]], tmp: Path) -> None:
-        name = f"{name_prefix}{number:06d}.tar"
+    def build(number: int, members: list[tuple[int, PackImage]]) -> None:
+        name = f"{how.name_prefix}{number:06d}.tar"
         path = tmp / name
         with path.open("wb") as out:
             _write_shard(out, members, width)
@@ -362,39 +348,30 @@ def pack(
         with lock:
             done[0] += len(members)
             done[1] += size
-            if progress is not None:
-                progress(done[0], done[1], len(samples))
+            if how.progress is not None:
+                how.progress(done[0], done[1], len(samples))
 
-    tmp_root = Path(dest) if not sink.s3 else None
-    try:
-        with (
-            tempfile.TemporaryDirectory(prefix=".asyncstream-pack-", dir=tmp_root) as tmp,
-            ThreadPoolExecutor(workers) as pool,
-        ):
-            futures: list[Future[None]] = [
-                pool.submit(build, i, g, Path(tmp)) for i, g in enumerate(groups)
-            ]
-            try:
-                for fut in futures:
-                    fut.result()
-            except BaseException:
-                for fut in futures:
-                    fut.cancel()
-                raise
-        shards = [r for r in results if r is not None]
-        class_map = {
-            "classes": classes,
-            "class_to_index": {name: i for i, name in enumerate(classes)},
-            "samples": sum(s.samples for s in shards),
-            "shards": [{"url": s.url, "samples": s.samples, "size": s.size} for s in shards],
-        }
-        sink.put_bytes("classes.json", json.dumps(class_map, indent=1).encode())
-        rows = [(s.url, s.samples, s.size, s.etag) for s in shards]
-        sink.put_bytes(MANIFEST_NAME, manifest_bytes(sink.folder_url, rows))
-        written = {s.url for s in shards} | {sink.url(MANIFEST_NAME)}
-        stale = [url for url in before if url not in written]
-        if stale:
-            sink.stores.delete(stale)
-    finally:
-        sink.close()
-    return PackResult(classes=classes, shards=shards)
+    with ThreadPoolExecutor(how.workers) as pool:
+        futures: list[Future[None]] = [pool.submit(build, i, g) for i, g in enumerate(groups)]
+        try:
+            for fut in futures:
+                fut.result()
+        except BaseException:
+            for fut in futures:
+                fut.cancel()
+            raise
+    shards = [r for r in results if r is not None]
+    class_map = {
+        "classes": classes,
+        "class_to_index": {name: i for i, name in enumerate(classes)},
+        "samples": sum(s.samples for s in shards),
+        "shards": [{"url": s.url, "samples": s.samples, "size": s.size} for s in shards],
+    }
+    sink.put_bytes("classes.json", json.dumps(class_map, indent=1).encode())
+    rows = [(s.url, s.samples, s.size, s.etag) for s in shards]
+    sink.put_bytes(MANIFEST_NAME, manifest_bytes(sink.folder_url, rows))
+    written = {s.url for s in shards} | {sink.url(MANIFEST_NAME)}
+    stale = [url for url in before if url not in written]
+    if stale:
+        sink.stores.delete(stale)
+    return shards

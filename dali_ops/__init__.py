@@ -1,4 +1,4 @@
-"""GPU (or CPU) JPEG decode of asyncstream samples with NVIDIA DALI.
+"""GPU (or CPU) image decode of asyncstream samples with NVIDIA DALI (JPEG, PNG, WebP, ...).
 
 :class:`DALIImageLoader` turns a :class:`~asyncstream.ShardStream` into batches of
 decoded, augmented ``(images, labels)`` torch tensors; :func:`build_pipeline` is the DALI

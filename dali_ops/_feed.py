@@ -20,6 +20,16 @@ then invalid ("Current pipeline object is no longer valid"); it must be rebuilt.
    become a :class:`~asyncstream.DecodeError` (``"raise"``), and the batches are fed again
    to a fresh pipeline. A failure that no single image explains is raised as is.
 
+Naming a sample. ``asyncstream pack`` renumbers keys, so an error names the sample by shard
+URL and key and, where the sample has a ``json`` member with a ``"source"`` (pack writes
+one), by its source file too: ``file:///data/shard-000001.tar: sample '000017' (source
+'cat/img_0007.png')``. The member is parsed only to build such a message.
+
+Image members. A sample's image is its first member among ``image_keys`` (by default every
+extension pack writes, and ``jpeg``, ``tif`` and ``tiff``, which other tools write and DALI
+decodes); DALI's decoder tells the format from the bytes, not from the extension. A sample
+with none of them is a :class:`~asyncstream.DecodeError` naming the members it has.
+
 Errors never escape into DALI: a sample that fails the pre-check (``on_error="raise"``) or
 a stream error becomes a *poisoned* record at the end of the FIFO and the source ends the
 epoch; the loader raises the error when that record reaches the head, i.e. after every
@@ -31,10 +41,11 @@ data) is not detected by anyone: it decodes to wrong pixels.
 from __future__ import annotations
 
 import io
+import json
 import time
 from collections import deque
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal
 
 import numpy as np
@@ -48,9 +59,23 @@ from ._pipeline import Batch, find_undecodable
 if TYPE_CHECKING:
     from asyncstream import ShardStream
 
-__all__ = ["Counters", "FedBatch", "Feeder", "Precheck", "check_image"]
+__all__ = [
+    "IMAGE_KEYS",
+    "Counters",
+    "FedBatch",
+    "Feeder",
+    "Precheck",
+    "check_image",
+    "describe_sample",
+    "source_of",
+]
 
 Precheck = Literal["none", "markers", "header"]
+
+IMAGE_KEYS = ("jpg", "jpeg", "png", "webp", "bmp", "tif", "tiff")
+"""The image members a sample is searched for, in order: all that ``pack`` writes, and more."""
+
+_META_KEY = "json"  # the member in which pack records a sample's source file
 
 # Leading bytes of the formats DALI's decoders.image reads (PNM: P1-P6).
 _SIGNATURES = (
@@ -95,6 +120,24 @@ def check_image(data: bytes, level: Precheck) -> str | None:
     return None
 
 
+def source_of(meta: object) -> str | None:
+    """The ``"source"`` recorded in a sample's ``json`` member, if it holds one."""
+    if not isinstance(meta, bytes):
+        return None
+    try:
+        parsed = json.loads(meta)
+    except (ValueError, RecursionError):  # not JSON, not UTF-8, nested too deep: not ours
+        return None
+    source = parsed.get("source") if isinstance(parsed, dict) else None
+    return source if isinstance(source, str) else None
+
+
+def describe_sample(url: str, key: str, meta: object = None) -> str:
+    """``"URL: sample 'KEY'"``, with ``" (source 'PATH')"`` when ``meta`` records one."""
+    source = source_of(meta)
+    return f"{url}: sample {key!r}" + (f" (source {source!r})" if source is not None else "")
+
+
 @dataclass
 class FedBatch:
     """One batch given to DALI (or, with ``error`` set, one that failed before it)."""
@@ -104,10 +147,15 @@ class FedBatch:
     urls: list[str]
     arrays: list[npt.NDArray[np.uint8]]
     labels: list[int]
+    metas: list[bytes | None] = field(default_factory=list)  # json members, for messages
     error: BaseException | None = None
 
     def source_batch(self) -> Batch:
         return self.arrays, np.asarray(self.labels, dtype=np.int64)
+
+    def describe(self, index: int) -> str:
+        """Shard, key and source of the sample at ``index``, for a message."""
+        return describe_sample(self.urls[index], self.keys[index], self.metas[index])
 
     def remove(self, indices: set[int]) -> None:
         """Drop the samples at ``indices``."""
@@ -116,6 +164,7 @@ class FedBatch:
         self.urls = [self.urls[i] for i in keep]
         self.arrays = [self.arrays[i] for i in keep]
         self.labels = [self.labels[i] for i in keep]
+        self.metas = [self.metas[i] for i in keep]
 
 
 @dataclass
@@ -143,20 +192,20 @@ class Feeder:
         drop_last: bool,
         on_error: Literal["raise", "skip"],
         precheck: Precheck,
-        image_key: str,
+        image_keys: tuple[str, ...],
         label_key: str,
         stats: Counters,
-        skipped: deque[tuple[str, str, str]],
+        skipped: deque[tuple[str, str, str, str | None]],
     ) -> None:
         self.stream = stream
         self.batch_size = batch_size
         self.drop_last = drop_last
         self.on_error = on_error
         self.precheck: Precheck = precheck
-        self.image_key = image_key
+        self.image_keys = image_keys
         self.label_key = label_key
         self.stats = stats
-        self.skipped = skipped  # (url, key, reason), most recent last
+        self.skipped = skipped  # (url, key, reason, source), most recent last
         self.in_flight: deque[FedBatch] = deque()  # given to DALI, oldest first
         self.refeed: deque[FedBatch] = deque()  # to give again to a rebuilt pipeline
         self.samples: Iterator[dict[str, Any]] | None = None
@@ -211,31 +260,39 @@ class Feeder:
 
     def _add(self, batch: FedBatch, sample: dict[str, Any]) -> None:
         url, key = str(sample.get("__url__")), str(sample.get("__key__"))
+        meta = sample.get(_META_KEY)
+        meta = meta if isinstance(meta, bytes) else None
         try:
             label = int(sample[self.label_key])
         except (KeyError, ValueError, TypeError) as exc:
             raise DataError(
-                f"{url}: sample {key!r}: no integer label in {self.label_key!r} ({exc})"
+                f"{describe_sample(url, key, meta)}: no integer label in {self.label_key!r} ({exc})"
             ) from None
-        data = sample.get(self.image_key)
-        if not isinstance(data, bytes):
-            problem: str | None = f"no {self.image_key!r} member"
+        data = next((d for k in self.image_keys if isinstance(d := sample.get(k), bytes)), None)
+        if data is None:
+            members = ", ".join(repr(k) for k in sorted(sample) if not k.startswith("__"))
+            wanted = ", ".join(repr(k) for k in self.image_keys)
+            problem: str | None = (
+                f"no image member: it has {members or 'no member'}, the loader looks for "
+                f"{wanted} (DALIImageLoader's image_keys)"
+            )
         else:
             problem = check_image(data, self.precheck)
         if problem is not None:
             if self.on_error == "raise":
-                raise DecodeError(f"{url}: sample {key!r}: {problem}")
-            self.skip(url, key, problem)
+                raise DecodeError(f"{describe_sample(url, key, meta)}: {problem}")
+            self.skip(url, key, problem, meta)
             return
-        assert isinstance(data, bytes)
+        assert data is not None
         batch.keys.append(key)
         batch.urls.append(url)
         batch.arrays.append(np.frombuffer(data, dtype=np.uint8))  # a view: no copy
         batch.labels.append(label)
+        batch.metas.append(meta)
 
-    def skip(self, url: str, key: str, reason: str) -> None:
+    def skip(self, url: str, key: str, reason: str, meta: bytes | None = None) -> None:
         self.stats.skipped += 1
-        self.skipped.append((url, key, reason))
+        self.skipped.append((url, key, reason, source_of(meta)))
 
     def triage(self, device: Literal["cpu", "mixed"], device_id: int | None) -> bool:
         """After DALI failed: probe the batches it held, apply ``on_error``, queue a refeed.
@@ -255,12 +312,10 @@ class Feeder:
             blamed = blamed or bool(bad)
             if bad and self.on_error == "raise":
                 i = min(bad)
-                batch.error = DecodeError(
-                    f"{batch.urls[i]}: sample {batch.keys[i]!r}: DALI cannot decode it: {bad[i]}"
-                )
+                batch.error = DecodeError(f"{batch.describe(i)}: DALI cannot decode it: {bad[i]}")
             elif bad:
                 for i, reason in bad.items():
-                    self.skip(batch.urls[i], batch.keys[i], f"DALI: {reason}")
+                    self.skip(batch.urls[i], batch.keys[i], f"DALI: {reason}", batch.metas[i])
                 batch.remove(set(bad))
             if batch.keys or batch.error:
                 self.refeed.append(batch)

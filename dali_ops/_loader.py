@@ -37,6 +37,7 @@ from __future__ import annotations
 
 import copy
 from collections import deque
+from collections.abc import Sequence
 from dataclasses import asdict, replace
 from typing import Any, Literal
 
@@ -45,7 +46,7 @@ import torch
 from asyncstream import ShardStream, StateError
 
 from ._device import resolve_device, resolve_device_id
-from ._feed import Counters, FedBatch, Feeder, Precheck
+from ._feed import IMAGE_KEYS, Counters, FedBatch, Feeder, Precheck
 from ._pass import PipelinePass
 from ._pipeline import PipelineSettings
 
@@ -76,7 +77,8 @@ class DALIImageLoader:
             ``settings.train`` (``True``).
         drop_last: drop a final batch shorter than ``batch_size``.
         on_error: an undecodable image raises :class:`~asyncstream.DecodeError` naming
-            shard and key (``"raise"``), or is dropped and counted (``"skip"``). A raised
+            shard, key and, where the sample records it (``asyncstream pack`` does), its
+            source file (``"raise"``), or is dropped and counted (``"skip"``). A raised
             error comes after every earlier batch, the pass ends, and
             :meth:`state_dict` points at the failed batch (``iter`` again restarts the
             epoch; load that state to continue). A missing or non-integer label always
@@ -88,7 +90,11 @@ class DALIImageLoader:
             decoded image by image to find the culprit.
         settings: everything else about the pipeline (mean, std, dtype, threads, seed...).
         device_id: the GPU; default ``LOCAL_RANK``, else the current CUDA device.
-        image_key: the sample member holding the encoded image.
+        image_keys: the members that may hold a sample's encoded image, tried in order;
+            default every extension ``asyncstream pack`` writes (``jpg``, ``png``,
+            ``webp``, ``bmp``) and ``jpeg``, ``tif``, ``tiff``. DALI tells the format from
+            the bytes. A sample with none of them is a
+            :class:`~asyncstream.DecodeError` (or skipped) naming the members it has.
         label_key: the sample member holding the class index as ASCII digits.
 
     Raises:
@@ -108,7 +114,7 @@ class DALIImageLoader:
         precheck: Precheck = "markers",
         settings: PipelineSettings | None = None,
         device_id: int | None = None,
-        image_key: str = "jpg",
+        image_keys: Sequence[str] = IMAGE_KEYS,
         label_key: str = "cls",
     ) -> None:
         if not isinstance(stream, ShardStream):
@@ -123,9 +129,18 @@ class DALIImageLoader:
             raise ValueError(f"precheck must be 'none', 'markers' or 'header', got {precheck!r}")
         if settings is not None and not isinstance(settings, PipelineSettings):
             raise ValueError(f"settings must be a PipelineSettings, got {settings!r}")
-        for name, key in (("image_key", image_key), ("label_key", label_key)):
-            if not isinstance(key, str) or not key:
-                raise ValueError(f"{name} must be a non-empty string, got {key!r}")
+        if not isinstance(label_key, str) or not label_key:
+            raise ValueError(f"label_key must be a non-empty string, got {label_key!r}")
+        if (
+            isinstance(image_keys, str)
+            or not isinstance(image_keys, Sequence)
+            or not image_keys
+            or not all(isinstance(k, str) and k for k in image_keys)
+        ):
+            raise ValueError(
+                f"image_keys must be a non-empty sequence of non-empty strings, such as "
+                f"('jpg', 'png'), got {image_keys!r}"
+            )
         overrides: dict[str, Any] = {"image_size": image_size, "train": train}
         self.settings = replace(
             settings or PipelineSettings(), **{k: v for k, v in overrides.items() if v is not None}
@@ -137,14 +152,14 @@ class DALIImageLoader:
         self.on_error = on_error
         self._stream = stream
         self._counters = Counters()
-        self._skipped: deque[tuple[str, str, str]] = deque(maxlen=100)
+        self._skipped: deque[tuple[str, str, str, str | None]] = deque(maxlen=100)
         self._feeder = Feeder(
             stream,
             batch_size,
             drop_last=drop_last,
             on_error=on_error,
             precheck=precheck,
-            image_key=image_key,
+            image_keys=tuple(image_keys),
             label_key=label_key,
             stats=self._counters,
             skipped=self._skipped,
@@ -286,7 +301,12 @@ class DALIImageLoader:
         self._epoch_batches = mine[0] if mine and same else 0  # else a new count from here
 
     def stats(self) -> dict[str, Any]:
-        """Counters since construction, plus the stream's statistics of its epoch."""
+        """Counters since construction, plus the stream's statistics of its epoch.
+
+        ``skipped_samples`` lists the last 100 images skipped (``on_error="skip"``) as
+        ``(shard URL, key, reason, source)``, ``source`` being the file ``asyncstream
+        pack`` recorded in the sample's ``json`` member, or ``None``.
+        """
         self._check_open()
         return {
             "device": self.device,

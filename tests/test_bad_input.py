@@ -548,7 +548,7 @@ def _corrupt_data(good: bytes) -> bytes:
 
 BAD = 5  # the bad sample's index; batches of 3: batch 1 holds it
 IMAGE_ROWS: dict[str, tuple[Callable[[bytes], bytes | None], str]] = {
-    "sample-without-image": (lambda good: None, "no 'jpg' member"),
+    "sample-without-image": (lambda good: None, "no image member: it has 'cls'"),
     "not-an-image": (lambda good: b"<html>this is not an image</html>" * 9, "not an image"),
     "corrupt-jpeg-data": (_corrupt_data, "DALI cannot decode it"),
 }

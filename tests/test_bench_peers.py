@@ -8,6 +8,7 @@ import random
 from typing import Any
 
 import pytest
+from _jpegs import jpeg_of
 
 from asyncstream import LocalS3, pack
 from bench.peers import (
@@ -34,7 +35,7 @@ def dataset(s3_server: LocalS3, tmp_path_factory: pytest.TempPathFactory) -> dic
         folder = root / "src" / f"c{label}"
         folder.mkdir(parents=True)
         for i in range(PER_CLASS):
-            data = rng.randbytes(rng.choice([100, 3000, 20000]))
+            data = jpeg_of(rng, rng.choice([100, 3000, 20000]))
             (folder / f"img{i:03d}.jpg").write_bytes(data)
             nbytes += len(data) + len(str(label))
     s3_server.client().create_bucket(Bucket="peers-data")

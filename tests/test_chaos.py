@@ -36,6 +36,7 @@ from typing import Any
 
 import pytest
 from _procs import alive
+from PIL import Image
 
 from asyncstream import LocalS3, pack
 from asyncstream.testing import FaultPlan, FaultProxy
@@ -72,7 +73,7 @@ def digest(data: bytes) -> str:
 
 @pytest.fixture(scope="module")
 def dataset(s3_server: LocalS3, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
-    """120 samples of random bytes, 100 B to 6 KB, in shards of at most 24 KB.
+    """120 samples of PNGs of noise, 100 B to 6 KB, in shards of at most 24 KB.
 
     Returns the URL and, read back with :mod:`tarfile` straight from the server, the
     digest of every member of every sample.
@@ -83,7 +84,9 @@ def dataset(s3_server: LocalS3, tmp_path_factory: pytest.TempPathFactory) -> dic
         folder = root / f"c{i % 5}"
         folder.mkdir(parents=True, exist_ok=True)
         size = rng.choice([100, 600, 1500, 3000, 6000])
-        (folder / f"img{i:04d}.jpg").write_bytes(rng.randbytes(size))
+        side = max(1, int(((size - 70) / 3) ** 0.5))  # a PNG of noise: ~3 bytes a pixel
+        noise = Image.frombytes("RGB", (side, side), rng.randbytes(3 * side * side))
+        noise.save(folder / f"img{i:04d}.png")  # pack decodes every image: a real one
     client = s3_server.client()
     client.create_bucket(Bucket="chaos-soak")
     url = "s3://chaos-soak/train/"

@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import json
 import math
+import tarfile
 from pathlib import Path
 
 import pytest
 from _foreign import foreign_shards, write
 
 from asyncstream import LocalS3, StaleShardWarning
-from asyncstream._cli import human, main, parse_size
+from asyncstream._cli import _parser, human, main, parse_size
 
 
 def test_parse_size_units() -> None:
@@ -129,3 +130,86 @@ def test_pack_refuses_a_destination_with_shards_unless_overwrite(
     assert "--overwrite" in err
     assert main([*args, "--shard-samples", "4", "--overwrite"]) == 0
     assert len(list(out.glob("*.tar"))) == 3
+
+
+def _images_with_bad_ones(tmp_path: Path) -> tuple[Path, str, str]:
+    """Generated JPEGs plus a truncated JPEG and a text file named .jpg in the first class."""
+    images = tmp_path / "images"
+    assert main(["generate", str(images), "--images", "6", "--classes", "2"]) == 0
+    first = sorted(p for p in images.iterdir() if p.is_dir())[0]
+    good = next(first.glob("*.jpg")).read_bytes()
+    (first / "cut.jpg").write_bytes(good[: len(good) // 3])
+    (first / "readme.jpg").write_text("not a picture")
+    return images, f"{first.name}/cut.jpg", f"{first.name}/readme.jpg"
+
+
+def test_pack_skips_bad_images_and_lists_them(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    images, cut, text = _images_with_bad_ones(tmp_path)
+    capsys.readouterr()
+    out = tmp_path / "shards"
+    assert main(["pack", str(images), str(out), "--no-progress"]) == 0  # --on-error skip
+    captured = capsys.readouterr()
+    assert "skipped 2 bad images" in captured.err
+    assert f"  {cut}: does not decode" in captured.err
+    assert f"  {text}: not an image" in captured.err
+    assert "packed 6 samples" in captured.out
+    assert "skipped 2 bad images" in captured.out
+    assert main(["ls", str(out)]) == 0
+    assert "6 samples" in capsys.readouterr().out
+
+
+def test_pack_on_error_fail_refuses_naming_the_file(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    images, cut, text = _images_with_bad_ones(tmp_path)
+    capsys.readouterr()
+    out = tmp_path / "shards"
+    assert main(["pack", str(images), str(out), "--no-progress", "--on-error", "fail"]) == 1
+    err = capsys.readouterr().err
+    assert err.startswith("asyncstream: error: pack refused: 2 of 8 images")
+    assert f"{cut}: does not decode" in err
+    assert f"{text}: not an image" in err
+    assert not list(out.glob("*"))  # no shard, no manifest, no temporary folder
+
+
+def test_pack_to_jpeg_on_the_command_line(tmp_path: Path) -> None:
+    from PIL import Image
+
+    images = tmp_path / "images"
+    (images / "red").mkdir(parents=True)
+    (images / "blue").mkdir()
+    Image.new("RGB", (32, 32), (200, 10, 10)).save(images / "red" / "a.png")
+    Image.new("RGB", (32, 32), (10, 10, 200)).save(images / "blue" / "b.webp")
+    out = tmp_path / "shards"
+    args = ["pack", str(images), str(out), "--no-progress", "--to-jpeg", "--jpeg-quality", "80"]
+    assert main(args) == 0
+    with tarfile.open(out / "shard-000000.tar") as tar:
+        names = tar.getnames()
+        metas = [
+            json.loads(tar.extractfile(n).read())  # type: ignore[union-attr]
+            for n in names
+            if n.endswith(".json")
+        ]
+    assert names == [f"00000{i}.{ext}" for i in range(2) for ext in ("jpg", "cls", "json")]
+    assert [(m["source"], m["converted_from"]) for m in metas] == [
+        ("blue/b.webp", "WEBP"),
+        ("red/a.png", "PNG"),
+    ]
+    assert main(["pack", str(images), str(tmp_path / "x"), "--jpeg-quality", "0"]) == 1
+
+
+def test_pack_help_states_every_default(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exited:
+        main(["pack", "--help"])
+    assert exited.value.code == 0
+    text = " ".join(capsys.readouterr().out.split())
+    for fragment in ("--on-error {skip,fail}", "(default skip)", "--to-jpeg", "(default 95)"):
+        assert fragment in text
+    subparsers = next(a for a in _parser()._actions if a.choices and "pack" in a.choices)
+    pack_parser = subparsers.choices["pack"]  # type: ignore[index]
+    shared = {"help", "endpoint_url", "profile"}  # argparse's, and the S3 flags of every command
+    for action in pack_parser._actions:
+        if action.option_strings and action.dest not in shared:
+            assert "default" in (action.help or ""), action.option_strings

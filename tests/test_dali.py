@@ -13,11 +13,12 @@ from typing import Any
 import numpy as np
 import pytest
 import torch
+from PIL import Image
 
 from asyncstream import DecodeError, ShardStream, StateError, pack
 from asyncstream.testing import generate_imagefolder
 from dali_ops import DALIImageLoader, PipelineSettings, build_pipeline
-from dali_ops._feed import check_image
+from dali_ops._feed import IMAGE_KEYS, check_image
 
 SETTINGS = PipelineSettings(image_size=64, num_threads=2, seed=7)
 N_IMAGES = 96  # 5 shards of 20, 20, 20, 20, 16 samples
@@ -293,10 +294,183 @@ def test_check_image_accepts_real_images(dataset: Dataset) -> None:
     for _, jpg, _ in list(dataset.members.values())[:5]:
         assert check_image(jpg, "header") is None
     png = io.BytesIO()
-    from PIL import Image
-
     Image.new("RGB", (8, 8)).save(png, "PNG")
     assert check_image(png.getvalue(), "header") is None
+
+
+# -- what pack writes, the loader reads --------------------------------------------------
+
+# One flat colour per image, so that any resize or crop leaves it as it is; with mean 0 and
+# std 1 the loader's output is the colour itself.
+RAW = PipelineSettings(
+    image_size=8, num_threads=2, seed=0, train=False, mean=(0, 0, 0), std=(1, 1, 1)
+)
+FORMATS: dict[str, dict[str, Any]] = {
+    "png": {},
+    "webp": {"lossless": True},
+    "bmp": {},
+    "gif": {},
+    "tif": {},
+    "jpg": {"quality": 95},
+}
+
+
+def colour(index: int) -> tuple[int, int, int]:
+    return (20 + 37 * index % 200, 200 - 23 * index % 180, 60 + 51 * index % 150)
+
+
+@pytest.fixture(scope="module")
+def format_tree(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[str, Any]]:
+    """Two classes, two flat-colour images per format in each; {source: (colour, label)}."""
+    root = tmp_path_factory.mktemp("formats") / "images"
+    expected: dict[str, Any] = {}
+    index = 0
+    for label, name in enumerate(("cat", "dog")):
+        (root / name).mkdir(parents=True)
+        for ext, options in FORMATS.items():
+            for copy in range(2):
+                rel = f"{name}/img_{copy}.{ext}"
+                Image.new("RGB", (24, 20), colour(index)).save(root / rel, **options)
+                if ext == "jpg" and copy == 1:  # a trailer after the end marker, as phones add
+                    with (root / rel).open("ab") as f:
+                        f.write(b"\xff\xd9 appended video " * 20)
+                expected[rel] = (colour(index), label)
+                index += 1
+    return root, expected
+
+
+def sources_by_key(folder: Path) -> dict[str, str]:
+    found: dict[str, str] = {}
+    for path in folder.glob("*.tar"):
+        with tarfile.open(path) as tar:
+            for info in tar:
+                if info.name.endswith(".json"):
+                    meta = json.loads(tar.extractfile(info).read())  # type: ignore[union-attr]
+                    found[info.name.partition(".")[0]] = meta["source"]
+    return found
+
+
+@pytest.mark.parametrize("to_jpeg", [False, True])
+def test_every_format_pack_writes_decodes_in_the_default_loader(
+    format_tree: tuple[Path, dict[str, Any]], tmp_path: Path, to_jpeg: bool
+) -> None:
+    root, expected = format_tree
+    pack(root, str(tmp_path / "shards"), shard_samples=5, shard_bytes=None, to_jpeg=to_jpeg)
+    sources = sources_by_key(tmp_path / "shards")
+    seen = []
+    with make_loader(tmp_path / "shards", 7, settings=RAW) as loader:
+        for images, labels in loader:
+            for (_, key), image, label in zip(loader.last_keys, images, labels, strict=True):
+                want, want_label = expected[sources[key]]
+                assert int(label) == want_label
+                pixels = image.reshape(3, -1)
+                # lossless formats exactly; JPEG within a few levels
+                tolerance = 3 if to_jpeg or sources[key].endswith(".jpg") else 0
+                assert (pixels - torch.tensor(want)[:, None]).abs().max() <= tolerance, sources[key]
+                seen.append(sources[key])
+        assert loader.stats()["skipped"] == 0
+    assert sorted(seen) == sorted(expected)
+
+
+def write_tar(path: Path, entries: list[tuple[str, bytes]]) -> str:
+    with tarfile.open(path, "w", format=tarfile.USTAR_FORMAT) as tar:
+        for name, data in entries:
+            info = tarfile.TarInfo(name)
+            info.size = len(data)
+            tar.addfile(info, io.BytesIO(data))
+    return path.resolve().as_uri()
+
+
+def meta(source: str) -> bytes:
+    return json.dumps({"source": source, "class": "cat", "label": 0}).encode()
+
+
+@pytest.fixture(scope="module")
+def sourced_shards(dataset: Dataset, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    """Shards of 4 samples with json sources: 000002 does not decode (garbage, or corrupt
+    data only DALI finds); in the third, 000002 has no image member at all."""
+    folder = tmp_path_factory.mktemp("sourced")
+    good = [jpg for _, jpg, _ in sorted(dataset.members.values())[:4]]
+    # header and end marker intact, the data not: passes the pre-check, DALI fails on it
+    corrupt = good[2][:200] + bytes(range(256)) * 2 + good[2][-300:]
+    shards = {}
+    for name, bad in (("garbage", b"plain text, not an image" * 20), ("corrupt", corrupt)):
+        entries = []
+        for i, jpg in enumerate(good):
+            key = f"{i:06d}"
+            image = bad if i == 2 else jpg
+            entries += [
+                (f"{key}.jpg", image),
+                (f"{key}.cls", b"0"),
+                (f"{key}.json", meta(f"cat/{i}.png")),
+            ]
+        (folder / name).mkdir()
+        shards[name] = write_tar(folder / name / "shard.tar", entries)
+    (folder / "missing").mkdir()
+    entries = []
+    for i, jpg in enumerate(good):
+        key = f"{i:06d}"
+        if i != 2:
+            entries.append((f"{key}.jpg", jpg))
+        entries += [(f"{key}.cls", b"0"), (f"{key}.json", meta(f"cat/{i}.png"))]
+        if i == 2:
+            entries.append((f"{key}.txt", b"a caption"))
+    shards["missing"] = write_tar(folder / "missing" / "shard.tar", entries)
+    return {"folder": folder, **shards}
+
+
+def sourced_loader(folder: Path, **kwargs: Any) -> DALIImageLoader:
+    stream_args = {"shuffle": False, "samples_per_shard": 4}
+    return make_loader(folder, 2, train=False, stream_args=stream_args, **kwargs)
+
+
+@pytest.mark.parametrize(
+    ("shard", "precheck", "why"),
+    [
+        ("garbage", "markers", "unknown signature"),
+        ("garbage", "none", "DALI cannot decode it"),
+        ("corrupt", "markers", "DALI cannot decode it"),
+    ],
+)
+def test_decode_error_names_the_source_file(
+    sourced_shards: dict[str, Any], shard: str, precheck: str, why: str
+) -> None:
+    url = sourced_shards[shard]
+    with (
+        sourced_loader(sourced_shards["folder"] / shard, precheck=precheck) as loader,
+        pytest.raises(DecodeError) as caught,
+    ):
+        list(loader)
+    assert f"{url}: sample '000002' (source 'cat/2.png'): " in str(caught.value)
+    assert why in str(caught.value)
+    with sourced_loader(
+        sourced_shards["folder"] / shard, precheck=precheck, on_error="skip"
+    ) as loader:
+        keys = [k for batch_keys, _, _ in take(loader) for k in batch_keys]
+        (skipped,) = loader.stats()["skipped_samples"]
+    assert keys == ["000000", "000001", "000003"]
+    assert skipped[:2] == (url, "000002")
+    assert skipped[3] == "cat/2.png"
+
+
+def test_a_sample_without_an_image_member_is_named_with_its_members(
+    sourced_shards: dict[str, Any],
+) -> None:
+    url = sourced_shards["missing"]
+    with (
+        sourced_loader(sourced_shards["folder"] / "missing") as loader,
+        pytest.raises(DecodeError) as caught,
+    ):
+        list(loader)
+    message = str(caught.value)
+    assert f"{url}: sample '000002' (source 'cat/2.png'): no image member" in message
+    assert "it has 'cls', 'json', 'txt'" in message
+    assert ", ".join(repr(k) for k in IMAGE_KEYS) in message
+    with (
+        sourced_loader(sourced_shards["folder"] / "garbage", image_keys=("png", "webp")) as loader,
+        pytest.raises(DecodeError, match=r"'000000'.*it has 'cls', 'jpg', 'json'.*'png', 'webp'"),
+    ):
+        list(loader)
 
 
 # -- lifetime and arguments -----------------------------------------------------------------
@@ -333,7 +507,9 @@ def idle_stream(dataset: Dataset) -> Iterator[ShardStream]:
         ({"on_error": "ignore"}, "on_error"),
         ({"precheck": "full"}, "precheck"),
         ({"settings": {"image_size": 8}}, "settings"),
-        ({"image_key": ""}, "image_key"),
+        ({"image_keys": ()}, "image_keys"),
+        ({"image_keys": "jpg"}, "image_keys"),
+        ({"image_keys": ("jpg", "")}, "image_keys"),
         ({"label_key": None}, "label_key"),
     ],
 )

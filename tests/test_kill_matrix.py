@@ -35,6 +35,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from _jpegs import jpeg_of
 
 from asyncstream import LocalS3, pack
 from asyncstream.testing import FaultPlan, FaultProxy, generate_imagefolder
@@ -74,13 +75,14 @@ class Outcome:
 
 @pytest.fixture(scope="module")
 def data(s3_server: LocalS3, tmp_path_factory: pytest.TempPathFactory) -> Data:
-    """48 random-byte samples in ~10 shards, and 24 small JPEGs in 4 shards."""
+    """48 samples (JPEGs of noise padded to random sizes) in ~10 shards, and 24 small
+    photo-like JPEGs in 4 shards."""
     root = tmp_path_factory.mktemp("kill")
     rng = random.Random(1)
     for i in range(N_SAMPLES):
         folder = root / "src" / f"c{i % 3}"
         folder.mkdir(parents=True, exist_ok=True)
-        (folder / f"img{i:04d}.jpg").write_bytes(rng.randbytes(rng.choice([100, 600, 1500, 3000])))
+        (folder / f"img{i:04d}.jpg").write_bytes(jpeg_of(rng, rng.choice([100, 600, 1500, 3000])))
     generate_imagefolder(root / "images", 24, 3, seed=0, workers=1)
     s3_server.client().create_bucket(Bucket="kill-matrix")
     options = s3_server.options()

@@ -1,33 +1,79 @@
-"""pack: ImageFolder to tar shards, locally and on S3, read back by tar, webdataset and DALI."""
+"""pack: ImageFolder to tar shards, locally and on S3, read back by tar, webdataset and DALI.
+
+Bad images and formats: every source image is decoded before anything is written; bad ones
+are skipped and named or refuse the pack; the source path travels in each sample's json.
+"""
 
 from __future__ import annotations
 
 import gc
+import hashlib
 import io
 import json
-import os
 import subprocess
 import tarfile
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
+from PIL import Image
 
-from asyncstream import LocalS3, NotFoundError, S3Options, pack, resolve_shards
-from asyncstream._pack import _MULTIPART_THRESHOLD
+from asyncstream import (
+    DecodeError,
+    LocalS3,
+    NotFoundError,
+    S3Options,
+    SkippedImage,
+    SkippedImageWarning,
+    pack,
+    resolve_shards,
+)
+from asyncstream._packsink import MULTIPART_THRESHOLD
+
+
+def _noise(seed: str, side: int) -> Image.Image:
+    rng = np.random.default_rng(int.from_bytes(hashlib.sha256(seed.encode()).digest()[:8]))
+    return Image.fromarray(rng.integers(0, 256, (side, side, 3), dtype=np.uint8))
+
+
+def _smooth(seed: str, side: int) -> Image.Image:
+    """Gradients, and a blue level per seed: what JPEG encodes with little loss."""
+    ramp = np.linspace(0, 255, side, dtype=np.uint8)
+    blue = hashlib.sha256(seed.encode()).digest()[0]
+    planes = np.broadcast_arrays(ramp[None, :], ramp[:, None], np.uint8(blue))
+    return Image.fromarray(np.stack(planes, axis=-1))
+
+
+def _jpeg(seed: str, size: int = 300) -> bytes:
+    """A real JPEG of noise, about ``size`` bytes (at least ~700: its tables), unique per seed."""
+    out = io.BytesIO()
+    _noise(seed, max(4, int((size / 2.4) ** 0.5))).save(out, "JPEG", quality=90)
+    return out.getvalue()
 
 
 def _make_tree(root: Path, classes: dict[str, int], size: int = 300) -> dict[str, bytes]:
-    """Write fake images; returns {relative path: bytes}. Content differs per file."""
+    """Write real JPEGs; returns {relative path: bytes}. Content differs per file."""
     files: dict[str, bytes] = {}
     for name, count in classes.items():
         (root / name).mkdir(parents=True)
         for i in range(count):
-            data = f"{name}/{i}".encode() * (size // 8) + os.urandom(8)
             rel = f"{name}/img_{i:03d}.jpg"
+            data = _jpeg(rel, size)
             (root / rel).write_bytes(data)
             files[rel] = data
     return files
+
+
+def _read_samples(folder: Path) -> list[dict[str, bytes]]:
+    """Every sample of the shards in ``folder``, in order: {"__key__": ..., ext: bytes}."""
+    samples: dict[str, dict[str, Any]] = {}
+    for path in sorted(folder.glob("*.tar")):
+        with tarfile.open(path) as tar:
+            for m in tar:
+                key, _, ext = m.name.partition(".")
+                samples.setdefault(key, {"__key__": key})[ext] = tar.extractfile(m).read()  # type: ignore[union-attr]
+    return list(samples.values())
 
 
 def _read_local_shards(folder: Path) -> list[list[tuple[str, bytes]]]:
@@ -46,15 +92,20 @@ def test_local_pack_layout_and_bytes(tmp_path: Path) -> None:
     assert [s.samples for s in result.shards] == [5, 5, 2]
     shards = _read_local_shards(tmp_path / "out")
     members = [m for shard in shards for m in shard]
-    assert len(members) == 2 * len(files)
+    assert len(members) == 3 * len(files)
     source = list(files.items())  # class-sorted order, as packed without shuffle
     for i, (rel, data) in enumerate(source):
-        image_name, image_bytes = members[2 * i]
-        cls_name, cls_bytes = members[2 * i + 1]
+        image_name, image_bytes = members[3 * i]
+        cls_name, cls_bytes = members[3 * i + 1]
+        json_name, json_bytes = members[3 * i + 2]
+        label = ["cat", "dog", "emu"].index(rel.split("/")[0])
         assert image_name == f"{i:06d}.jpg"
         assert image_bytes == data
         assert cls_name == f"{i:06d}.cls"
-        assert int(cls_bytes) == ["cat", "dog", "emu"].index(rel.split("/")[0])
+        assert int(cls_bytes) == label
+        assert json_name == f"{i:06d}.json"
+        assert json.loads(json_bytes) == {"source": rel, "class": rel.split("/")[0], "label": label}
+    assert result.skipped == []
     class_map = json.loads((tmp_path / "out" / "classes.json").read_text())
     assert class_map["class_to_index"] == {"cat": 0, "dog": 1, "emu": 2}
     assert class_map["samples"] == 12
@@ -92,7 +143,7 @@ def test_plain_tar_lists_the_members(tmp_path: Path) -> None:
         capture_output=True,
         text=True,
     ).stdout.split()
-    assert listing == ["000000.jpg", "000000.cls", "000001.jpg", "000001.cls"]
+    assert listing == [f"00000{i}.{ext}" for i in range(2) for ext in ("jpg", "cls", "json")]
 
 
 # webdataset leaves its shard files for the garbage collector to close (its own leak).
@@ -177,6 +228,10 @@ def test_symlink_inside_source_is_followed(tmp_path: Path) -> None:
         ({"shard_samples": 0}, "shard_samples"),
         ({"workers": 0}, "workers"),
         ({"name_prefix": "a/b"}, "name_prefix"),
+        ({"on_error": "ignore"}, "on_error"),
+        ({"jpeg_quality": 0}, "jpeg_quality"),
+        ({"jpeg_quality": 101}, "jpeg_quality"),
+        ({"jpeg_quality": True}, "jpeg_quality"),
     ],
 )
 def test_bad_arguments(tmp_path: Path, kwargs: dict[str, Any], fragment: str) -> None:
@@ -229,8 +284,9 @@ def test_s3_multipart_upload_for_large_shards(
 ) -> None:
     src = tmp_path / "src"
     (src / "a").mkdir(parents=True)
-    big = os.urandom(_MULTIPART_THRESHOLD + (3 << 20))
-    (src / "a" / "big.jpg").write_bytes(big)
+    Image.new("RGB", (4800, 4800), (10, 20, 30)).save(src / "a" / "big.bmp")  # 69 MB
+    big = (src / "a" / "big.bmp").read_bytes()
+    assert len(big) > MULTIPART_THRESHOLD
     options = S3Options(endpoint_url=s3_server.endpoint_url)
     result = pack(src, f"s3://{bucket}/big/", shard_samples=1, shard_bytes=None, options=options)
     client = s3_server.client()
@@ -240,7 +296,7 @@ def test_s3_multipart_upload_for_large_shards(
     body = client.get_object(Bucket=bucket, Key="big/shard-000000.tar")["Body"].read()
     assert len(body) == result.shards[0].size
     with tarfile.open(fileobj=io.BytesIO(body)) as tar:
-        assert tar.extractfile("000000.jpg").read() == big  # type: ignore[union-attr]
+        assert tar.extractfile("000000.bmp").read() == big  # type: ignore[union-attr]
 
 
 def test_s3_missing_bucket_is_named(tmp_path: Path, s3_server: LocalS3) -> None:
@@ -296,3 +352,190 @@ def test_overwrite_on_s3(tmp_path: Path, s3_server: LocalS3, bucket: str) -> Non
     pack(tmp_path / "src", dest, shard_samples=4, shard_bytes=None, options=options, overwrite=True)
     listed = resolve_shards(dest, options)
     assert [s.url for s in listed] == [f"{dest}shard-00000{i}.tar" for i in range(2)]
+
+
+# --------------------------------------------------------------------------- bad images
+
+
+def _bad_tree(root: Path) -> dict[str, bytes]:
+    """Good JPEGs in a/ and b/, plus a truncated JPEG and a text file named .jpg in a/."""
+    files = _make_tree(root, {"a": 3, "b": 2})
+    good = _jpeg("whole", 3_000)
+    (root / "a" / "cut.jpg").write_bytes(good[: len(good) // 2])
+    (root / "a" / "notes.jpg").write_text("shopping list: not a picture\n")
+    return files
+
+
+def test_bad_images_are_skipped_and_named(tmp_path: Path) -> None:
+    files = _bad_tree(tmp_path / "src")
+    with pytest.warns(SkippedImageWarning) as caught:
+        result = pack(tmp_path / "src", str(tmp_path / "out"), shard_samples=2, shard_bytes=None)
+    (warning,) = caught
+    message = str(warning.message)
+    assert "skipped 2 of 7 images" in message
+    assert "a/cut.jpg: does not decode" in message
+    assert "a/notes.jpg: not an image" in message
+    assert result.skipped == [
+        SkippedImage("a/cut.jpg", result.skipped[0].reason),
+        SkippedImage("a/notes.jpg", result.skipped[1].reason),
+    ]
+    assert "truncated" in result.skipped[0].reason.lower()
+    assert result.samples == 5
+    samples = _read_samples(tmp_path / "out")
+    assert [s["__key__"] for s in samples] == [f"{i:06d}" for i in range(5)]  # no gaps
+    assert [json.loads(s["json"])["source"] for s in samples] == list(files)
+    assert [s["jpg"] for s in samples] == list(files.values())
+    manifest = json.loads((tmp_path / "out" / "asyncstream.json").read_text())
+    assert manifest["samples"] == 5
+
+
+def test_on_error_fail_refuses_the_pack_naming_the_files(tmp_path: Path) -> None:
+    _bad_tree(tmp_path / "src")
+    out = tmp_path / "out"
+    with pytest.raises(DecodeError) as caught:
+        pack(tmp_path / "src", str(out), shard_samples=2, shard_bytes=None, on_error="fail")
+    message = str(caught.value)
+    assert "2 of 7 images" in message
+    assert "a/cut.jpg: does not decode" in message
+    assert "a/notes.jpg: not an image" in message
+    assert "nothing was written" in message
+    assert list(out.iterdir()) == []  # no shard, no manifest, no temporary folder
+
+
+def test_on_error_fail_uploads_nothing_to_s3(
+    tmp_path: Path, s3_server: LocalS3, bucket: str
+) -> None:
+    _bad_tree(tmp_path / "src")
+    options = S3Options(endpoint_url=s3_server.endpoint_url)
+    with pytest.raises(DecodeError, match=r"a/cut\.jpg"):
+        pack(
+            tmp_path / "src",
+            f"s3://{bucket}/ds/",
+            shard_samples=1,
+            options=options,
+            on_error="fail",
+        )
+    client = s3_server.client()
+    assert client.list_objects_v2(Bucket=bucket).get("KeyCount") == 0
+    assert client.list_multipart_uploads(Bucket=bucket).get("Uploads", []) == []
+
+
+def test_a_source_of_bad_images_only_is_refused_under_skip(tmp_path: Path) -> None:
+    (tmp_path / "src" / "a").mkdir(parents=True)
+    (tmp_path / "src" / "a" / "empty.png").write_bytes(b"")
+    with pytest.raises(DecodeError, match=r"a/empty\.png: empty file"):
+        pack(tmp_path / "src", str(tmp_path / "out"))
+
+
+def test_source_travels_with_each_sample_through_the_shuffle(tmp_path: Path) -> None:
+    files = _make_tree(tmp_path / "src", {"cat": 4, "dog": 5})
+    progress: list[tuple[int, int]] = []
+    pack(
+        tmp_path / "src",
+        str(tmp_path / "out"),
+        shard_samples=3,
+        shard_bytes=None,
+        shuffle_seed=5,
+        check_progress=lambda done, total: progress.append((done, total)),
+    )
+    samples = _read_samples(tmp_path / "out")
+    sources = [json.loads(s["json"])["source"] for s in samples]
+    assert sources != list(files)  # shuffled
+    assert sorted(sources) == sorted(files)
+    for sample, source in zip(samples, sources, strict=True):
+        assert sample["jpg"] == files[source]
+        assert int(sample["cls"]) == ["cat", "dog"].index(source.split("/")[0])
+    assert progress[-1] == (9, 9)
+    assert [done for done, _ in progress] == list(range(1, 10))
+
+
+# --------------------------------------------------------------------------- formats
+
+
+def _format_tree(root: Path) -> dict[str, Image.Image]:
+    """One image per format Pillow writes, in two classes; returns {path: image}."""
+    images: dict[str, Image.Image] = {}
+    saves: dict[str, dict[str, Any]] = {
+        "a/one.png": {},
+        "a/two.webp": {"lossless": True},
+        "a/three.bmp": {},
+        "b/four.gif": {},
+        "b/five.tif": {},
+        "b/six.jpg": {"quality": 95},
+        "b/seven.jpg": {"format": "PNG"},  # a PNG named .jpg: the bytes decide
+    }
+    for rel, kwargs in saves.items():
+        (root / rel).parent.mkdir(parents=True, exist_ok=True)
+        image = _smooth(rel, 16)
+        if rel.endswith(".gif"):
+            image = image.quantize(64).convert("RGB")  # what a GIF can hold, exactly
+        image.save(root / rel, **kwargs)
+        images[rel] = image
+    return images
+
+
+def _pixels(data: bytes) -> np.ndarray:
+    with Image.open(io.BytesIO(data)) as image:
+        return np.asarray(image.convert("RGB"), dtype=np.int16)
+
+
+def test_formats_kept_or_converted_losslessly(tmp_path: Path) -> None:
+    images = _format_tree(tmp_path / "src")
+    pack(tmp_path / "src", str(tmp_path / "out"), shard_samples=10, shard_bytes=None)
+    by_source = {json.loads(s["json"])["source"]: s for s in _read_samples(tmp_path / "out")}
+    assert {src: sorted(set(s) - {"__key__", "cls", "json"}) for src, s in by_source.items()} == {
+        "a/one.png": ["png"],
+        "a/two.webp": ["webp"],
+        "a/three.bmp": ["bmp"],
+        "b/four.gif": ["png"],
+        "b/five.tif": ["png"],
+        "b/six.jpg": ["jpg"],
+        "b/seven.jpg": ["png"],
+    }
+    for rel in ("a/one.png", "a/two.webp", "a/three.bmp", "b/six.jpg", "b/seven.jpg"):
+        ext = {"webp": "webp", "bmp": "bmp", "jpg": "jpg"}.get(rel.rsplit(".")[1], "png")
+        ext = "png" if rel == "b/seven.jpg" else ext
+        assert by_source[rel][ext] == (tmp_path / "src" / rel).read_bytes()  # as they are
+        assert "converted_from" not in json.loads(by_source[rel]["json"])
+    for rel, fmt in (("b/four.gif", "GIF"), ("b/five.tif", "TIFF")):
+        assert json.loads(by_source[rel]["json"])["converted_from"] == fmt
+        assert np.array_equal(_pixels(by_source[rel]["png"]), np.asarray(images[rel]))
+
+
+def test_to_jpeg_writes_only_jpeg_members(tmp_path: Path) -> None:
+    images = _format_tree(tmp_path / "src")
+    sizes = {}
+    for quality in (95, 50):
+        out = tmp_path / f"out{quality}"
+        pack(
+            tmp_path / "src",
+            str(out),
+            shard_samples=10,
+            shard_bytes=None,
+            to_jpeg=True,
+            jpeg_quality=quality,
+        )
+        samples = _read_samples(out)
+        assert all(set(s) == {"__key__", "jpg", "cls", "json"} for s in samples)
+        by_source = {json.loads(s["json"])["source"]: s["jpg"] for s in samples}
+        assert by_source["b/six.jpg"] == (tmp_path / "src" / "b" / "six.jpg").read_bytes()
+        for rel, image in images.items():
+            with Image.open(io.BytesIO(by_source[rel])) as decoded:
+                assert decoded.format == "JPEG"
+            if quality == 95:  # close to the source pixels: a mean error of a few levels
+                assert np.abs(_pixels(by_source[rel]) - np.asarray(image)).mean() < 8
+        sizes[quality] = sum(len(by_source[rel]) for rel in images if rel != "b/six.jpg")
+    assert sizes[50] < sizes[95]
+
+
+def test_a_jpeg_loses_only_what_follows_its_end_marker(tmp_path: Path) -> None:
+    """Phones append videos, cameras a second picture: no decoder reads them, and the
+    loader's pre-check would take a JPEG that does not end with its marker as truncated."""
+    (tmp_path / "src" / "a").mkdir(parents=True)
+    image = _jpeg("trailer", 2_000)
+    (tmp_path / "src" / "a" / "plain.jpg").write_bytes(image)
+    (tmp_path / "src" / "a" / "video.jpg").write_bytes(image + b"\xff\xd9" + b"\x00ftypmp42" * 50)
+    pack(tmp_path / "src", str(tmp_path / "out"), shard_samples=10, shard_bytes=None)
+    samples = _read_samples(tmp_path / "out")
+    assert [s["jpg"] for s in samples] == [image, image]
+    assert all("converted_from" not in json.loads(s["json"]) for s in samples)

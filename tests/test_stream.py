@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from _jpegs import jpeg_of
 from _procs import alive
 from torch.utils.data import DataLoader
 
@@ -45,7 +46,7 @@ def make_tree(root: Path, n: int, classes: int, seed: int) -> None:
         folder = root / f"c{i % classes}"
         folder.mkdir(parents=True, exist_ok=True)
         size = rng.choice([60, 300, 900, 2500, 5000, 9000])  # some bigger than a chunk
-        (folder / f"img{i:04d}.jpg").write_bytes(rng.randbytes(size))
+        (folder / f"img{i:04d}.jpg").write_bytes(jpeg_of(rng, size))
 
 
 @pytest.fixture(scope="module")
@@ -114,10 +115,11 @@ def test_samples_carry_their_bytes_and_shard(dataset: dict[str, Any]) -> None:
         samples = list(s)
     assert len(samples) == 120
     for sample in samples:
-        assert set(sample) == {"__key__", "__url__", "jpg", "cls"}
+        assert set(sample) == {"__key__", "__url__", "jpg", "cls", "json"}
         assert sample["__url__"].startswith("s3://stream-data/train/shard-")
         source = by_bytes[sample["jpg"]]
         assert int(sample["cls"]) == int(source.parent.name[1:])
+        assert json.loads(sample["json"])["source"] == source.relative_to(src).as_posix()
 
 
 def test_no_shuffle_is_plan_and_shard_order(dataset: dict[str, Any]) -> None:
