@@ -209,7 +209,7 @@ def test_pack_help_states_every_default(capsys: pytest.CaptureFixture[str]) -> N
         assert fragment in text
     subparsers = next(a for a in _parser()._actions if a.choices and "pack" in a.choices)
     pack_parser = subparsers.choices["pack"]  # type: ignore[index]
-    shared = {"help", "endpoint_url", "profile"}  # argparse's, and the S3 flags of every command
+    shared = {"help", "endpoint_url", "profile", "ca_bundle", "no_verify_ssl"}  # the S3 flags
     for action in pack_parser._actions:
         if action.option_strings and action.dest not in shared:
             assert "default" in (action.help or ""), action.option_strings
