@@ -199,6 +199,8 @@ class _Stats:
         self.throttle_cuts = 0
         self.hedged = 0
         self.hedge_wins = 0
+        self.requests = 0  # downloads started (a coalesced group is one; retries not counted)
+        self.coalesced = 0  # chunks that rode on an earlier chunk's GET
         self.first_byte: collections.deque[float] = collections.deque(maxlen=_LATENCY_WINDOW)
         self.total: collections.deque[float] = collections.deque(maxlen=_LATENCY_WINDOW)
         self.started = time.monotonic()
@@ -230,6 +232,8 @@ class _Stats:
             "throttle_cuts": self.throttle_cuts,
             "hedged": self.hedged,
             "hedge_wins": self.hedge_wins,
+            "requests": self.requests,
+            "coalesced_chunks": self.coalesced,
             "first_byte_s": _summary(self.first_byte),
             "chunk_s": _summary(self.total),
             "seconds": seconds,
@@ -394,6 +398,8 @@ class _Core:
             rid, request = self.pending.popleft()
             group = [(rid, request, slot), *self._followers(request)]
             self.active += 1
+            self.stats.requests += 1
+            self.stats.coalesced += len(group) - 1
             if len(group) == 1:
                 task = asyncio.create_task(self._fetch(rid, request, slot))
             else:
