@@ -29,6 +29,7 @@ from ._resolve import resolve_shards
 from ._retry import RetryPolicy, Timeouts
 from ._s3 import S3Credentials, S3Options
 from ._shuffle import ShuffleQuality, shuffle_quality
+from ._sources import Source
 from ._urls import Shard, expand_braces
 
 if TYPE_CHECKING:
@@ -58,6 +59,7 @@ __all__ = [
     "ShardStream",
     "ShardURLError",
     "ShuffleQuality",
+    "Source",
     "StaleShardWarning",
     "StateError",
     "Timeouts",

@@ -11,7 +11,7 @@ import threading
 import weakref
 from collections.abc import Iterator, Sequence
 from dataclasses import replace
-from typing import Any, Literal
+from typing import Any, Literal, cast
 
 from torch.utils.data import IterableDataset, get_worker_info
 
@@ -25,6 +25,7 @@ from ._retry import RetryPolicy, Timeouts
 from ._ring import check_room
 from ._run import EpochRun, StreamSettings, default_topology, worker_topology
 from ._s3 import S3Options
+from ._sources import Source, open_sources
 from ._state import Identity, Position, ReaderState, Start, find_states, fresh, resume
 from ._workers import LOCAL, Refused, SharedEpoch
 
@@ -82,6 +83,29 @@ class _Iteration(Iterator[dict[str, Any]]):
         return self.started and not self.replaced and not self.run.closed
 
 
+def _sources(
+    urls: str | Sequence[str] | Source | Sequence[Source],
+) -> tuple[list[Source] | None, str | Sequence[str]]:
+    """The sources given as ``urls`` (``None`` for plain shard URLs), and the plain URLs.
+
+    Raises:
+        TypeError: Sources and URL strings in one list.
+    """
+    if isinstance(urls, Source):
+        return [urls], ()
+    if isinstance(urls, str):
+        return None, urls
+    sources = [item for item in urls if isinstance(item, Source)]
+    if not sources:
+        return None, cast("Sequence[str]", urls)  # checked where URLs are parsed
+    if len(sources) != len(urls):
+        raise TypeError(
+            "ShardStream takes shard URLs or a list of asyncstream.Source, not both: wrap "
+            "every URL in a Source"
+        )
+    return sources, ()
+
+
 class ShardStream(IterableDataset[dict[str, Any]]):
     """Samples of webdataset-style tar shards, streamed from S3 or local files.
 
@@ -113,11 +137,22 @@ class ShardStream(IterableDataset[dict[str, Any]]):
     ``.tar`` it does not list is left out with a :class:`~asyncstream.StaleShardWarning`.
     ``stats()["index"]`` says which index was used (:mod:`asyncstream._dataset`).
 
+    Several datasets mix in one stream when ``urls`` is a list of
+    :class:`~asyncstream.Source`: one engine and one ring read them all, each epoch takes
+    each source's share (a relative weight or an absolute count, repeating or sub-sampling
+    a source, each sample once before any twice), every window of draws holds the sources
+    in proportion, and each sample says its source in ``__source__``. See the README's
+    "Mixing datasets" and :mod:`asyncstream._mix`.
+
     Args:
         urls: shard URLs: ``s3://bucket/train-{0000..0099}.tar``, an ``s3://`` prefix,
             local files or folders, an index file (``.../asyncstream.json``,
-            ``.../_info.json``, a wids index), or a list of these.
+            ``.../_info.json``, a wids index), or a list of these; or a list of
+            :class:`~asyncstream.Source` to mix.
+        epoch_size: with sources, the samples of an epoch, all sources and ranks
+            together; default: the absolute counts plus every weighted source's size.
         endpoint_url: an S3-compatible endpoint; default from ``AWS_ENDPOINT_URL`` or AWS.
+            With sources, the default of those without their own (so is ``s3``).
         inflight: K, chunk downloads in flight at most (fewer while throttled).
         window: shards open at once for the window shuffle.
         prefetch: chunks requested ahead of need, downloading or waiting for their
@@ -168,13 +203,18 @@ class ShardStream(IterableDataset[dict[str, Any]]):
         ValueError: bad arguments (a ``split`` the index does not have; ``cache_dir`` not
             a folder that can be created, ``cache_limit`` not a positive integer or given
             without ``cache_dir``), or a ring that does not fit the free space in /dev/shm
-            (the message gives both sizes and the fixes).
+            (the message gives both sizes and the fixes). With sources: an empty source,
+            weights zero in total, an ``epoch_size`` the absolute counts do not fit, two
+            sources of one name, or a ``window`` smaller than the number of sources; the
+            message names the source. An error opening a source starts with its name.
+        TypeError: Sources and URL strings in one list.
     """
 
     def __init__(
         self,
-        urls: str | Sequence[str],
+        urls: str | Sequence[str] | Source | Sequence[Source],
         *,
+        epoch_size: int | None = None,
         endpoint_url: str | None = None,
         inflight: int = 8,
         window: int = 64,
@@ -238,17 +278,50 @@ class ShardStream(IterableDataset[dict[str, Any]]):
             cache_dir=cache_path,
             cache_limit=cache_limit,
         )
-        dataset = open_dataset(
-            urls,
-            options,
-            samples_per_shard=samples_per_shard,
-            split=split,
-            strict=strict,
-            index_cache=index_cache,
-            counting=CountSettings.like(settings),  # counted as an epoch reads
-        )
-        self._index = dataset.info
-        self._settings = replace(settings, shards=dataset.shards, counts=dataset.counts)
+        sources, plain = _sources(urls)
+        if sources is None:
+            if epoch_size is not None:
+                raise ValueError(
+                    "epoch_size sets the samples per epoch of a stream of sources: give "
+                    "ShardStream a list of asyncstream.Source"
+                )
+            dataset = open_dataset(
+                plain,
+                options,
+                samples_per_shard=samples_per_shard,
+                split=split,
+                strict=strict,
+                index_cache=index_cache,
+                counting=CountSettings.like(settings),  # counted as an epoch reads
+            )
+            self._index: dict[str, Any] = dataset.info.as_dict()
+            self._settings = replace(settings, shards=dataset.shards, counts=dataset.counts)
+        else:
+            if samples_per_shard is not None or split is not None:
+                raise ValueError(
+                    "with sources, give samples_per_shard and split to each Source, not the stream"
+                )
+            if shuffle and window < len(sources):
+                raise ValueError(
+                    f"window={window} is less than the {len(sources)} sources: every source "
+                    "needs an open shard in the window to be drawn"
+                )
+            opened = open_sources(
+                sources,
+                options,
+                epoch_size=epoch_size,
+                counting=CountSettings.like(settings),
+                strict=strict,
+                index_cache=index_cache,
+            )
+            self._index = {name: info.as_dict() for name, info in opened.infos.items()}
+            self._settings = replace(
+                settings,
+                shards=opened.shards,
+                counts=opened.counts,
+                sources=opened.plans,
+                s3_extra=opened.s3_extra,
+            )
         # Each reader's ring is made when it starts reading: say now if it cannot fit.
         check_room(self._settings.ring_bytes, "lower window, prefetch or chunk_bytes")
         self._shared = SharedEpoch()
@@ -262,8 +335,10 @@ class ShardStream(IterableDataset[dict[str, Any]]):
 
     def __repr__(self) -> str:
         s = self._settings
+        mixed = f"{len(s.sources)} sources, " if s.sources else ""
         return (
-            f"ShardStream({len(s.shards)} shards, {sum(s.counts)} samples, epoch={self.epoch}, "
+            f"ShardStream({mixed}{len(s.shards)} shards, {s.epoch_samples} samples per epoch, "
+            f"epoch={self.epoch}, "
             f"window={s.window}, inflight={s.inflight}, prefetch={s.prefetch}, "
             f"chunk_bytes={s.slot_bytes}, "
             f"shuffle={s.shuffle}, rank={self._rank}/{self._world_size})"
@@ -301,15 +376,26 @@ class ShardStream(IterableDataset[dict[str, Any]]):
 
     @property
     def num_samples(self) -> int:
-        """Samples in the dataset (all shards)."""
+        """Samples in the dataset (all shards; of every source)."""
         return sum(self._settings.counts)
+
+    @property
+    def epoch_samples(self) -> int:
+        """Samples in an epoch, all ranks together: :attr:`num_samples`, or for a stream
+        of sources the sum of their quotas (``epoch_size`` where given)."""
+        return self._settings.epoch_samples
+
+    @property
+    def sources(self) -> dict[str, int]:
+        """A stream of sources' samples per epoch from each, by name (empty otherwise)."""
+        return {s.name: s.quota for s in self._settings.sources}
 
     def __len__(self) -> int:
         """Samples this reader yields in a full epoch: this rank's share (the remainder
         policy applied), or in a DataLoader worker that worker's share of it. So
         ``len(DataLoader(stream, batch_size=B))`` is this rank's number of batches."""
         topology = worker_topology(self._rank, self._world_size)
-        return reader_samples(self.num_samples, topology, self._settings.remainder)
+        return reader_samples(self.epoch_samples, topology, self._settings.remainder)
 
     def set_epoch(self, epoch: int) -> None:
         """Choose the epoch (and so the order) of the next iteration."""
@@ -468,7 +554,7 @@ class ShardStream(IterableDataset[dict[str, Any]]):
             }
         else:
             stats = self._run.stats()
-        return {**stats, "index": self._index.as_dict()}
+        return {**stats, "index": self._index}
 
     def _stop_run(self) -> None:
         if self._run is not None:
