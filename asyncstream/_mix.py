@@ -43,7 +43,7 @@ from __future__ import annotations
 
 import math
 import random
-from collections.abc import Collection, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from fractions import Fraction
 
@@ -209,16 +209,24 @@ class Blend:
         if not len(self.drawn) == len(self.credit) == len(self.totals):
             raise ValueError("a blend's drawn and credit need one entry per source")
 
-    def choose(self, available: Collection[int]) -> int:
-        """The source of the next draw, among ``available`` (those with an open lane)."""
-        weights = {i: self.totals[i] - self.drawn[i] for i in sorted(available)}
-        weights = {i: w for i, w in weights.items() if w > 0} or dict.fromkeys(weights, 1)
-        total = sum(weights.values())
-        for i, w in weights.items():
-            self.credit[i] += w
-        pick = max(weights, key=lambda i: (self.credit[i], -i))
-        self.credit[pick] -= total
-        self.drawn[pick] += 1
+    def choose(self, available: Sequence[int]) -> int:
+        """The source of the next draw, among ``available`` (those with an open lane, in
+        ascending order)."""
+        totals, drawn, credit = self.totals, self.drawn, self.credit
+        weights = [(i, totals[i] - drawn[i]) for i in available]
+        if all(w <= 0 for _, w in weights):  # more samples than counted: draw them all alike
+            weights = [(i, 1) for i in available]
+        total = 0
+        pick, best = -1, 0
+        for i, w in weights:
+            if w <= 0:
+                continue
+            total += w
+            credit[i] += w
+            if pick < 0 or credit[i] > best:
+                pick, best = i, credit[i]
+        credit[pick] -= total
+        drawn[pick] += 1
         return pick
 
     def state(self) -> tuple[tuple[int, ...], tuple[int, ...]]:

@@ -130,6 +130,8 @@ class WindowShuffle(Generic[T]):
             raise ValueError("a blend needs the group of every piece")
         self.groups = groups
         self.blend = blend
+        self._lane_groups: list[int] = []  # each open lane's group, as self.lanes
+        self._open = [0] * (max(groups, default=0) + 1 if groups else 1)  # lanes per group
 
     def _group(self, piece: int) -> int:
         return 0 if self.groups is None else self.groups[piece]
@@ -151,6 +153,8 @@ class WindowShuffle(Generic[T]):
         """Open the next piece with its first chunk's samples."""
         lane = Lane(self.next_piece, items, meta=meta or {}, group=self._group(self.next_piece))
         self.lanes.append(lane)
+        self._lane_groups.append(lane.group)
+        self._open[lane.group] += 1
         self.next_piece += 1
         if not items:
             self._empty.append(lane)
@@ -163,6 +167,7 @@ class WindowShuffle(Generic[T]):
 
     def close(self, lane: int) -> Lane[T]:
         """Remove an empty lane whose shard is done."""
+        self._open[self._lane_groups.pop(lane)] -= 1
         return self.lanes.pop(lane)
 
     def draw(self) -> tuple[int, T]:
@@ -200,10 +205,14 @@ class WindowShuffle(Generic[T]):
 
     def _blended(self, blend: Blend, n: int) -> int:
         """The lane of draw ``n``: the blend's source, then one of its lanes."""
-        group = blend.choose({lane.group for lane in self.lanes})
-        among = [i for i, lane in enumerate(self.lanes) if lane.group == group]
+        groups = self._lane_groups
+        group = blend.choose([g for g, lanes in enumerate(self._open) if lanes])
         if self.mode == "shards":
-            return among[_below(self.key, n, len(among))]
+            index = -1
+            for _ in range(_below(self.key, n, self._open[group]) + 1):
+                index = groups.index(group, index + 1)
+            return index
+        among = [i for i, g in enumerate(groups) if g == group]
         r = _below(self.key, n, sum(len(self.lanes[i].items) for i in among))
         for index in among[:-1]:
             if r < len(self.lanes[index].items):
@@ -226,6 +235,10 @@ class WindowShuffle(Generic[T]):
         self.lanes = [
             Lane(piece, items, meta=meta, group=self._group(piece)) for piece, items, meta in lanes
         ]
+        self._lane_groups = [lane.group for lane in self.lanes]
+        self._open = [0] * len(self._open)
+        for group in self._lane_groups:
+            self._open[group] += 1
         self._empty = [lane for lane in self.lanes if not lane.items]
 
     def resident(self) -> int:

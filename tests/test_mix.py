@@ -146,7 +146,7 @@ def test_ranks_get_contiguous_equal_shares_of_each_source_in_proportion() -> Non
 
 def test_the_blend_follows_the_remaining_counts_smoothly() -> None:
     blend = Blend([75, 25])
-    picks = [blend.choose({0, 1}) for _ in range(100)]
+    picks = [blend.choose([0, 1]) for _ in range(100)]
     assert picks.count(0) == 75
     for k in range(0, 100, 4):  # every 4 draws: 3 of a, 1 of b
         assert picks[k : k + 4].count(1) == 1
@@ -155,9 +155,9 @@ def test_the_blend_follows_the_remaining_counts_smoothly() -> None:
 
 def test_a_source_without_an_open_lane_catches_up_gently() -> None:
     blend = Blend([500, 500])
-    first = [blend.choose({0}) for _ in range(100)]  # source 1 has no lane for a while
+    first = [blend.choose([0]) for _ in range(100)]  # source 1 has no lane for a while
     assert first == [0] * 100
-    rest = [blend.choose({0, 1}) for _ in range(200)]
+    rest = [blend.choose([0, 1]) for _ in range(200)]
     assert 0.5 < rest.count(1) / 200 < 0.6  # 500 : 400 left: about 5 of 9, no burst
     assert max(len(run) for run in "".join(map(str, rest)).split("0")) <= 2
 
@@ -165,10 +165,10 @@ def test_a_source_without_an_open_lane_catches_up_gently() -> None:
 def test_a_blend_restored_from_its_state_continues_exactly() -> None:
     blend = Blend([30, 20, 50])
     for _ in range(37):
-        blend.choose({0, 1, 2})
+        blend.choose([0, 1, 2])
     again = Blend([30, 20, 50])
     again.restore(blend.state())
-    assert [blend.choose({0, 2}) for _ in range(20)] == [again.choose({0, 2}) for _ in range(20)]
+    assert [blend.choose([0, 2]) for _ in range(20)] == [again.choose([0, 2]) for _ in range(20)]
 
 
 # -- window shares, simulated -------------------------------------------------------------
