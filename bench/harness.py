@@ -37,6 +37,11 @@ Scenarios (``--scenarios`` picks some; all by default):
     The local disk cache: epoch 1 from the network into an empty cache folder, then, in
     a new process, two epochs from the cache (the second measured), against the
     local-files stream of the same shards; the requests each process made.
+``mixing``
+    Two datasets mixed 3 : 1 in one stream: each batch's share of each source against
+    its weight (mean absolute deviation over batches of 64, worst window of 640) and
+    throughput, for asyncstream's ``Source`` against webdataset's ``RandomMix`` and
+    LitData's ``CombinedStreamingDataset`` (:mod:`bench.mixing`).
 
 Output: JSON with every figure and the environment (``--json``, default
 ``bench/out/bench.json``), the Markdown tables written into ``bench/RESULTS.md`` between
@@ -443,6 +448,12 @@ def cache(b: Bench) -> dict[str, Any]:
     return {"rows": rows, "cached_over_local": best["mb_per_s"] / ours}
 
 
+def mixing(b: Bench) -> dict[str, Any]:
+    from .mixing import run as run_mixing
+
+    return run_mixing(b)
+
+
 SCENARIOS: dict[str, Callable[[Bench], dict[str, Any]]] = {
     "raw_fetch": raw_fetch,
     "loader": loader,
@@ -453,6 +464,7 @@ SCENARIOS: dict[str, Callable[[Bench], dict[str, Any]]] = {
     "hedging": hedging,
     "throttling": throttling,
     "cache": cache,
+    "mixing": mixing,
 }
 
 

@@ -91,6 +91,13 @@ def test_every_scenario_runs_and_the_json_is_complete(quick_run: dict[str, Any])
     assert cold["misses"] > 0
     assert cached["misses"] == 0  # not one chunk from the network
     assert cached["hits"] == 2 * cold["misses"]
+    mixing = data["scenarios"]["mixing"]
+    ours = mixing["systems"]["asyncstream"]  # the peers were left out (--peers naive)
+    assert set(mixing["systems"]) == {"asyncstream"}
+    assert ours["samples"] == mixing["samples"] > mixing["window"] >= 64
+    assert abs(ours["share_a"] - 0.75) < 1 / mixing["samples"]  # its quota, to a sample
+    assert 0 <= ours["batch_mad"] < 0.02
+    assert ours["samples_per_s"] > 0
 
 
 @pytest.mark.timeout(700)
@@ -108,6 +115,7 @@ def test_results_section_is_replaced_and_plots_written(quick_run: dict[str, Any]
         "faults",
         "Hedged",
         "Local disk cache",
+        "Mixing two datasets",
     ):
         assert heading in section
     assert "| asyncstream |" in section
