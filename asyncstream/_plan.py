@@ -4,7 +4,9 @@ Pure functions of their inputs (sample counts, seed, epoch, topology, saved posi
 
 **The epoch's sequence.** The shards are permuted with a generator seeded by ``(seed,
 epoch)`` (or kept in order without shuffle) and concatenated: the epoch's global sample
-sequence. A position ``p`` in it names one sample.
+sequence. A position ``p`` in it names one sample. A stream of several sources
+(:mod:`._mix`) has a sequence of shard *pieces* instead (a shard may be cut, or come
+twice); everything below works on either.
 
 **Segments.** What a reader reads is an *assignment*: a list of segments, read in order.
 A :class:`Span` is a range of positions of the epoch's sequence; a :class:`Piece` is an

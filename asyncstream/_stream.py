@@ -544,7 +544,11 @@ class ShardStream(IterableDataset[dict[str, Any]]):
         its cuts, hedges sent and won, chunk latencies, the engine's CPU and peak RSS,
         and ``starved_s``, the time this reader waited for chunks; and ``index``: which
         index gave the sample counts, and how many shards' counts came from it, from
-        ``samples_per_shard``, the local cache or counting (:class:`~._dataset.IndexInfo`)."""
+        ``samples_per_shard``, the local cache or counting (:class:`~._dataset.IndexInfo`).
+        With sources: ``sources``, each one's samples ``drawn`` so far this epoch,
+        ``planned`` for this reader, ``epoch_quota`` (all ranks) and ``shards``; ``index``
+        is then by source name; ``fetch["endpoints"]`` holds the stores of sources with
+        an endpoint of their own."""
         self._check_open()
         if self._run is None:
             stats = {

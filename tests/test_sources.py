@@ -134,6 +134,25 @@ def test_shares_over_an_epoch_and_in_every_window_of_640(
     assert set(cur.values()) == {1, 2}
 
 
+def sources_of(batch: list[dict[str, Any]]) -> list[str]:
+    return [sample["__source__"] for sample in batch]
+
+
+def test_every_batch_of_each_dataloader_worker_holds_the_proportions(
+    big: dict[str, Any], s3_server: LocalS3
+) -> None:
+    """Each worker mixes its own share: 3 : 1 in every full batch of 64 (48 and 16, to a
+    sample), whatever worker made it."""
+    with big_stream(big, s3_server, rank=1, world_size=2) as stream:
+        loader = StatefulDataLoader(stream, batch_size=64, num_workers=2, collate_fn=sources_of)
+        batches = list(loader)
+        del loader
+    assert sum(len(b) for b in batches) == 5_000
+    for batch in batches:
+        if len(batch) == 64:
+            assert 47 <= batch.count("curated") <= 49, batch
+
+
 def test_same_seed_same_order_another_seed_or_epoch_another(
     big: dict[str, Any], s3_server: LocalS3
 ) -> None:
