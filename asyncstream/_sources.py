@@ -14,7 +14,7 @@ import numbers
 import os
 from collections.abc import Sequence
 from dataclasses import KW_ONLY, dataclass, replace
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, cast
 
 from ._exceptions import AsyncStreamError
 from ._mix import SourcePlan, quotas
@@ -25,7 +25,7 @@ if TYPE_CHECKING:  # they import the fetch engine, which the package itself must
     from ._count import CountSettings
     from ._dataset import IndexInfo
 
-__all__ = ["OpenedSources", "Source", "name_source", "open_sources"]
+__all__ = ["OpenedSources", "Source", "name_source", "open_sources", "split_sources"]
 
 
 @dataclass(frozen=True)
@@ -238,3 +238,26 @@ def open_sources(
         for name, (first, stop, store), quota in zip(names, spans, given, strict=True)
     )
     return OpenedSources(tuple(shards), tuple(counts), plans, tuple(extra), infos)
+
+
+def split_sources(
+    urls: str | Sequence[str] | Source | Sequence[Source],
+) -> tuple[list[Source] | None, str | Sequence[str]]:
+    """The sources given as ``urls`` (``None`` for plain shard URLs), and the plain URLs.
+
+    Raises:
+        TypeError: Sources and URL strings in one list.
+    """
+    if isinstance(urls, Source):
+        return [urls], ()
+    if isinstance(urls, str):
+        return None, urls
+    sources = [item for item in urls if isinstance(item, Source)]
+    if not sources:
+        return None, cast("Sequence[str]", urls)  # checked where URLs are parsed
+    if len(sources) != len(urls):
+        raise TypeError(
+            "ShardStream takes shard URLs or a list of asyncstream.Source, not both: wrap "
+            "every URL in a Source"
+        )
+    return sources, ()

@@ -11,7 +11,7 @@ import threading
 import weakref
 from collections.abc import Iterator, Sequence
 from dataclasses import replace
-from typing import Any, Literal, cast
+from typing import Any, Literal
 
 from torch.utils.data import IterableDataset, get_worker_info
 
@@ -20,12 +20,13 @@ from ._count import CountSettings
 from ._dataset import open_dataset
 from ._engine import Engine
 from ._exceptions import StateError
+from ._iteration import Iteration
 from ._plan import Topology, reader_samples
 from ._retry import RetryPolicy, Timeouts
 from ._ring import check_room
 from ._run import EpochRun, StreamSettings, default_topology, worker_topology
 from ._s3 import S3Options
-from ._sources import Source, open_sources
+from ._sources import Source, open_sources, split_sources
 from ._state import Identity, Position, ReaderState, Start, find_states, fresh, resume
 from ._workers import LOCAL, Refused, SharedEpoch
 
@@ -39,71 +40,6 @@ _PLAIN_DATALOADER = (
     "see the README's checkpointing section. (Between epochs, set_epoch() makes this "
     "stream's own state valid again.)"
 )
-
-
-class _Iteration(Iterator[dict[str, Any]]):
-    """The iterator ``iter(stream)`` returns: one epoch's run, guarded against misuse.
-
-    A stream serves one iterator at a time (one engine, one ring, one position). A new
-    ``iter()`` from the thread that made the live iterator replaces it: DataLoader and
-    StatefulDataLoader do that when they restart an epoch, while the old iterator is
-    still referenced, so refusing the new one would break them; the replaced iterator
-    then raises :class:`StateError` if used again, instead of silently stopping. A new
-    ``iter()`` from *another* thread while the live one is being read, or two threads
-    calling ``next()`` at once, raise :class:`StateError` at once.
-    """
-
-    def __init__(self, run: EpochRun) -> None:
-        self.run = run
-        self.thread = threading.get_ident()
-        self.started = False
-        self.replaced = False
-        self._lock = threading.Lock()
-
-    def __next__(self) -> dict[str, Any]:
-        if not self._lock.acquire(blocking=False):
-            raise StateError(
-                "two threads are reading one ShardStream iterator at once; give each "
-                "thread a stream of its own (or use DataLoader workers)"
-            )
-        try:
-            if self.replaced:
-                raise StateError(
-                    "this ShardStream iterator was ended by a newer iter(), set_epoch(), "
-                    "load_state_dict() or close() on its stream: a stream serves one "
-                    "iterator at a time"
-                )
-            self.started = True
-            return next(self.run)
-        finally:
-            self._lock.release()
-
-    @property
-    def live(self) -> bool:
-        return self.started and not self.replaced and not self.run.closed
-
-
-def _sources(
-    urls: str | Sequence[str] | Source | Sequence[Source],
-) -> tuple[list[Source] | None, str | Sequence[str]]:
-    """The sources given as ``urls`` (``None`` for plain shard URLs), and the plain URLs.
-
-    Raises:
-        TypeError: Sources and URL strings in one list.
-    """
-    if isinstance(urls, Source):
-        return [urls], ()
-    if isinstance(urls, str):
-        return None, urls
-    sources = [item for item in urls if isinstance(item, Source)]
-    if not sources:
-        return None, cast("Sequence[str]", urls)  # checked where URLs are parsed
-    if len(sources) != len(urls):
-        raise TypeError(
-            "ShardStream takes shard URLs or a list of asyncstream.Source, not both: wrap "
-            "every URL in a Source"
-        )
-    return sources, ()
 
 
 class ShardStream(IterableDataset[dict[str, Any]]):
@@ -278,7 +214,7 @@ class ShardStream(IterableDataset[dict[str, Any]]):
             cache_dir=cache_path,
             cache_limit=cache_limit,
         )
-        sources, plain = _sources(urls)
+        sources, plain = split_sources(urls)
         if sources is None:
             if epoch_size is not None:
                 raise ValueError(
@@ -326,7 +262,7 @@ class ShardStream(IterableDataset[dict[str, Any]]):
         check_room(self._settings.ring_bytes, "lower window, prefetch or chunk_bytes")
         self._shared = SharedEpoch()
         self._run: EpochRun | None = None
-        self._live: weakref.ref[_Iteration] | None = None  # the iterator last handed out
+        self._live: weakref.ref[Iteration] | None = None  # the iterator last handed out
         self._engine: Engine | None = None  # kept from one epoch to the next when idle
         self._pending: list[ReaderState] | None = None  # from load_state_dict, for next epoch
         self._pending_mark = 0  # the shared mark it was published with, or LOCAL
@@ -428,7 +364,7 @@ class ShardStream(IterableDataset[dict[str, Any]]):
             self._shared.worker_started()
         engine, self._engine = self._engine, None
         self._run = EpochRun(self._settings, start=start, topology=topology, engine=engine)
-        iteration = _Iteration(self._run)
+        iteration = Iteration(self._run)
         self._live = weakref.ref(iteration)
         return iteration
 
