@@ -29,6 +29,7 @@ from ._resolve import resolve_shards
 from ._retry import RetryPolicy, Timeouts
 from ._s3 import S3Credentials, S3Options
 from ._shuffle import ShuffleQuality, shuffle_quality
+from ._sources import Source
 from ._urls import Shard, expand_braces
 from .testing import LocalS3
 
@@ -61,6 +62,7 @@ __all__ = [
     "ShuffleQuality",
     "SkippedImage",
     "SkippedImageWarning",
+    "Source",
     "StaleShardWarning",
     "StateError",
     "Timeouts",

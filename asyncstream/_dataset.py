@@ -205,6 +205,7 @@ def open_dataset(
     index_cache: str | os.PathLike[str] | bool | None = None,
     counting: CountSettings | None = None,
     progress: OnProgress | None = None,
+    empty_ok: bool = False,
 ) -> Dataset:
     """Resolve a dataset's shards and the samples in each (module docstring).
 
@@ -219,6 +220,8 @@ def open_dataset(
             for none, or a folder.
         counting: how shards are read when they must be counted.
         progress: called as counting goes.
+        empty_ok: return a dataset whose shards hold no sample, rather than raise (a
+            mixed stream's source, which says so naming the source).
 
     Raises:
         ShardURLError, NotFoundError, AccessDeniedError: bad URLs, missing objects,
@@ -244,7 +247,7 @@ def open_dataset(
             cache.close()
     sources = {**plan.info.sources, "counted": counted}
     counts = tuple(plan.counts[s.url] for s in plan.shards)
-    if plan.shards and not any(counts):
+    if plan.shards and not any(counts) and not empty_ok:
         raise DataError(
             f"{names([s.url for s in plan.shards])}: no sample in any of these "
             f"{len(plan.shards)} shards"

@@ -89,6 +89,12 @@ from ._store import ChunkRequest, LocalStore, Store, Timing, scheme_of
 
 __all__ = ["Engine", "EngineConfig", "Ready"]
 
+
+def _store_key(number: int) -> str:
+    """The key of S3 store ``number`` (0: ``EngineConfig.s3``, n: ``s3_extra[n - 1]``)."""
+    return "s3" if number == 0 else f"s3:{number}"
+
+
 _LATENCY_WINDOW = 4096
 _STOP_TIMEOUT = 10.0
 
@@ -103,6 +109,8 @@ class EngineConfig:
         timeouts: time limits of one attempt.
         check_etag: compare the listed ETag with every response (``If-Match``).
         s3: how to reach the store.
+        s3_extra: more S3 endpoints (a mixed stream's sources with options of their own);
+            a :class:`~._store.ChunkRequest` with ``store=n`` reads from ``s3_extra[n - 1]``.
         seed: seeds the backoff jitter.
         adaptive: cut concurrency on throttling and grow it back (AIMD).
         hedge: send a second request for a chunk far slower than recent ones.
@@ -128,6 +136,7 @@ class EngineConfig:
     timeouts: Timeouts = field(default_factory=Timeouts)
     check_etag: bool = True
     s3: S3Options = field(default_factory=S3Options)
+    s3_extra: tuple[S3Options, ...] = ()
     seed: int = 0
     adaptive: bool = True
     hedge: bool = True
@@ -199,6 +208,8 @@ class _Stats:
         self.throttle_cuts = 0
         self.hedged = 0
         self.hedge_wins = 0
+        self.requests = 0  # downloads started (a coalesced group is one; retries not counted)
+        self.coalesced = 0  # chunks that rode on an earlier chunk's GET
         self.first_byte: collections.deque[float] = collections.deque(maxlen=_LATENCY_WINDOW)
         self.total: collections.deque[float] = collections.deque(maxlen=_LATENCY_WINDOW)
         self.started = time.monotonic()
@@ -230,6 +241,8 @@ class _Stats:
             "throttle_cuts": self.throttle_cuts,
             "hedged": self.hedged,
             "hedge_wins": self.hedge_wins,
+            "requests": self.requests,
+            "coalesced_chunks": self.coalesced,
             "first_byte_s": _summary(self.first_byte),
             "chunk_s": _summary(self.total),
             "seconds": seconds,
@@ -308,24 +321,10 @@ class _Core:
                 target=self._read_control, args=(loop,), name="asyncstream-control", daemon=True
             )
             reader.start()
-            s3 = S3Store(
-                self.config.s3,
-                timeouts=self.config.timeouts,
-                check_etag=self.config.check_etag,
-                connections=max(self.config.inflight * 2, 4),
-                transport=self.config.transport,
-            )
-            self.stores = {"s3": s3, "file": LocalStore()}
+            self.stores = {"file": LocalStore()}
             try:
-                await s3.open()
-                if self.config.cache_dir is not None:  # local files need no cache
-                    cache = CachedStore(
-                        s3,
-                        self.config.cache_dir,
-                        grid=self.ring.slot_bytes,
-                        limit=self.config.cache_limit,
-                    )
-                    self.stores["s3"] = await cache.open()
+                for number, options in enumerate((self.config.s3, *self.config.s3_extra)):
+                    await self._open_s3(_store_key(number), options)
                 self._send(("started",))
                 scheduler = asyncio.create_task(self._schedule())
                 await self.stop.wait()
@@ -340,6 +339,32 @@ class _Core:
             if self.orphaned:
                 self.ring.unlink()  # the consumer died: nobody else will
             self.ring.close()
+
+    async def _open_s3(self, key: str, options: S3Options) -> None:
+        """Open the S3 store of one endpoint's options as ``stores[key]``, behind the
+        cache where there is one (kept in ``stores`` from the start, so it is closed with
+        the others if opening fails)."""
+        s3 = S3Store(
+            options,
+            timeouts=self.config.timeouts,
+            check_etag=self.config.check_etag,
+            connections=max(self.config.inflight * 2, 4),
+            transport=self.config.transport,
+        )
+        self.stores[key] = s3
+        await s3.open()
+        if self.config.cache_dir is not None:  # local files need no cache
+            cache = CachedStore(
+                s3,
+                self.config.cache_dir,
+                grid=self.ring.slot_bytes,
+                limit=self.config.cache_limit,
+            )
+            self.stores[key] = await cache.open()
+
+    def _store(self, request: ChunkRequest) -> Store:
+        scheme = scheme_of(request.url)
+        return self.stores[_store_key(request.store) if scheme == "s3" else scheme]
 
     def _read_control(self, loop: asyncio.AbstractEventLoop) -> None:
         """Reader thread: hand each control message to the loop; stop at "stop" or EOF."""
@@ -365,8 +390,10 @@ class _Core:
         elif kind == "stats":
             stats = self.stats.as_dict()
             stats["concurrency_limit"] = int(self.limit)
-            for store in self.stores.values():
-                stats.update(store.stats())
+            stats.update(self.stores["s3"].stats())
+            extra = [self.stores[_store_key(n + 1)] for n in range(len(self.config.s3_extra))]
+            if extra:  # the other endpoints' stores, in the order of s3_extra
+                stats["endpoints"] = [store.stats() for store in extra]
             stats["tasks"] = len(asyncio.all_tasks())
             self._send(("stats", stats))
         elif kind == "stop":
@@ -394,6 +421,8 @@ class _Core:
             rid, request = self.pending.popleft()
             group = [(rid, request, slot), *self._followers(request)]
             self.active += 1
+            self.stats.requests += 1
+            self.stats.coalesced += len(group) - 1
             if len(group) == 1:
                 task = asyncio.create_task(self._fetch(rid, request, slot))
             else:
@@ -585,7 +614,7 @@ class _Core:
         """One chunk into one slot, with retries; the slot stays FILLING either way."""
         out = self.ring.view(slot)
         try:
-            store = self.stores[scheme_of(request.url)]
+            store = self._store(request)
             return await retrying(
                 lambda: store.read_into(request, out),
                 url=request.url,
@@ -598,7 +627,7 @@ class _Core:
 
     def _hedge_after(self, request: ChunkRequest) -> float | None:
         """Seconds after which this chunk gets a hedge, or None for no hedge."""
-        if not self.config.hedge or not self.stores[scheme_of(request.url)].hedgeable:
+        if not self.config.hedge or not self._store(request).hedgeable:
             return None
         if self.stats.hedged >= self.config.hedge_budget * self.stats.started_chunks:
             return None

@@ -34,7 +34,7 @@ import contextlib
 import select
 import socket
 import ssl
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from urllib.parse import urlsplit
 
@@ -558,15 +558,25 @@ class _Stale(Exception):
 
 
 async def _receive(conn: _Conn, out: Scatter, timeouts: Timeouts) -> None:
-    """Fill ``out`` from the connection; a stall or an early end fails."""
+    """Fill ``out`` from the connection, straight into its buffers."""
+
+    async def step() -> int:
+        n = await conn.recv_into(out.space())
+        out.advance(n)
+        return n
+
+    await receive(out, step, timeouts)
+
+
+async def receive(out: Scatter, step: Callable[[], Awaitable[int]], timeouts: Timeouts) -> None:
+    """Fill ``out`` by calling ``step`` (which puts some bytes into it and says how many;
+    0 at the end of the body); a stall or an early end fails."""
     loop = asyncio.get_running_loop()
     try:
         async with asyncio.timeout(timeouts.stall) as stall:
             while not out.done:
-                n = await conn.recv_into(out.space())
-                if not n:
+                if not await step():
                     break
-                out.advance(n)
                 stall.reschedule(loop.time() + timeouts.stall)
     except TimeoutError:
         if stall.expired():

@@ -132,7 +132,13 @@ class ChunkReader:
         start = piece.offset if chunk == 0 else (base + chunk) * slot
         end = min((base + chunk + 1) * slot, shard.size)
         return ChunkRequest(
-            shard.url, start, end - start, shard.etag, end >= shard.size, shard.size
+            shard.url,
+            start,
+            end - start,
+            shard.etag,
+            end >= shard.size,
+            shard.size,
+            self.settings.store_of(piece.shard),
         )
 
     def request(self, wanted: list[tuple[int, int]]) -> None:
@@ -193,7 +199,13 @@ class ChunkReader:
             (rid,) = engine.submit(
                 [
                     ChunkRequest(
-                        lane.shard.url, offset, length, lane.shard.etag, False, lane.shard.size
+                        lane.shard.url,
+                        offset,
+                        length,
+                        lane.shard.etag,
+                        False,
+                        lane.shard.size,
+                        self.settings.store_of(lane.piece.shard),
                     )
                 ]
             )

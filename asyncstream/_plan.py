@@ -4,7 +4,9 @@ Pure functions of their inputs (sample counts, seed, epoch, topology, saved posi
 
 **The epoch's sequence.** The shards are permuted with a generator seeded by ``(seed,
 epoch)`` (or kept in order without shuffle) and concatenated: the epoch's global sample
-sequence. A position ``p`` in it names one sample.
+sequence. A position ``p`` in it names one sample. A stream of several sources
+(:mod:`._mix`) has a sequence of shard *pieces* instead (a shard may be cut, or come
+twice); everything below works on either.
 
 **Segments.** What a reader reads is an *assignment*: a list of segments, read in order.
 A :class:`Span` is a range of positions of the epoch's sequence; a :class:`Piece` is an
@@ -134,16 +136,28 @@ class EpochSequence:
     Args:
         counts: samples in each shard, in dataset order.
         order: the epoch's shard order (:func:`shard_order`).
+        entries: instead of ``order``, the epoch's pieces of shards in order, as
+            ``(shard, first, stop)`` (samples ``first <= i < stop`` of the shard): a
+            mixed stream's interleaved sources (:mod:`._mix`), where a shard may be cut
+            or come more than once.
     """
 
-    def __init__(self, counts: Sequence[int], order: Sequence[int]) -> None:
+    def __init__(
+        self,
+        counts: Sequence[int],
+        order: Sequence[int] = (),
+        *,
+        entries: Sequence[tuple[int, int, int]] | None = None,
+    ) -> None:
         if any(n < 0 for n in counts):
             raise ValueError("sample counts must be >= 0")
         self.counts = counts
-        self.order = order
-        self.starts = [0]  # position of each shard of the order, then the total
-        for shard in order:
-            self.starts.append(self.starts[-1] + counts[shard])
+        if entries is None:
+            entries = [(shard, 0, counts[shard]) for shard in order]
+        self.entries = entries
+        self.starts = [0]  # position of each entry, then the total
+        for _, first, stop in entries:
+            self.starts.append(self.starts[-1] + stop - first)
 
     @property
     def total(self) -> int:
@@ -151,7 +165,7 @@ class EpochSequence:
         return self.starts[-1]
 
     def pieces(self, segments: Iterable[Segment]) -> list[Piece]:
-        """The pieces a list of segments reads, in order (spans cut at shard boundaries)."""
+        """The pieces a list of segments reads, in order (spans cut at entry boundaries)."""
         out: list[Piece] = []
         for segment in segments:
             if isinstance(segment, Piece):
@@ -163,10 +177,10 @@ class EpochSequence:
                 raise ValueError(f"span {lo}..{hi} is outside the epoch's {self.total} samples")
             at = bisect.bisect_right(self.starts, lo) - 1
             while lo < hi:
-                shard, start = self.order[at], self.starts[at]
+                (shard, first, _), start = self.entries[at], self.starts[at]
                 stop = min(hi, self.starts[at + 1])
                 if stop > lo:
-                    out.append(Piece(shard, lo - start, stop - start))
+                    out.append(Piece(shard, first + lo - start, first + stop - start))
                 lo = stop
                 at += 1
         return out

@@ -28,6 +28,7 @@ of 8 on average, against 7.9 of 8 with twice the slots).
 
 from __future__ import annotations
 
+import bisect
 import functools
 import hashlib
 import multiprocessing
@@ -37,9 +38,10 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from ._engine import Engine, EngineConfig
-from ._exceptions import StateError
+from ._exceptions import AsyncStreamError, StateError
 from ._lanes import ChunkReader, Item, LaneReader
-from ._plan import Topology
+from ._mix import Blend, SourcePlan
+from ._plan import Piece, Topology
 from ._prefetch import soonest
 from ._retry import RetryPolicy, Timeouts
 from ._s3 import S3Options
@@ -74,6 +76,8 @@ class StreamSettings:
     cache_dir: str | None = None
     cache_limit: int | None = None
     coalesce_bytes: int = 8 << 20
+    sources: tuple[SourcePlan, ...] = ()  # a mixed stream's sources (:mod:`._mix`)
+    s3_extra: tuple[S3Options, ...] = ()  # the sources' other S3 endpoints
 
     def fingerprint(self) -> str:
         """Identifies the dataset: URLs, sizes, ETags and sample counts."""
@@ -82,20 +86,58 @@ class StreamSettings:
             digest.update(f"{shard.url}\0{shard.size}\0{shard.etag}\0{n}\n".encode())
         return digest.hexdigest()[:32]
 
+    @functools.cached_property
+    def epoch_samples(self) -> int:
+        """Samples in an epoch, all ranks together: the dataset's, or the sum of a mixed
+        stream's quotas."""
+        if self.sources:
+            return sum(s.quota for s in self.sources)
+        return sum(self.counts)
+
+    @functools.cached_property
+    def _passes(self) -> tuple[int, ...]:
+        """How many times an epoch may read each shard, at most (a source's quota can
+        take its shards more than once, and cut one at each end)."""
+        if not self.sources:
+            return (1,) * len(self.shards)
+        out = [0] * len(self.shards)
+        for s in self.sources:
+            size = sum(self.counts[s.first : s.stop])
+            passes = -(-s.quota // size) + 1 if s.quota and size else 0
+            out[s.first : s.stop] = [passes] * (s.stop - s.first)
+        return tuple(out)
+
     @property
     def lanes(self) -> int:
-        """The most shards a reader keeps open: ``window``, or fewer where the dataset has
-        fewer shards (a reader's pieces are its shards plus at most two partial ones, so
+        """The most shards a reader keeps open: ``window``, or fewer where the epoch has
+        fewer pieces (a reader's pieces are its shards plus at most two partial ones, so
         for the epoch's own plan this changes nothing but the ring's size)."""
-        return max(1, min(self.window, len(self.shards) + 2))
+        return max(1, min(self.window, sum(self._passes) + 2))
 
     @functools.cached_property
     def prefetch_slots(self) -> int:
-        """Chunks requested ahead at most: ``prefetch``, or the dataset's chunk count if
+        """Chunks requested ahead at most: ``prefetch``, or the epoch's chunk count if
         smaller. The same number sizes the ring's prefetch slots: every requested chunk
         fits at once, so a chunk a lane waits for never queues behind prefetched ones."""
-        chunks = sum(-(-s.size // self.slot_bytes) for s in self.shards)
+        chunks = sum(
+            n * -(-s.size // self.slot_bytes)
+            for s, n in zip(self.shards, self._passes, strict=True)
+        )
         return max(1, min(self.prefetch, chunks))
+
+    @functools.cached_property
+    def _source_starts(self) -> list[int]:
+        return [s.first for s in self.sources]
+
+    def source_of(self, shard: int) -> int:
+        """The number of the source that shard ``shard`` belongs to (0 unmixed)."""
+        if not self.sources:
+            return 0
+        return bisect.bisect_right(self._source_starts, shard) - 1
+
+    def store_of(self, shard: int) -> int:
+        """The fetch engine's S3 endpoint for shard ``shard`` (see ``ChunkRequest.store``)."""
+        return self.sources[self.source_of(shard)].store if self.sources else 0
 
     @property
     def ring_bytes(self) -> int:
@@ -105,6 +147,16 @@ class StreamSettings:
     @property
     def slot_bytes(self) -> int:
         return max(1, min(self.chunk_bytes, max((s.size for s in self.shards), default=1)))
+
+
+def _blend(settings: StreamSettings, pieces: list[Piece], groups: list[int]) -> Blend | None:
+    """A mixed stream reader's blend, over the samples its pieces hold of each source."""
+    if not settings.sources:
+        return None
+    totals = [0] * len(settings.sources)
+    for piece, group in zip(pieces, groups, strict=True):
+        totals[group] += piece.count
+    return Blend(totals)
 
 
 def default_topology(rank: int | None, world_size: int | None) -> tuple[int, int]:
@@ -168,12 +220,16 @@ class EpochRun(Iterator[dict[str, Any]]):
         self.topology = topology
         self.remainder_samples = start.extra
         self.pieces = epoch_sequence(settings, start.epoch).pieces(start.assignment)
+        self.groups = [settings.source_of(piece.shard) for piece in self.pieces]
+        self.blend = _blend(settings, self.pieces, self.groups)
         self.shuffle: WindowShuffle[Item] = WindowShuffle(
             len(self.pieces),
             window=settings.lanes,
             key=shuffle_key(settings.seed, start, topology),
             mode=settings.mode,
             shuffle=settings.shuffle,
+            groups=self.groups,
+            blend=self.blend,
         )
         self.engine = engine  # an idle engine of the previous epoch, reused
         self.reader = ChunkReader(settings, self.pieces, self._engine)
@@ -194,6 +250,7 @@ class EpochRun(Iterator[dict[str, Any]]):
                 adaptive=s.adaptive,
                 hedge=s.hedge,
                 s3=s.s3,
+                s3_extra=s.s3_extra,
                 cache_dir=s.cache_dir,
                 cache_limit=s.cache_limit,
                 coalesce_bytes=s.coalesce_bytes,
@@ -261,9 +318,27 @@ class EpochRun(Iterator[dict[str, Any]]):
         except StopIteration:
             self.closed = True  # the engine is idle again: finish() hands it back
             raise
+        except AsyncStreamError as exc:
+            self.close()
+            self._name_source(exc)
+            raise
         except BaseException:
             self.close()
             raise
+
+    def _name_source(self, exc: AsyncStreamError) -> None:
+        """Put the source of the shard an error names at the start of its message."""
+        if not self.settings.sources or not exc.args or not isinstance(exc.args[0], str):
+            return
+        message, url = exc.args[0], getattr(exc, "url", None)
+        named = [
+            (len(shard.url), i)
+            for i, shard in enumerate(self.settings.shards)
+            if shard.url == url or (url is None and shard.url in message)
+        ]
+        if named:
+            source = self.settings.sources[self.settings.source_of(max(named)[1])]
+            exc.args = (f"source {source.name!r}: {message}", *exc.args[1:])
 
     def _next(self) -> dict[str, Any]:
         shuffle = self.shuffle
@@ -272,7 +347,11 @@ class EpochRun(Iterator[dict[str, Any]]):
             if need.kind == "draw":
                 index, (_, sample) = shuffle.draw()
                 self.emitted += 1
-                return self._emit(sample, self._lane(shuffle.lanes[index]).shard.url)
+                drawn = shuffle.lanes[index]
+                out = self._emit(sample, self._lane(drawn).shard.url)
+                if self.settings.sources:
+                    out["__source__"] = self.settings.sources[drawn.group].name
+                return out
             if need.kind == "done":
                 raise StopIteration
             if need.kind == "open":
@@ -304,7 +383,8 @@ class EpochRun(Iterator[dict[str, Any]]):
             for lane in self.shuffle.lanes
         )
         draws, next_piece = self.shuffle.state()
-        return Position(draws, next_piece, self.emitted, lanes)
+        blend = self.blend.state() if self.blend is not None else None
+        return Position(draws, next_piece, self.emitted, lanes, blend)
 
     def state(self) -> ReaderState:
         """The reader's exact state (see :mod:`._state`)."""
@@ -333,6 +413,11 @@ class EpochRun(Iterator[dict[str, Any]]):
                 ) from None
             lanes.append((saved.piece, chosen, {"reader": lane}))
         self.shuffle.reset(position.draws, position.next_piece, lanes)
+        if self.blend is not None and position.blend is not None:
+            try:
+                self.blend.restore(position.blend)
+            except ValueError as exc:
+                raise StateError(f"state_dict is corrupted: {exc}") from None
         self.emitted = position.emitted
         self._prefetch()
 
@@ -346,6 +431,17 @@ class EpochRun(Iterator[dict[str, Any]]):
             "remainder_policy": self.settings.remainder,
             "remainder_samples": self.remainder_samples,
         }
+        if self.blend is not None:
+            drawn, _ = self.blend.state()
+            out["sources"] = {
+                source.name: {
+                    "drawn": drawn[i],
+                    "planned": self.blend.totals[i],
+                    "epoch_quota": source.quota,
+                    "shards": source.stop - source.first,
+                }
+                for i, source in enumerate(self.settings.sources)
+            }
         if self.start.lineage != BASE:
             out["resumed_from"] = self.start.lineage
         if self.engine is not None:

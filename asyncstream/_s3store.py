@@ -44,7 +44,7 @@ from botocore.credentials import ReadOnlyCredentials
 from botocore.exceptions import NoCredentialsError
 
 from ._errors import ChunkFailure, S3ErrorResponse
-from ._http import PROBE_AFTER, ConnectionPool, Origin, Reply, Scatter
+from ._http import PROBE_AFTER, ConnectionPool, Origin, Reply, Scatter, receive
 from ._retry import Timeouts
 from ._s3 import S3Options
 from ._s3objects import S3Objects
@@ -298,7 +298,7 @@ class S3Store(Store):
                     f"asked for {request.length} bytes at {request.offset}, "
                     f"the response has {response.get('ContentLength')}",
                 )
-            await _receive_pieces(raw.content, out, request, self.timeouts)
+            await _receive_pieces(raw.content, out, self.timeouts)
             complete = True
         finally:
             if complete:
@@ -375,24 +375,12 @@ def _error_response(status: int, body: bytes) -> S3ErrorResponse:
     return S3ErrorResponse(status, code, detail or f"HTTP {status}")
 
 
-async def _receive_pieces(
-    stream: Any, out: Scatter, request: ChunkRequest, timeouts: Timeouts
-) -> None:
+async def _receive_pieces(stream: Any, out: Scatter, timeouts: Timeouts) -> None:
     """aiohttp's body pieces copied into ``out`` (the fallback transport)."""
-    loop = asyncio.get_running_loop()
-    try:
-        async with asyncio.timeout(timeouts.stall) as stall:
-            while not out.done:
-                piece = await stream.readany()
-                if not piece:
-                    break
-                out.write(piece)
-                stall.reschedule(loop.time() + timeouts.stall)
-    except TimeoutError:
-        if stall.expired():
-            raise ChunkFailure(
-                "stall", f"no byte for {timeouts.stall:g} s after {out.pos} of {out.total}"
-            ) from None
-        raise
-    if not out.done:
-        raise ChunkFailure("truncated", f"the body ended after {out.pos} of {out.total} bytes")
+
+    async def step() -> int:
+        piece = await stream.readany()
+        out.write(piece)
+        return len(piece)
+
+    await receive(out, step, timeouts)

@@ -26,7 +26,10 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any, Generic, Literal, TypeVar
+from typing import TYPE_CHECKING, Any, Generic, Literal, TypeVar
+
+if TYPE_CHECKING:
+    from ._mix import Blend
 
 __all__ = [
     "ShuffleQuality",
@@ -69,6 +72,7 @@ class Lane(Generic[T]):
     items: list[T]
     cursor: int = 0  # for shuffle=False: items before it are emitted
     meta: dict[str, Any] = field(default_factory=dict)
+    group: int = 0  # the piece's source, for a blend (:mod:`._mix`)
 
     @property
     def remaining(self) -> int:
@@ -93,6 +97,9 @@ class WindowShuffle(Generic[T]):
         key: the random key (see :func:`mix_key`).
         mode: ``"samples"`` or ``"shards"`` (how a lane is picked).
         shuffle: ``False`` gives plan order and in-shard order.
+        groups: the source of each piece, for ``blend``.
+        blend: picks the source of each draw first (:class:`._mix.Blend`); the lane is
+            then picked among that source's lanes, as ``mode`` says. ``None``: any lane.
     """
 
     def __init__(
@@ -103,6 +110,8 @@ class WindowShuffle(Generic[T]):
         key: int,
         mode: Literal["samples", "shards"] = "samples",
         shuffle: bool = True,
+        groups: Sequence[int] | None = None,
+        blend: Blend | None = None,
     ) -> None:
         if window < 1:
             raise ValueError(f"window must be >= 1, got {window}")
@@ -117,6 +126,15 @@ class WindowShuffle(Generic[T]):
         self._empty: list[Lane[T]] = []  # lanes that may need a refill, checked by need()
         self.next_piece = 0
         self.draws = 0
+        if blend is not None and (groups is None or len(groups) != n_pieces):
+            raise ValueError("a blend needs the group of every piece")
+        self.groups = groups
+        self.blend = blend
+        self._lane_groups: list[int] = []  # each open lane's group, as self.lanes
+        self._open = [0] * (max(groups, default=0) + 1 if groups else 1)  # lanes per group
+
+    def _group(self, piece: int) -> int:
+        return 0 if self.groups is None else self.groups[piece]
 
     def need(self) -> Need:
         """What to do next: refill a lane, open a piece, draw, or stop."""
@@ -133,8 +151,10 @@ class WindowShuffle(Generic[T]):
 
     def open(self, items: list[T], meta: dict[str, Any] | None = None) -> Lane[T]:
         """Open the next piece with its first chunk's samples."""
-        lane = Lane(self.next_piece, items, meta=meta or {})
+        lane = Lane(self.next_piece, items, meta=meta or {}, group=self._group(self.next_piece))
         self.lanes.append(lane)
+        self._lane_groups.append(lane.group)
+        self._open[lane.group] += 1
         self.next_piece += 1
         if not items:
             self._empty.append(lane)
@@ -147,12 +167,15 @@ class WindowShuffle(Generic[T]):
 
     def close(self, lane: int) -> Lane[T]:
         """Remove an empty lane whose shard is done."""
+        self._open[self._lane_groups.pop(lane)] -= 1
         return self.lanes.pop(lane)
 
     def draw(self) -> tuple[int, T]:
         """Remove and return ``(lane index, sample)`` for the next draw."""
         if not self.shuffle:
             lane = self.lanes[0]
+            if self.blend is not None:
+                self.blend.choose((lane.group,))
             item = lane.items[lane.cursor]
             lane.cursor += 1
             self.draws += 1
@@ -160,7 +183,9 @@ class WindowShuffle(Generic[T]):
                 self._empty.append(lane)
             return 0, item
         n = 2 * self.draws
-        if self.mode == "shards":
+        if self.blend is not None:
+            index = self._blended(self.blend, n)
+        elif self.mode == "shards":
             index = _below(self.key, n, len(self.lanes))
         else:
             r = _below(self.key, n, sum(len(lane.items) for lane in self.lanes))
@@ -178,6 +203,23 @@ class WindowShuffle(Generic[T]):
             self._empty.append(self.lanes[index])
         return index, item
 
+    def _blended(self, blend: Blend, n: int) -> int:
+        """The lane of draw ``n``: the blend's source, then one of its lanes."""
+        groups = self._lane_groups
+        group = blend.choose([g for g, lanes in enumerate(self._open) if lanes])
+        if self.mode == "shards":
+            index = -1
+            for _ in range(_below(self.key, n, self._open[group]) + 1):
+                index = groups.index(group, index + 1)
+            return index
+        among = [i for i, g in enumerate(groups) if g == group]
+        r = _below(self.key, n, sum(len(self.lanes[i].items) for i in among))
+        for index in among[:-1]:
+            if r < len(self.lanes[index].items):
+                return index
+            r -= len(self.lanes[index].items)
+        return among[-1]
+
     def state(self) -> tuple[int, int]:
         """``(draws, next_piece)``: with each lane's piece and undrawn items, its state."""
         return self.draws, self.next_piece
@@ -190,7 +232,13 @@ class WindowShuffle(Generic[T]):
         if any(not 0 <= piece < next_piece <= self.n_pieces for piece, _, _ in lanes):
             raise ValueError("a lane's piece is not among the pieces opened")
         self.draws, self.next_piece = draws, next_piece
-        self.lanes = [Lane(piece, items, meta=meta) for piece, items, meta in lanes]
+        self.lanes = [
+            Lane(piece, items, meta=meta, group=self._group(piece)) for piece, items, meta in lanes
+        ]
+        self._lane_groups = [lane.group for lane in self.lanes]
+        self._open = [0] * len(self._open)
+        for group in self._lane_groups:
+            self._open[group] += 1
         self._empty = [lane for lane in self.lanes if not lane.items]
 
     def resident(self) -> int:

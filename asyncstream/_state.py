@@ -4,19 +4,22 @@ A :class:`ReaderState` is the position of one reader (one rank, or one DataLoade
 of a rank) in one epoch:
 
 * **identity**: the dataset's fingerprint and every setting that decides the order (seed,
-  shuffle, mode, window, chunk size, remainder policy); a state of another dataset or
-  configuration is refused;
+  shuffle, mode, window, chunk size, remainder policy and, for a mixed stream, each
+  source's name, shards and quota); a state of another dataset or configuration is
+  refused;
 * **where the reader sits**: epoch, topology (rank, world size, worker, workers) and
   *lineage*: ``"base"`` for the epoch's own plan, else a digest naming the resume it
   descends from (below);
 * **its assignment**: the segments of the epoch it reads (:mod:`._plan`), explicit, so
   a state says what is left without the plan being recomputed;
-* **its position** in them: draws so far, pieces opened, and each open lane's resident
-  chunk and not-yet-drawn samples.
+* **its position** in them (:mod:`._position`): draws so far, pieces opened, each open
+  lane's resident chunk and not-yet-drawn samples, and for a mixed stream the blend's
+  samples drawn and credit per source (:mod:`._mix`).
 
-``to_dict`` gives plain JSON data (``"version": 2``); ``from_dict`` checks every field and
-names what is wrong (:class:`~asyncstream.StateError`), reads version 1 (asyncstream
-0.1's layout: the same position, assignment implied by the plan) and refuses any other.
+``to_dict`` gives plain JSON data (``"version": 3``); ``from_dict`` checks every field and
+names what is wrong (:class:`~asyncstream.StateError`), reads versions 2 (before mixing:
+a stream without sources) and 1 (asyncstream 0.1's layout: the same position, assignment
+implied by the plan), and refuses any other.
 
 **Resume** (:func:`resume`). Given the states of the readers of one save:
 
@@ -48,13 +51,13 @@ from __future__ import annotations
 
 import hashlib
 import json
-import math
 import re
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from ._exceptions import StateError
+from ._mix import mixed_entries
 from ._plan import (
     EpochSequence,
     Piece,
@@ -66,6 +69,10 @@ from ._plan import (
     cut,
     shard_order,
 )
+from ._position import LaneState, Position
+from ._position import corrupted as _bad
+from ._position import int_field as _int
+from ._position import int_list as _ints
 
 if TYPE_CHECKING:
     from ._run import StreamSettings
@@ -86,29 +93,10 @@ __all__ = [
 ]
 
 STATE_KIND = "asyncstream.ShardStream"
-STATE_VERSION = 2
-_READABLE = (1, 2)
+STATE_VERSION = 3
+_READABLE = (1, 2, 3)
 BASE = "base"
 _DIGEST = re.compile(r"[0-9a-f]{16,64}")
-
-
-def _bad(why: str) -> StateError:
-    return StateError(f"state_dict is corrupted: {why}")
-
-
-def _int(data: Mapping[str, Any], name: str, where: str) -> int:
-    value = data.get(name)
-    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-        raise _bad(f"{where}{name} must be an integer >= 0, got {value!r}")
-    return value
-
-
-def _ints(value: Any, what: str) -> tuple[int, ...]:
-    if not isinstance(value, list) or not all(
-        isinstance(i, int) and not isinstance(i, bool) and i >= 0 for i in value
-    ):
-        raise _bad(f"{what} must be a list of integers >= 0")
-    return tuple(value)
 
 
 @dataclass(frozen=True)
@@ -122,6 +110,7 @@ class Identity:
     window: int
     chunk_bytes: int
     remainder: Remainder
+    sources: tuple[tuple[str, int, int], ...] = ()  # (name, shards, quota) of each source
 
     @classmethod
     def of(cls, settings: StreamSettings) -> Identity:
@@ -134,11 +123,18 @@ class Identity:
             window=settings.window,
             chunk_bytes=settings.slot_bytes,
             remainder=settings.remainder,
+            sources=tuple((s.name, s.stop - s.first, s.quota) for s in settings.sources),
         )
+
+    def as_dict(self) -> dict[str, Any]:
+        """Plain JSON data, as a state holds it."""
+        out: dict[str, Any] = dict(self.__dict__)
+        out["sources"] = [{"name": n, "shards": k, "quota": q} for n, k, q in self.sources]
+        return out
 
     def check(self, data: Mapping[str, Any]) -> None:
         """Refuse state data that does not carry this identity, naming the difference."""
-        for name, value in self.__dict__.items():
+        for name, value in self.as_dict().items():
             if name not in data:
                 raise StateError(
                     f"state_dict has no {name!r}: not a ShardStream state, or corrupted"
@@ -148,101 +144,6 @@ class Identity:
                 raise StateError(
                     f"state_dict was saved from {what}, this stream has {name}={value!r}"
                 )
-
-
-@dataclass(frozen=True)
-class LaneState:
-    """An open lane: its piece (by position), resident chunk and undrawn samples.
-
-    Attributes:
-        piece: position of the lane's piece in the reader's pieces.
-        chunk: the resident chunk (numbered from the piece's first chunk).
-        reader_start: byte offset of the first header fed with the resident chunk (the
-            header of a sample carried over from the chunk before, if any).
-        returned_before: in-shard index of the sample that starts at ``reader_start``.
-        returned: in-shard index of the first sample after the resident chunk's
-            (``None`` in a version 1 state, which did not record it).
-        remaining: undrawn samples of the resident chunk, as in-shard indices, in the
-            lane's current order.
-    """
-
-    piece: int
-    chunk: int
-    reader_start: int
-    returned_before: int
-    returned: int | None
-    remaining: tuple[int, ...]
-
-    def to_dict(self) -> dict[str, Any]:
-        """Plain JSON data."""
-        return {
-            "piece": self.piece,
-            "chunk": self.chunk,
-            "reader_start": self.reader_start,
-            "returned_before": self.returned_before,
-            **({} if self.returned is None else {"returned": self.returned}),
-            "remaining": list(self.remaining),
-        }
-
-    @classmethod
-    def from_dict(cls, data: Any) -> LaneState:
-        """Parse and check a lane (``returned`` is new in version 2; 1 had none)."""
-        if not isinstance(data, dict):
-            raise _bad("a lane must be a dict")
-        remaining = _ints(data.get("remaining"), "a lane's remaining")
-        before = _int(data, "returned_before", "lane ")
-        returned = None if "returned" not in data else _int(data, "returned", "lane ")
-        lane = cls(
-            piece=_int(data, "piece", "lane "),
-            chunk=_int(data, "chunk", "lane "),
-            reader_start=_int(data, "reader_start", "lane "),
-            returned_before=before,
-            returned=returned,
-            remaining=remaining,
-        )
-        if lane.reader_start % 512:
-            raise _bad("a lane's reader_start is not at a tar header boundary")
-        end = math.inf if returned is None else returned
-        if any(not before <= i < end for i in remaining):
-            raise _bad("a lane's remaining samples are not those of its resident chunk")
-        return lane
-
-
-@dataclass(frozen=True)
-class Position:
-    """Where a reader is in its pieces."""
-
-    draws: int = 0
-    next_piece: int = 0
-    emitted: int = 0
-    lanes: tuple[LaneState, ...] = ()
-
-    def to_dict(self) -> dict[str, Any]:
-        """Plain JSON data."""
-        return {
-            "draws": self.draws,
-            "next_piece": self.next_piece,
-            "emitted": self.emitted,
-            "lanes": [lane.to_dict() for lane in self.lanes],
-        }
-
-    @classmethod
-    def from_dict(cls, data: Any, window: int) -> Position:
-        """Parse and check a position."""
-        if not isinstance(data, dict):
-            raise _bad("position is missing")
-        lanes = data.get("lanes")
-        if not isinstance(lanes, list) or len(lanes) > window:
-            raise _bad("lanes must be a list of at most window entries")
-        position = cls(
-            draws=_int(data, "draws", ""),
-            next_piece=_int(data, "next_piece", ""),
-            emitted=_int(data, "emitted", ""),
-            lanes=tuple(LaneState.from_dict(lane) for lane in lanes),
-        )
-        if any(lane.piece >= position.next_piece for lane in position.lanes):
-            raise _bad("a lane's piece is not yet opened")
-        return position
 
 
 def _segment_to_json(segment: Segment) -> list[Any]:
@@ -287,7 +188,7 @@ class ReaderState:
         return {
             "kind": STATE_KIND,
             "version": STATE_VERSION,
-            **self.identity.__dict__,
+            **self.identity.as_dict(),
             "epoch": self.epoch,
             "topology": [t.rank, t.world_size, t.worker, t.num_workers],
             "lineage": self.lineage,
@@ -317,6 +218,8 @@ class ReaderState:
                 f"state_dict has version {version!r}; this asyncstream reads versions "
                 f"{', '.join(map(str, _READABLE))} (saved by a newer asyncstream?)"
             )
+        if version < 3:  # saved before mixing: by a stream without sources
+            data = {**data, "sources": []}
         identity = Identity.of(settings)
         identity.check(data)
         epoch = _int(data, "epoch", "")
@@ -327,7 +230,7 @@ class ReaderState:
             topology = Topology(*_ints(raw, "topology"))
         except ValueError as exc:
             raise _bad(f"topology: {exc}") from None
-        position = Position.from_dict(data.get("position"), settings.window)
+        position = Position.from_dict(data.get("position"), settings.window, len(settings.sources))
         if version == 1:
             lineage = BASE
             assignment = base_assignment(settings, epoch, topology)
@@ -395,7 +298,17 @@ class ReaderState:
 
 
 def epoch_sequence(settings: StreamSettings, epoch: int) -> EpochSequence:
-    """The epoch's global sample sequence for a stream's settings."""
+    """The epoch's global sample sequence for a stream's settings: its sources'
+    interleaved pieces for a mixed stream (:mod:`._mix`)."""
+    if settings.sources:
+        entries = mixed_entries(
+            settings.counts,
+            settings.sources,
+            seed=settings.seed,
+            epoch=epoch,
+            shuffle=settings.shuffle,
+        )
+        return EpochSequence(settings.counts, entries=entries)
     order = shard_order(
         len(settings.counts), seed=settings.seed, epoch=epoch, shuffle=settings.shuffle
     )
@@ -430,7 +343,7 @@ class Start:
 
 def fresh(settings: StreamSettings, epoch: int, topology: Topology) -> Start:
     """The start of a fresh epoch."""
-    total = sum(settings.counts)
+    total = settings.epoch_samples
     segments, extra = assign([Span(0, total)], topology, settings.remainder)
     return Start(epoch, BASE, tuple(segments), None, extra)
 

@@ -47,6 +47,8 @@ class ChunkRequest:
         final: whether this is the shard's last chunk (counts shards in statistics).
         size: the shard's size from the listing, if known (a response naming another
             total size means the object was replaced).
+        store: which of the engine's S3 endpoints serves an ``s3://`` URL (0: the
+            stream's own; see ``EngineConfig.s3_extra``).
     """
 
     url: str
@@ -55,6 +57,7 @@ class ChunkRequest:
     etag: str | None = None
     final: bool = True
     size: int | None = None
+    store: int = 0
 
 
 @dataclass(frozen=True, slots=True)

@@ -20,11 +20,13 @@ from ._count import CountSettings
 from ._dataset import open_dataset
 from ._engine import Engine
 from ._exceptions import StateError
+from ._iteration import Iteration
 from ._plan import Topology, reader_samples
 from ._retry import RetryPolicy, Timeouts
 from ._ring import check_room
 from ._run import EpochRun, StreamSettings, default_topology, worker_topology
 from ._s3 import S3Options
+from ._sources import Source, open_sources, split_sources
 from ._state import Identity, Position, ReaderState, Start, find_states, fresh, resume
 from ._workers import LOCAL, Refused, SharedEpoch
 
@@ -38,48 +40,6 @@ _PLAIN_DATALOADER = (
     "see the README's checkpointing section. (Between epochs, set_epoch() makes this "
     "stream's own state valid again.)"
 )
-
-
-class _Iteration(Iterator[dict[str, Any]]):
-    """The iterator ``iter(stream)`` returns: one epoch's run, guarded against misuse.
-
-    A stream serves one iterator at a time (one engine, one ring, one position). A new
-    ``iter()`` from the thread that made the live iterator replaces it: DataLoader and
-    StatefulDataLoader do that when they restart an epoch, while the old iterator is
-    still referenced, so refusing the new one would break them; the replaced iterator
-    then raises :class:`StateError` if used again, instead of silently stopping. A new
-    ``iter()`` from *another* thread while the live one is being read, or two threads
-    calling ``next()`` at once, raise :class:`StateError` at once.
-    """
-
-    def __init__(self, run: EpochRun) -> None:
-        self.run = run
-        self.thread = threading.get_ident()
-        self.started = False
-        self.replaced = False
-        self._lock = threading.Lock()
-
-    def __next__(self) -> dict[str, Any]:
-        if not self._lock.acquire(blocking=False):
-            raise StateError(
-                "two threads are reading one ShardStream iterator at once; give each "
-                "thread a stream of its own (or use DataLoader workers)"
-            )
-        try:
-            if self.replaced:
-                raise StateError(
-                    "this ShardStream iterator was ended by a newer iter(), set_epoch(), "
-                    "load_state_dict() or close() on its stream: a stream serves one "
-                    "iterator at a time"
-                )
-            self.started = True
-            return next(self.run)
-        finally:
-            self._lock.release()
-
-    @property
-    def live(self) -> bool:
-        return self.started and not self.replaced and not self.run.closed
 
 
 class ShardStream(IterableDataset[dict[str, Any]]):
@@ -113,11 +73,22 @@ class ShardStream(IterableDataset[dict[str, Any]]):
     ``.tar`` it does not list is left out with a :class:`~asyncstream.StaleShardWarning`.
     ``stats()["index"]`` says which index was used (:mod:`asyncstream._dataset`).
 
+    Several datasets mix in one stream when ``urls`` is a list of
+    :class:`~asyncstream.Source`: one engine and one ring read them all, each epoch takes
+    each source's share (a relative weight or an absolute count, repeating or sub-sampling
+    a source, each sample once before any twice), every window of draws holds the sources
+    in proportion, and each sample says its source in ``__source__``. See the README's
+    "Mixing datasets" and :mod:`asyncstream._mix`.
+
     Args:
         urls: shard URLs: ``s3://bucket/train-{0000..0099}.tar``, an ``s3://`` prefix,
             local files or folders, an index file (``.../asyncstream.json``,
-            ``.../_info.json``, a wids index), or a list of these.
+            ``.../_info.json``, a wids index), or a list of these; or a list of
+            :class:`~asyncstream.Source` to mix.
+        epoch_size: with sources, the samples of an epoch, all sources and ranks
+            together; default: the absolute counts plus every weighted source's size.
         endpoint_url: an S3-compatible endpoint; default from ``AWS_ENDPOINT_URL`` or AWS.
+            With sources, the default of those without their own (so is ``s3``).
         inflight: K, chunk downloads in flight at most (fewer while throttled).
         window: shards open at once for the window shuffle.
         prefetch: chunks requested ahead of need, downloading or waiting for their
@@ -168,13 +139,18 @@ class ShardStream(IterableDataset[dict[str, Any]]):
         ValueError: bad arguments (a ``split`` the index does not have; ``cache_dir`` not
             a folder that can be created, ``cache_limit`` not a positive integer or given
             without ``cache_dir``), or a ring that does not fit the free space in /dev/shm
-            (the message gives both sizes and the fixes).
+            (the message gives both sizes and the fixes). With sources: an empty source,
+            weights zero in total, an ``epoch_size`` the absolute counts do not fit, two
+            sources of one name, or a ``window`` smaller than the number of sources; the
+            message names the source. An error opening a source starts with its name.
+        TypeError: Sources and URL strings in one list.
     """
 
     def __init__(
         self,
-        urls: str | Sequence[str],
+        urls: str | Sequence[str] | Source | Sequence[Source],
         *,
+        epoch_size: int | None = None,
         endpoint_url: str | None = None,
         inflight: int = 8,
         window: int = 64,
@@ -238,22 +214,55 @@ class ShardStream(IterableDataset[dict[str, Any]]):
             cache_dir=cache_path,
             cache_limit=cache_limit,
         )
-        dataset = open_dataset(
-            urls,
-            options,
-            samples_per_shard=samples_per_shard,
-            split=split,
-            strict=strict,
-            index_cache=index_cache,
-            counting=CountSettings.like(settings),  # counted as an epoch reads
-        )
-        self._index = dataset.info
-        self._settings = replace(settings, shards=dataset.shards, counts=dataset.counts)
+        sources, plain = split_sources(urls)
+        if sources is None:
+            if epoch_size is not None:
+                raise ValueError(
+                    "epoch_size sets the samples per epoch of a stream of sources: give "
+                    "ShardStream a list of asyncstream.Source"
+                )
+            dataset = open_dataset(
+                plain,
+                options,
+                samples_per_shard=samples_per_shard,
+                split=split,
+                strict=strict,
+                index_cache=index_cache,
+                counting=CountSettings.like(settings),  # counted as an epoch reads
+            )
+            self._index: dict[str, Any] = dataset.info.as_dict()
+            self._settings = replace(settings, shards=dataset.shards, counts=dataset.counts)
+        else:
+            if samples_per_shard is not None or split is not None:
+                raise ValueError(
+                    "with sources, give samples_per_shard and split to each Source, not the stream"
+                )
+            if shuffle and window < len(sources):
+                raise ValueError(
+                    f"window={window} is less than the {len(sources)} sources: every source "
+                    "needs an open shard in the window to be drawn"
+                )
+            opened = open_sources(
+                sources,
+                options,
+                epoch_size=epoch_size,
+                counting=CountSettings.like(settings),
+                strict=strict,
+                index_cache=index_cache,
+            )
+            self._index = {name: info.as_dict() for name, info in opened.infos.items()}
+            self._settings = replace(
+                settings,
+                shards=opened.shards,
+                counts=opened.counts,
+                sources=opened.plans,
+                s3_extra=opened.s3_extra,
+            )
         # Each reader's ring is made when it starts reading: say now if it cannot fit.
         check_room(self._settings.ring_bytes, "lower window, prefetch or chunk_bytes")
         self._shared = SharedEpoch()
         self._run: EpochRun | None = None
-        self._live: weakref.ref[_Iteration] | None = None  # the iterator last handed out
+        self._live: weakref.ref[Iteration] | None = None  # the iterator last handed out
         self._engine: Engine | None = None  # kept from one epoch to the next when idle
         self._pending: list[ReaderState] | None = None  # from load_state_dict, for next epoch
         self._pending_mark = 0  # the shared mark it was published with, or LOCAL
@@ -262,8 +271,10 @@ class ShardStream(IterableDataset[dict[str, Any]]):
 
     def __repr__(self) -> str:
         s = self._settings
+        mixed = f"{len(s.sources)} sources, " if s.sources else ""
         return (
-            f"ShardStream({len(s.shards)} shards, {sum(s.counts)} samples, epoch={self.epoch}, "
+            f"ShardStream({mixed}{len(s.shards)} shards, {s.epoch_samples} samples per epoch, "
+            f"epoch={self.epoch}, "
             f"window={s.window}, inflight={s.inflight}, prefetch={s.prefetch}, "
             f"chunk_bytes={s.slot_bytes}, "
             f"shuffle={s.shuffle}, rank={self._rank}/{self._world_size})"
@@ -301,15 +312,26 @@ class ShardStream(IterableDataset[dict[str, Any]]):
 
     @property
     def num_samples(self) -> int:
-        """Samples in the dataset (all shards)."""
+        """Samples in the dataset (all shards; of every source)."""
         return sum(self._settings.counts)
+
+    @property
+    def epoch_samples(self) -> int:
+        """Samples in an epoch, all ranks together: :attr:`num_samples`, or for a stream
+        of sources the sum of their quotas (``epoch_size`` where given)."""
+        return self._settings.epoch_samples
+
+    @property
+    def sources(self) -> dict[str, int]:
+        """A stream of sources' samples per epoch from each, by name (empty otherwise)."""
+        return {s.name: s.quota for s in self._settings.sources}
 
     def __len__(self) -> int:
         """Samples this reader yields in a full epoch: this rank's share (the remainder
         policy applied), or in a DataLoader worker that worker's share of it. So
         ``len(DataLoader(stream, batch_size=B))`` is this rank's number of batches."""
         topology = worker_topology(self._rank, self._world_size)
-        return reader_samples(self.num_samples, topology, self._settings.remainder)
+        return reader_samples(self.epoch_samples, topology, self._settings.remainder)
 
     def set_epoch(self, epoch: int) -> None:
         """Choose the epoch (and so the order) of the next iteration."""
@@ -342,7 +364,7 @@ class ShardStream(IterableDataset[dict[str, Any]]):
             self._shared.worker_started()
         engine, self._engine = self._engine, None
         self._run = EpochRun(self._settings, start=start, topology=topology, engine=engine)
-        iteration = _Iteration(self._run)
+        iteration = Iteration(self._run)
         self._live = weakref.ref(iteration)
         return iteration
 
@@ -458,7 +480,11 @@ class ShardStream(IterableDataset[dict[str, Any]]):
         its cuts, hedges sent and won, chunk latencies, the engine's CPU and peak RSS,
         and ``starved_s``, the time this reader waited for chunks; and ``index``: which
         index gave the sample counts, and how many shards' counts came from it, from
-        ``samples_per_shard``, the local cache or counting (:class:`~._dataset.IndexInfo`)."""
+        ``samples_per_shard``, the local cache or counting (:class:`~._dataset.IndexInfo`).
+        With sources: ``sources``, each one's samples ``drawn`` so far this epoch,
+        ``planned`` for this reader, ``epoch_quota`` (all ranks) and ``shards``; ``index``
+        is then by source name; ``fetch["endpoints"]`` holds the stores of sources with
+        an endpoint of their own."""
         self._check_open()
         if self._run is None:
             stats = {
@@ -468,7 +494,7 @@ class ShardStream(IterableDataset[dict[str, Any]]):
             }
         else:
             stats = self._run.stats()
-        return {**stats, "index": self._index.as_dict()}
+        return {**stats, "index": self._index}
 
     def _stop_run(self) -> None:
         if self._run is not None:

@@ -41,6 +41,11 @@ Scenarios (``--scenarios`` picks some; all by default):
     HTTP against HTTPS on the same embedded server software (a plain and a TLS moto):
     raw fetch MB/s and the engine's CPU seconds per GB on both transports, K = 8, chunks
     of 1 and 16 MiB (:mod:`bench.tls`; always on loopback, not the S3-like network).
+``mixing``
+    Two datasets mixed 3 : 1 in one stream: each batch's share of each source against
+    its weight (mean absolute deviation over batches of 64, worst window of 640) and
+    throughput, for asyncstream's ``Source`` against webdataset's ``RandomMix`` and
+    LitData's ``CombinedStreamingDataset`` (:mod:`bench.mixing`).
 
 Output: JSON with every figure and the environment (``--json``, default
 ``bench/out/bench.json``), the Markdown tables written into ``bench/RESULTS.md`` between
@@ -454,6 +459,12 @@ def tls(b: Bench) -> dict[str, Any]:
     return measure(4 if quick else 24, (8 if quick else 16) << 20, b.sizes.repeat)
 
 
+def mixing(b: Bench) -> dict[str, Any]:
+    from .mixing import run as run_mixing
+
+    return run_mixing(b)
+
+
 SCENARIOS: dict[str, Callable[[Bench], dict[str, Any]]] = {
     "raw_fetch": raw_fetch,
     "loader": loader,
@@ -465,6 +476,7 @@ SCENARIOS: dict[str, Callable[[Bench], dict[str, Any]]] = {
     "throttling": throttling,
     "cache": cache,
     "tls": tls,
+    "mixing": mixing,
 }
 
 

@@ -228,6 +228,46 @@ def tables(out: dict[str, Any], base: Path | None = None) -> str:
             *table(r),
             "",
         ]
+    if "mixing" in sc:
+        r = sc["mixing"]
+        a, b = r["datasets"]["a"], r["datasets"]["b"]
+        lines += [
+            "### Mixing two datasets",
+            "",
+            f"Dataset a ({a['images']:,} images) and dataset b ({b['images']:,} other "
+            f"images) mixed a : b = {r['weights']['a']:g} : {r['weights']['b']:g}; each "
+            f"system reads {r['samples']:,} samples in one process (no DataLoader workers), "
+            "start-up included. Per-batch deviation: for each batch of "
+            f"{r['batch']} and each source, |its share - its weight|, averaged (0 is "
+            f"exact); worst window: the largest deviation over every {r['window']} "
+            "consecutive samples.",
+            "",
+            "| system | per-batch deviation | worst window | share of a | samples/s | MB/s "
+            "| first sample s | CPU s |",
+            "|---|---:|---:|---:|---:|---:|---:|---:|",
+        ]
+        names = {
+            "asyncstream": "asyncstream `Source(weight=)`",
+            "webdataset": "webdataset `RandomMix`",
+            "litdata": "LitData `CombinedStreamingDataset`",
+        }
+        for name, f in r["systems"].items():
+            label = names.get(name, name)
+            if "error" in f:
+                lines.append(f"| {label} | failed: {f['error'][:160]} | | | | | | |")
+                continue
+            lines.append(
+                f"| {label} | {f['batch_mad']:.4f} | {f['worst_window']:.4f} "
+                f"| {f['share_a']:.4f} | {f['samples_per_s']:.0f} | {f['mb_per_s']:.0f} "
+                f"| {f['first_sample_s']:.2f} | {f['cpu_s']:.1f} |"
+            )
+        for name, f in r["systems"].items():
+            if f.get("convert_s") is not None:
+                lines.append(
+                    f"- {names.get(name, name)}: converting both datasets first took "
+                    f"{f['convert_s']:.1f} s (not counted above)."
+                )
+        lines.append("")
     for name, path in out.get("plots", {}).items():
         shown = os.path.relpath(path, base or ".")
         lines.append(f"![{name}]({shown})")

@@ -63,7 +63,8 @@ def raw_fetch(
     config = EngineConfig(inflight=inflight, s3=options, transport=transport)
     with Engine(config, n_slots=window + inflight, slot_bytes=chunk) as engine:
         for _ in range(2):  # the first pass boots the engine, as a stream's first epoch does
-            engine_cpu0 = engine.stats()["cpu_s"]
+            before = engine.stats()
+            engine_cpu0 = before["cpu_s"]
             cpu0 = time.process_time()
             start = time.perf_counter()
             engine.submit(requests)
@@ -78,6 +79,9 @@ def raw_fetch(
         "consumer_cpu_s": cpu,
         "transport": stats["transport"],
         "engine_cpu_s_per_gb": (stats["cpu_s"] - engine_cpu0) / (total / 1e9),
+        # GETs of the pass (consecutive chunks share one: EngineConfig.coalesce_bytes)
+        "requests": stats["requests"] - before["requests"],
+        "chunks": len(requests),
     }
 
 

@@ -1,6 +1,7 @@
 """Resume saved loader states in a fresh process: ``python tests/_resume_child.py SPEC OUT``.
 
-SPEC (JSON): ``folder``, ``stream`` (ShardStream keyword arguments), ``loader``
+SPEC (JSON): ``folder`` (or ``sources``, a list of ``asyncstream.Source`` keyword
+arguments, ``urls`` included, to mix), ``stream`` (ShardStream keyword arguments), ``loader``
 (StatefulDataLoader keyword arguments), ``epochs`` and ``saves``, a list of ``{"epoch":
 e, "state": loader state}``. For each save, a new stream and loader load the state and read
 from epoch ``e`` to the last; OUT gets the batches each read (lists of sample keys).
@@ -14,7 +15,7 @@ from typing import Any
 
 from torchdata.stateful_dataloader import StatefulDataLoader
 
-from asyncstream import ShardStream
+from asyncstream import ShardStream, Source
 
 
 def keys(batch: list[dict[str, Any]]) -> list[str]:
@@ -26,8 +27,11 @@ def main(spec_path: str, out_path: str) -> None:
     with open(spec_path) as f:
         spec = json.load(f)
     results = []
+    urls: Any = spec.get("folder")
+    if "sources" in spec:
+        urls = [Source(**source) for source in spec["sources"]]
     for save in spec["saves"]:
-        with ShardStream(spec["folder"], **spec["stream"]) as stream:
+        with ShardStream(urls, **spec["stream"]) as stream:
             loader = StatefulDataLoader(stream, collate_fn=keys, **spec["loader"])
             loader.load_state_dict(save["state"])
             batches = []

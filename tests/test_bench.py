@@ -99,6 +99,13 @@ def test_every_scenario_runs_and_the_json_is_complete(quick_run: dict[str, Any])
     assert cold["misses"] > 0
     assert cached["misses"] == 0  # not one chunk from the network
     assert cached["hits"] == 2 * cold["misses"]
+    mixing = data["scenarios"]["mixing"]
+    ours = mixing["systems"]["asyncstream"]  # the peers were left out (--peers naive)
+    assert set(mixing["systems"]) == {"asyncstream"}
+    assert ours["samples"] == mixing["samples"] > mixing["window"] >= 64
+    assert abs(ours["share_a"] - 0.75) < 1 / mixing["samples"]  # its quota, to a sample
+    assert 0 <= ours["batch_mad"] < 0.02
+    assert ours["samples_per_s"] > 0
 
 
 @pytest.mark.timeout(700)
@@ -116,6 +123,7 @@ def test_results_section_is_replaced_and_plots_written(quick_run: dict[str, Any]
         "faults",
         "Hedged",
         "Local disk cache",
+        "Mixing two datasets",
     ):
         assert heading in section
     assert "| asyncstream |" in section
@@ -130,6 +138,19 @@ def test_results_section_is_replaced_and_plots_written(quick_run: dict[str, Any]
         data = Path(path).read_bytes()
         assert data.startswith(b"\x89PNG\r\n\x1a\n")
         assert f"]({Path(path).relative_to(quick_run['dir'])})" in section
+
+
+def test_mixing_measures() -> None:
+    from bench.mixing import batch_deviation, worst_window
+
+    weights = {"a": 3.0, "b": 1.0}
+    exact = list("aaab" * 32)
+    assert batch_deviation(exact, weights) == 0.0
+    assert worst_window(exact, weights, 64) == 0.0
+    skewed = ["a"] * 64 + list("aabb" * 16)  # 64 of a, then 32 and 32
+    assert batch_deviation(skewed, weights) == (0.25 + 0.25) / 2
+    assert worst_window(skewed, weights, 64) == 0.25
+    assert math.isnan(worst_window(exact[:10], weights, 64))
 
 
 def test_unknown_scenario_is_refused() -> None:

@@ -81,6 +81,9 @@ def test_consecutive_chunks_share_a_get(
     gets = shard_gets(proxy) - before
     # At most 4 chunks a GET, and never across objects.
     assert sum(-(-len(range(0, s.size, CHUNK)) // 4) for s in listed) <= gets < len(requests)
+    # The engine counts the same GETs, and the chunks that rode on another's.
+    assert stats["requests"] == gets
+    assert stats["coalesced_chunks"] == len(requests) - gets
 
 
 def test_interleaved_chunks_still_coalesce(shards: ForeignShards, proxy: FaultProxy) -> None:

@@ -422,6 +422,27 @@ def version_1(state: dict[str, Any]) -> dict[str, Any]:
     return old
 
 
+def test_a_version_2_state_saved_before_mixing_resumes_exactly(
+    shards: ForeignShards, saved: dict[str, Any]
+) -> None:
+    assert saved["version"] == 3
+    assert saved["sources"] == []  # a stream of plain URLs
+    old = json.loads(json.dumps(saved))
+    old.pop("sources")
+    old["version"] = 2
+    with open_stream(shards, rank=0, world_size=2) as stream:
+        stream.load_state_dict(saved)
+        expected = [s["__key__"] for s in stream]
+    with open_stream(shards, rank=0, world_size=2) as stream:
+        stream.load_state_dict(old)
+        assert [s["__key__"] for s in stream] == expected
+    with (
+        open_stream(shards, rank=0, world_size=2) as stream,
+        pytest.raises(StateError, match="version 4"),
+    ):
+        stream.load_state_dict({**saved, "version": 4})
+
+
 def test_a_version_1_state_resumes_on_the_same_topology_only(
     shards: ForeignShards, saved: dict[str, Any]
 ) -> None:

@@ -230,19 +230,22 @@ class Connection:
                 writer.close()
             self.proxy._untrack(writer.transport)
 
+    async def _copy_exactly(self, remaining: int, sink: asyncio.StreamWriter | None) -> None:
+        """Copy (or, with no sink, discard) ``remaining`` bytes of the request."""
+        while remaining:
+            data = await self.reader.read(min(remaining, _CHUNK))
+            if not data:
+                raise asyncio.IncompleteReadError(b"", remaining)
+            remaining -= len(data)
+            if sink is not None:
+                sink.write(data)
+                await sink.drain()
+
     async def _copy_request_body(self, request: Request, sink: asyncio.StreamWriter | None) -> None:
         """Copy (or, with no sink, discard) the request body, keeping its framing."""
         reader = self.reader
         if request.length is not None:
-            remaining = request.length
-            while remaining:
-                data = await reader.read(min(remaining, _CHUNK))
-                if not data:
-                    raise asyncio.IncompleteReadError(b"", remaining)
-                remaining -= len(data)
-                if sink is not None:
-                    sink.write(data)
-                    await sink.drain()
+            await self._copy_exactly(request.length, sink)
             return
         while True:  # chunked
             line = await reader.readuntil(b"\r\n")
@@ -260,15 +263,7 @@ class Connection:
                 if sink is not None:
                     await sink.drain()
                 return
-            remaining = size
-            while remaining:
-                data = await reader.read(min(remaining, _CHUNK))
-                if not data:
-                    raise asyncio.IncompleteReadError(b"", remaining)
-                remaining -= len(data)
-                if sink is not None:
-                    sink.write(data)
-                    await sink.drain()
+            await self._copy_exactly(size, sink)
             crlf = await reader.readexactly(2)
             if crlf != b"\r\n":
                 raise BadMessage(400, "malformed chunked body")

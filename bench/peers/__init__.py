@@ -8,9 +8,10 @@ run over the same tar shards, on the same server, in a process of its own.
 * ``litdata``: after its ``optimize`` (:mod:`bench.peers.lit`).
 
 The harness calls :func:`available`, then :func:`run_peer` for each peer and
-:func:`shuffle_quality_of` on the results. MosaicML streaming and litdata live in an isolated
-environment that :func:`ensure_env` (``python -m bench.peers.setup``) builds; see
-``bench/peers/README.md``. Importing this package imports no peer library and not asyncstream.
+:func:`shuffle_quality_of` on the results; for its mixing scenario, :func:`run_mix`.
+MosaicML streaming and litdata live in an isolated environment that :func:`ensure_env`
+(``python -m bench.peers.setup``) builds; see ``bench/peers/README.md``. Importing this
+package imports no peer library and not asyncstream.
 """
 
 from ._common import PEERS, PeerInfo
@@ -22,6 +23,7 @@ from ._host import (
     default_target,
     interpreters,
     locate,
+    run_mix,
     run_peer,
     shuffle_quality_of,
 )
@@ -36,6 +38,7 @@ __all__ = [
     "ensure_env",
     "interpreters",
     "locate",
+    "run_mix",
     "run_peer",
     "shuffle_quality_of",
 ]

@@ -35,6 +35,7 @@ __all__ = [
     "default_target",
     "interpreters",
     "locate",
+    "run_mix",
     "run_peer",
     "shuffle_quality_of",
 ]
@@ -378,6 +379,64 @@ def run_peer(
             result["error"] = f"{phase}: {error}"
             return result
     result["ok"] = True
+    return result
+
+
+def run_mix(
+    name: str,
+    *,
+    sources: Sequence[tuple[str, str | Sequence[str], float]],
+    samples: int,
+    workdir: str | os.PathLike[str],
+    endpoint_url: str | None = None,
+    credentials: S3Credentials | None = None,
+    region: str = "us-east-1",
+    settings: PeerSettings | None = None,
+    timeout: float = 1800.0,
+) -> dict[str, Any]:
+    """Run one peer's mixing of several datasets (its conversion of each first, if it
+    converts), reading ``samples`` samples, in a child process of its own.
+
+    Args:
+        name: a peer with a ``mix_samples`` (webdataset, litdata).
+        sources: ``(name, url, weight)`` of each dataset, ``url`` as :func:`run_peer`
+            takes it.
+        samples: how many samples to read (fewer when a source runs out first).
+        workdir, endpoint_url, credentials, region, settings, timeout: as :func:`run_peer`.
+
+    Returns:
+        ``{"peer", "ok", "error", "python", "mix"}``: ``mix`` holds the child's
+        measurements (``bench/peers/run.py``), ``sources`` among them.
+    """
+    if name not in PEERS:
+        raise ValueError(f"unknown peer {name!r}; the peers are {', '.join(PEERS)}")
+    settings = settings if settings is not None else PeerSettings()
+    folder = Path(workdir)
+    folder.mkdir(parents=True, exist_ok=True)
+    result: dict[str, Any] = {"peer": name, "ok": False, "error": None, "python": None, "mix": None}
+    python, why = locate(name)
+    if python is None:
+        result["error"] = f"not available: {why}"
+        return result
+    result["python"] = python
+    resolved = []
+    for source, url, weight in sources:
+        shards = _resolve(url, endpoint_url, credentials, region)
+        target = default_target(shards, f"{name}-mix")
+        resolved.append({"name": source, "shards": shards, "weight": weight, "target": target})
+    spec = {
+        "peer": name,
+        "shards": resolved[0]["shards"],
+        "target": "",
+        "endpoint_url": endpoint_url,
+        "region": region,
+        **asdict(settings),
+        "mix": {"sources": resolved, "samples": samples, "convert": True},
+    }
+    measured, error = _run_phase(
+        python, spec, "mix", folder, (endpoint_url, credentials, region), timeout
+    )
+    result["mix"], result["error"], result["ok"] = measured, error, error is None
     return result
 
 

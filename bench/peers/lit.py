@@ -10,6 +10,10 @@ sample (``key`` str, ``jpg`` and ``cls`` bytes as stored); chunks of ``chunk_byt
 Reading: ``StreamingDataset(target, shuffle=True, seed=...)`` with its default cache limit
 and pre-download; the cache folder is in the run's scratch folder, removed afterwards.
 
+Mixing (:func:`mix_samples`): each dataset converted as above, to a target of its own,
+and read with ``CombinedStreamingDataset(datasets, weights=..., iterate_over_all=False,
+seed=...)``, as litdata's documentation mixes datasets by proportion.
+
 litdata prefers ``obstore`` for chunk downloads when it is installed, but its ``S3Store``
 gets explicit client options that drop ``AWS_ALLOW_HTTP``, so it cannot reach a plain
 ``http://`` endpoint (moto, the fault proxy): the peers environment leaves obstore out,
@@ -19,7 +23,7 @@ and litdata downloads with boto3, its other documented path.
 from __future__ import annotations
 
 import os
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 import litdata
@@ -94,3 +98,29 @@ def samples(ctx: Context) -> Iterator[Sample]:
     for sample in iterate(dataset, ctx.workers):
         yield sample_of(sample["key"], sample["jpg"], sample["cls"])
     ctx.end_of_epoch()
+
+
+def mix_samples(ctx: Context, sources: Sequence[dict[str, Any]]) -> Iterator[tuple[str, Sample]]:
+    """``(source name, sample)`` through ``CombinedStreamingDataset`` over one
+    ``StreamingDataset`` per source (``{"name", "target", "weight"}``, converted at
+    ``target``), weighted, until the first source runs out."""
+    datasets = [
+        litdata.StreamingDataset(
+            source["target"],
+            cache_dir=str(ctx.scratch / f"litdata-cache-{k}"),
+            shuffle=True,
+            seed=ctx.seed,
+            storage_options=_storage_options(ctx),
+            transform=lambda item, name=source["name"]: {**_as_bytes(item), "source": name},
+        )
+        for k, source in enumerate(sources)
+    ]
+    total = sum(float(source["weight"]) for source in sources)
+    combined = litdata.CombinedStreamingDataset(
+        datasets,
+        seed=ctx.seed,
+        weights=[float(source["weight"]) / total for source in sources],
+        iterate_over_all=False,
+    )
+    for sample in iterate(combined, ctx.workers):
+        yield sample["source"], sample_of(sample["key"], sample["jpg"], sample["cls"])

@@ -31,6 +31,13 @@ Measured for a read (keys of the result):
 
 A conversion reports ``seconds``, the CPU and memory figures, and ``output_objects`` and
 ``output_bytes`` written at ``output_url``.
+
+A ``mix`` phase (peers with ``mix_samples``: webdataset, litdata) reads several datasets
+mixed by weight, ``spec["mix"]`` = ``{"sources": [{"name", "shards", "weight",
+"target"}], "samples": N, "convert": bool}``: converting peers first convert each source
+to its ``target`` (timed apart, ``convert_s``), then ``N`` samples are read (fewer if a
+source runs out first) and measured as a read is, with ``sources``, the source of each
+sample in order, instead of keys and labels.
 """
 
 from __future__ import annotations
@@ -44,6 +51,7 @@ import sys
 import time
 import types
 from collections.abc import Sequence
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -180,6 +188,49 @@ def _read(module: types.ModuleType, spec: dict[str, Any]) -> dict[str, Any]:
     }
 
 
+def _mix(module: types.ModuleType, spec: dict[str, Any]) -> dict[str, Any]:
+    if not hasattr(module, "mix_samples"):
+        raise ValueError(f"peer {spec['peer']!r} does not mix datasets here")
+    mix = spec["mix"]
+    ctx = _context(spec, lambda: None)
+    convert_s = None
+    if hasattr(module, "convert") and mix.get("convert", True):
+        t0 = time.perf_counter()
+        for source in mix["sources"]:
+            module.convert(replace(ctx, shards=list(source["shards"]), target=source["target"]))
+        convert_s = time.perf_counter() - t0
+    meter = _Meter()
+    sources: list[str] = []
+    nbytes = 0
+    first: float | None = None
+    wanted = int(mix["samples"])
+    meter.start()
+    samples = module.mix_samples(ctx, mix["sources"])
+    for name, sample in samples:
+        if first is None:
+            first = time.perf_counter() - meter.t0
+        sources.append(name)
+        nbytes += sample.nbytes
+        if len(sources) == wanted:
+            break
+    seconds = time.perf_counter() - meter.t0
+    peak = proc_status().get("VmHWM", 0)
+    samples.close()
+    return {
+        "phase": "mix",
+        "samples": len(sources),
+        "bytes": nbytes,
+        "seconds": seconds,
+        "samples_per_s": len(sources) / seconds if seconds > 0 else 0.0,
+        "mb_per_s": nbytes / seconds / 1e6 if seconds > 0 else 0.0,
+        "first_sample_s": first,
+        "peak_rss_bytes": peak,
+        "convert_s": convert_s,
+        **meter.cpu(),
+        "sources": sources,
+    }
+
+
 def _convert(module: types.ModuleType, spec: dict[str, Any]) -> dict[str, Any]:
     meter = _Meter()
     ctx = _context(spec, lambda: None)
@@ -208,12 +259,14 @@ def run(spec: dict[str, Any]) -> dict[str, Any]:
     phase = spec["phase"]
     if phase == "read":
         result = _read(module, spec)
+    elif phase == "mix":
+        result = _mix(module, spec)
     elif phase == "convert":
         if not hasattr(module, "convert"):
             raise ValueError(f"peer {spec['peer']!r} has no conversion step")
         result = _convert(module, spec)
     else:
-        raise ValueError(f"phase must be 'read' or 'convert', got {phase!r}")
+        raise ValueError(f"phase must be 'read', 'convert' or 'mix', got {phase!r}")
     result.update(
         peer=spec["peer"],
         import_s=import_s,

@@ -1,0 +1,54 @@
+"""The iterator ``iter(ShardStream)`` returns: one epoch's run, guarded against misuse."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterator
+from typing import Any
+
+from ._exceptions import StateError
+from ._run import EpochRun
+
+__all__ = ["Iteration"]
+
+
+class Iteration(Iterator[dict[str, Any]]):
+    """The iterator ``iter(stream)`` returns: one epoch's run, guarded against misuse.
+
+    A stream serves one iterator at a time (one engine, one ring, one position). A new
+    ``iter()`` from the thread that made the live iterator replaces it: DataLoader and
+    StatefulDataLoader do that when they restart an epoch, while the old iterator is
+    still referenced, so refusing the new one would break them; the replaced iterator
+    then raises :class:`StateError` if used again, instead of silently stopping. A new
+    ``iter()`` from *another* thread while the live one is being read, or two threads
+    calling ``next()`` at once, raise :class:`StateError` at once.
+    """
+
+    def __init__(self, run: EpochRun) -> None:
+        self.run = run
+        self.thread = threading.get_ident()
+        self.started = False
+        self.replaced = False
+        self._lock = threading.Lock()
+
+    def __next__(self) -> dict[str, Any]:
+        if not self._lock.acquire(blocking=False):
+            raise StateError(
+                "two threads are reading one ShardStream iterator at once; give each "
+                "thread a stream of its own (or use DataLoader workers)"
+            )
+        try:
+            if self.replaced:
+                raise StateError(
+                    "this ShardStream iterator was ended by a newer iter(), set_epoch(), "
+                    "load_state_dict() or close() on its stream: a stream serves one "
+                    "iterator at a time"
+                )
+            self.started = True
+            return next(self.run)
+        finally:
+            self._lock.release()
+
+    @property
+    def live(self) -> bool:
+        return self.started and not self.replaced and not self.run.closed
