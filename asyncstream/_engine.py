@@ -127,8 +127,10 @@ class EngineConfig:
             object waiting together (each still has its slot and is handed over as soon
             as it is whole); 0 fetches every chunk alone. Each request pays a round trip
             to the store, so small chunks in one request go faster: K requests in flight
-            carry more bytes. A group is not hedged, so chunks of half this or more (16 MiB,
-            the stream's default) are always fetched alone.
+            carry more bytes. A group takes at most its share of the free slots (free
+            slots / downloads that may still start), so that all K connections stay busy.
+            A group is not hedged, so chunks of half this or more (16 MiB, the stream's
+            default) are always fetched alone.
     """
 
     inflight: int = 8
@@ -433,15 +435,25 @@ class _Core:
     def _followers(self, first: ChunkRequest) -> list[tuple[int, ChunkRequest, int]]:
         """Chunks that continue ``first``'s range of its object, taken from the next few
         waiting (a stream's prefetch interleaves its shards), each with a free slot, up to
-        ``coalesce_bytes`` in all: fetched by the same GET."""
+        ``coalesce_bytes`` in all: fetched by the same GET.
+
+        A group takes at most its fair share of the free slots: those slots divided by
+        the downloads that may still start (``limit - active``). One GET per connection
+        moves at that connection's speed (about 90 MB/s on S3), so a few large groups
+        holding every slot would idle the other connections; shared out, the free slots
+        keep all K connections busy and each still saves round trips.
+        """
         store = self.stores.get(scheme_of(first.url))
         if store is None or not store.coalesces:
             return []
         reserve = max(0, _hedge_reserve(self.config) - self.hedging)
+        free = self.ring.free_count() - reserve + 1  # the first chunk's slot is taken
+        starts = max(1, int(self.limit) - self.active)
+        share = -(-free // starts) - 1  # ceil(free / starts) slots, the first's among them
         look = 2 * self.config.inflight
         group: list[tuple[int, ChunkRequest, int]] = []
         end, total = first.offset + first.length, first.length
-        while self.ring.free_count() > reserve:
+        while len(group) < share and self.ring.free_count() > reserve:
             at = next(
                 (
                     i

@@ -8,12 +8,16 @@ import json
 import os
 import platform
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 
-def arguments(doc: str) -> argparse.Namespace:
-    """``--quick``, ``--repeat N`` and ``--json PATH``, with the module's first doc line."""
+def arguments(
+    doc: str, more: Callable[[argparse.ArgumentParser], None] | None = None
+) -> argparse.Namespace:
+    """``--quick``, ``--repeat N`` and ``--json PATH``, with the module's first doc line;
+    ``more`` adds a module's own options."""
     from asyncstream._cli import DefaultsHelpFormatter
 
     parser = argparse.ArgumentParser(
@@ -24,6 +28,8 @@ def arguments(doc: str) -> argparse.Namespace:
     )
     parser.add_argument("--repeat", type=int, default=3, help="runs of each measurement")
     parser.add_argument("--json", help="write the figures to this file (default: print only)")
+    if more is not None:
+        more(parser)
     return parser.parse_args()
 
 

@@ -1,24 +1,31 @@
 """HTTP against HTTPS: raw fetch on both transports, chunks of 1 and 16 MiB, the same server.
 
-Run: ``python -m bench.tls`` (``--quick`` for a smoke run). The same objects (random
-bytes: raw fetch does not parse them) are uploaded to two embedded S3 servers, moto in a
-process of its own each: one on a plain port, one on a TLS port with a certificate made
-at run time (:func:`asyncstream.testing.make_test_certificates`). Each row is the fetch
-engine reading every chunk into the ring and straight back, K = 8 downloads in flight,
-twice on one engine; the second pass counts (``bench.stream.raw_fetch``): MB/s and the
-engine's CPU seconds per GB. Rows are interleaved and the best of ``--repeat`` is kept.
+Run: ``python -m bench.tls`` (``--quick`` for a smoke run; ``--server s3rver`` for the
+second S3 implementation). The same objects (random bytes: raw fetch does not parse them)
+are uploaded to two servers of the same software, each in a process of its own: one on a
+plain port, one on a TLS port with a certificate made at run time
+(:func:`asyncstream.testing.make_test_certificates`). The software is moto (the embedded
+server, Python) or s3rver (Node.js, from npm, as the tests run it: ``tests/_s3rver.py``),
+whose TLS is OpenSSL driven from C++, so its own cost per byte is far lower than moto's.
+Each row is the fetch engine reading every chunk into the ring and straight back, K = 8
+downloads in flight, twice on one engine; the second pass counts
+(``bench.stream.raw_fetch``): MB/s and the engine's CPU seconds per GB. Rows are
+interleaved and the best of ``--repeat`` is kept.
 
-The server shares the 2 cores with the engine here, and TLS costs the server as much as
-the client: the HTTPS rows also measure moto's encryption, which a remote store does on
-its own machines.
+The server shares the cores with the engine here, and TLS costs the server as much as the
+client: the HTTPS rows also measure the server's encryption, which a remote store does on
+its own machines. The engine's CPU seconds per GB are the client's alone.
 """
 
 from __future__ import annotations
 
+import argparse
+import contextlib
 import os
 import tempfile
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from asyncstream import LocalS3
 from asyncstream.testing import make_test_certificates
@@ -30,7 +37,31 @@ MiB = 1 << 20
 CHUNKS = (MiB, 16 * MiB)
 
 
-def upload(server: LocalS3, objects: int, size: int) -> str:
+Server = Literal["moto", "s3rver"]
+
+
+@contextlib.contextmanager
+def _servers(kind: Server, folder: Path) -> Iterator[dict[str, Any]]:
+    """A plain and a TLS server of ``kind``: ``{"http": ..., "https": ...}``."""
+    certs = make_test_certificates(folder)
+    with contextlib.ExitStack() as stack:
+        if kind == "moto":
+            plain: Any = stack.enter_context(LocalS3(mode="process"))
+            tls: Any = stack.enter_context(
+                LocalS3(mode="process", tls=certs.server, ca_bundle=certs.ca)
+            )
+        else:
+            # Test support, not installed: run from the repository, as bench is.
+            from tests._s3rver import S3rver
+
+            (folder / "plain").mkdir()
+            (folder / "tls").mkdir()
+            plain = stack.enter_context(S3rver(folder / "plain"))
+            tls = stack.enter_context(S3rver(folder / "tls", tls=certs.server, ca_bundle=certs.ca))
+        yield {"http": plain, "https": tls}
+
+
+def upload(server: Any, objects: int, size: int) -> str:
     client = server.client()
     client.create_bucket(Bucket="tls-bench")
     for i in range(objects):
@@ -38,28 +69,22 @@ def upload(server: LocalS3, objects: int, size: int) -> str:
     return "s3://tls-bench/raw/"
 
 
-def measure(objects: int, size: int, repeat: int) -> dict[str, Any]:
+def measure(objects: int, size: int, repeat: int, server: Server = "moto") -> dict[str, Any]:
     """Every row (HTTP and HTTPS, both transports, 1 and 16 MiB chunks), best of ``repeat``,
     interleaved: ``{"rows": [...]}``, one dict a row."""
     best: dict[tuple[str, str, int], dict[str, Any]] = {}
-    with tempfile.TemporaryDirectory() as tmp:
-        certs = make_test_certificates(Path(tmp))
-        with (
-            LocalS3(mode="process") as plain,
-            LocalS3(mode="process", tls=certs.server, ca_bundle=certs.ca) as tls,
-        ):
-            servers = {"http": plain, "https": tls}
-            urls = {scheme: upload(s, objects, size) for scheme, s in servers.items()}
-            for _ in range(repeat):
-                for chunk in CHUNKS:
-                    for transport in ("auto", "aiohttp"):
-                        for scheme, server in servers.items():
-                            got = raw_fetch(
-                                urls[scheme], server.options(), chunk, 8, 8, transport=transport
-                            )
-                            key = (scheme, got["transport"], chunk)
-                            if key not in best or got["MB/s"] > best[key]["MB/s"]:
-                                best[key] = got
+    with tempfile.TemporaryDirectory() as tmp, _servers(server, Path(tmp)) as servers:
+        urls = {scheme: upload(s, objects, size) for scheme, s in servers.items()}
+        for _ in range(repeat):
+            for chunk in CHUNKS:
+                for transport in ("auto", "aiohttp"):
+                    for scheme, s3 in servers.items():
+                        got = raw_fetch(
+                            urls[scheme], s3.options(), chunk, 8, 8, transport=transport
+                        )
+                        key = (scheme, got["transport"], chunk)
+                        if key not in best or got["MB/s"] > best[key]["MB/s"]:
+                            best[key] = got
     rows = []
     for chunk in CHUNKS:
         for transport in ("direct", "aiohttp"):
@@ -74,7 +99,13 @@ def measure(objects: int, size: int, repeat: int) -> dict[str, Any]:
                     "https_cpu_s_per_gb": s["engine_cpu_s_per_gb"],
                 }
             )
-    return {"objects": objects, "object_mib": size // MiB, "repeat": repeat, "rows": rows}
+    return {
+        "server": server,
+        "objects": objects,
+        "object_mib": size // MiB,
+        "repeat": repeat,
+        "rows": rows,
+    }
 
 
 def table(result: dict[str, Any]) -> list[str]:
@@ -94,12 +125,17 @@ def table(result: dict[str, Any]) -> list[str]:
 
 
 def main() -> None:
-    args = arguments(__doc__ or "")
+    def more(parser: argparse.ArgumentParser) -> None:
+        parser.add_argument(
+            "--server", choices=("moto", "s3rver"), default="moto", help="the S3 software"
+        )
+
+    args = arguments(__doc__ or "", more)
     objects, size = (4, 8 * MiB) if args.quick else (24, 16 * MiB)
-    result = measure(objects, size, args.repeat)
+    result = measure(objects, size, args.repeat, args.server)
     out = {**header(), **result}
     lines = [
-        f"{out['machine']}; {objects} objects of {size // MiB} MiB; K = 8; best of "
+        f"{out['machine']}; {args.server}; {objects} objects of {size // MiB} MiB; K = 8; best of "
         f"{args.repeat}; {out['date']}.",
         "",
         *table(result),

@@ -100,6 +100,28 @@ def test_interleaved_chunks_still_coalesce(shards: ForeignShards, proxy: FaultPr
     assert shard_gets(proxy) - before < len(requests) / 2
 
 
+def test_groups_share_the_free_slots_so_every_connection_works(
+    s3_server: LocalS3, shards: ForeignShards, proxy: FaultProxy, transport: str
+) -> None:
+    """One object of 12 chunks, 12 free slots, K = 4, groups of up to 8 chunks allowed:
+    4 GETs of 3 chunks, not one of 8 and one of 4 (two connections idle, each GET at one
+    connection's speed)."""
+    body = bytes(range(256)) * (12 * CHUNK // 256)
+    s3_server.client().put_object(Bucket="coalesce", Key="fair/x.tar", Body=body)
+    (shard,) = resolve_shards("s3://coalesce/fair/", S3Options(endpoint_url=proxy.endpoint_url))
+    requests = chunks_of([shard], CHUNK)
+    assert len(requests) == 12
+    before = shard_gets(proxy)
+    with engine(proxy, transport, coalesce=8 * CHUNK) as e:
+        assert e.ring.n_slots == 12
+        got = drain(e, requests)
+        stats = e.stats()
+    assert got == {shard.url: body}
+    # Every slot was free when the 12 were submitted: 12 / 4 = 3 chunks a GET.
+    assert shard_gets(proxy) - before == stats["requests"] == 4
+    assert stats["coalesced_chunks"] == 8
+
+
 def test_a_group_cut_mid_body_resumes_from_its_first_unfinished_chunk(
     shards: ForeignShards, proxy: FaultProxy, transport: str
 ) -> None:
