@@ -51,8 +51,10 @@ def raw_fetch(
     inflight: int,
     window: int,
     transport: Literal["auto", "aiohttp"] = "auto",
+    coalesce_bytes: int | None = None,
 ) -> dict[str, Any]:
-    """Every chunk into the ring and straight back, twice on one engine; the second pass counts."""
+    """Every chunk into the ring and straight back, twice on one engine; the second pass
+    counts. ``coalesce_bytes``: the engine's (None: its default; 0: a GET per chunk)."""
     shards = resolve_shards(url, options)
     requests = [
         ChunkRequest(s.url, o, min(chunk, s.size - o), s.etag, o + chunk >= s.size)
@@ -61,6 +63,8 @@ def raw_fetch(
     ]
     total = sum(r.length for r in requests)
     config = EngineConfig(inflight=inflight, s3=options, transport=transport)
+    if coalesce_bytes is not None:
+        config = replace(config, coalesce_bytes=coalesce_bytes)
     with Engine(config, n_slots=window + inflight, slot_bytes=chunk) as engine:
         for _ in range(2):  # the first pass boots the engine, as a stream's first epoch does
             before = engine.stats()
