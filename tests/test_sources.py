@@ -32,7 +32,7 @@ from asyncstream import (
     Source,
     StateError,
 )
-from asyncstream.testing import FaultProxy, generate_imagefolder
+from asyncstream.testing import FaultPlan, FaultProxy, TestCertificates, generate_imagefolder
 from dali_ops import DALIImageLoader, PipelineSettings
 from tests._foreign import ForeignShards, write_foreign_shards
 from tests._resume_child import keys
@@ -380,6 +380,32 @@ def test_sources_on_different_endpoints_share_one_engine(
         assert got == {"curated": 1_000, "web": 1_000}
         assert proxy.stats()["requests"] >= 10  # 10 web shards at least
         assert len(fetch["endpoints"]) == 1  # the proxy's store beside the stream's own
+
+
+def test_a_source_over_https_with_faults_reads_the_same_epoch_as_over_http(
+    big: dict[str, Any], s3_server: LocalS3, certs: TestCertificates
+) -> None:
+    """The web source behind a TLS proxy that resets and throttles some GETs, trusted
+    through its own ``S3Options(ca_bundle=)``; the curated one local. The epoch is the one
+    the same sources give over plain HTTP: same samples, same order, same bytes."""
+
+    def epoch(web: Source) -> list[tuple[str, str, bytes]]:
+        sources = [Source(str(big["curated"].folder), weight=3, name="curated"), web]
+        with ShardStream(sources, epoch_size=4_000, s3=s3_server.options(), **STREAM) as s:
+            return [(x["__source__"], x["__key__"], x["jpg"]) for x in s]
+
+    plain = epoch(Source(big["web_url"], weight=1, name="web"))
+    faults = FaultPlan(reset=0.1, slowdown=0.1, match="web-")
+    with FaultProxy(s3_server.endpoint_url, tls=certs.server, faults=faults, seed=3) as proxy:
+        options = S3Options(endpoint_url=proxy.endpoint_url, ca_bundle=certs.ca)
+        assert options.endpoint_url is not None
+        assert options.endpoint_url.startswith("https://")
+        tls = epoch(Source(big["web_url"], weight=1, name="web", s3=options))
+        counts = proxy.stats()
+    assert tls == plain
+    assert collections.Counter(src for src, _, _ in tls) == {"curated": 3_000, "web": 1_000}
+    assert counts["reset"] > 0
+    assert counts["slowdown"] > 0
 
 
 def test_a_source_whose_shard_cannot_be_read_fails_naming_the_source_and_the_shard(
