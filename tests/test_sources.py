@@ -33,6 +33,7 @@ from asyncstream import (
     StateError,
 )
 from asyncstream.testing import FaultPlan, FaultProxy, TestCertificates, generate_imagefolder
+from bench.mixing import worst_window
 from dali_ops import DALIImageLoader, PipelineSettings
 from tests._foreign import ForeignShards, write_foreign_shards
 from tests._resume_child import keys
@@ -83,18 +84,6 @@ def big_stream(big: dict[str, Any], s3_server: LocalS3, **kwargs: Any) -> ShardS
     return ShardStream(
         big_sources(big), epoch_size=10_000, s3=s3_server.options(), **{**STREAM, **kwargs}
     )
-
-
-def worst_window(order: list[str], shares: dict[str, float], width: int) -> float:
-    counts = dict.fromkeys(shares, 0)
-    worst = 0.0
-    for k, name in enumerate(order):
-        counts[name] += 1
-        if k >= width:
-            counts[order[k - width]] -= 1
-        if k >= width - 1:
-            worst = max(worst, *(abs(counts[n] / width - s) for n, s in shares.items()))
-    return worst
 
 
 def test_shares_over_an_epoch_and_in_every_window_of_640(
