@@ -155,6 +155,11 @@ class S3rver:
         self.endpoint_url = f"{'https' if self.tls else 'http'}://127.0.0.1:{port}"
         return self
 
+    @property
+    def pid(self) -> int | None:
+        """The server's (node's) process id once started, else None."""
+        return self._proc.pid if self._proc is not None else None
+
     def options(self, **overrides: Any) -> S3Options:
         """:class:`S3Options` for this server: its credentials and CA, resolved."""
         settings: dict[str, Any] = {

@@ -105,6 +105,12 @@ class LocalS3:
         return f"LocalS3(mode={self.mode!r}, {state})"
 
     @property
+    def pid(self) -> int | None:
+        """The server's process id in ``"process"`` mode once started; None otherwise
+        (in ``"thread"`` mode the server is this process)."""
+        return self._proc.pid if self._proc is not None else None
+
+    @property
     def endpoint_url(self) -> str:
         """The server's URL; ``RuntimeError`` before :meth:`start`."""
         if self._endpoint is None:
