@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import random
 import socket
 import subprocess
@@ -39,7 +40,14 @@ def test_serves_and_stops_cleanly(mode: str, aws_env: dict[str, str]) -> None:
         client.put_object(Bucket="roundtrip", Key="k", Body=b"hello")
         body = client.get_object(Bucket="roundtrip", Key="k", Range="bytes=1-3")["Body"]
         assert body.read() == b"ell"
+        if mode == "process":  # its own process, alive while it serves
+            assert server.pid is not None
+            assert server.pid != os.getpid()
+            os.kill(server.pid, 0)
+        else:
+            assert server.pid is None
     assert not _port_open(endpoint)
+    assert server.pid is None
     leftover = [t for t in threading.enumerate() if t not in threads_before and t.is_alive()]
     assert leftover == []
     with pytest.raises(RuntimeError, match="not running"):
