@@ -39,8 +39,9 @@ Scenarios (``--scenarios`` picks some; all by default):
     local-files stream of the same shards; the requests each process made.
 ``tls``
     HTTP against HTTPS on the same embedded server software (a plain and a TLS moto):
-    raw fetch MB/s and the engine's CPU seconds per GB on both transports, K = 8, chunks
-    of 1 and 16 MiB (:mod:`bench.tls`; always on loopback, not the S3-like network).
+    raw fetch MB/s and the engine's (and server's) CPU seconds per GB on both transports,
+    K = 8, chunks of 1 and 16 MiB (:mod:`bench.tls`): unshaped on loopback, then over the
+    S3-like network (one plain moto behind a plain and a TLS fault proxy).
 ``mixing``
     Two datasets mixed 3 : 1 in one stream: each batch's share of each source against
     its weight (mean absolute deviation over batches of 64, worst window of 640) and
@@ -456,7 +457,11 @@ def tls(b: Bench) -> dict[str, Any]:
     from .tls import measure
 
     quick = b.sizes is QUICK
-    return measure(4 if quick else 24, (8 if quick else 16) << 20, b.sizes.repeat)
+    objects, size = 4 if quick else 24, (8 if quick else 16) << 20
+    return {
+        **measure(objects, size, b.sizes.repeat),
+        "s3_like": measure(objects, size, b.sizes.repeat, network="s3-like"),
+    }
 
 
 def mixing(b: Bench) -> dict[str, Any]:

@@ -227,6 +227,12 @@ def tables(out: dict[str, Any], base: Path | None = None) -> str:
             "",
             *table(r),
             "",
+            "The same over the S3-like network: one plain server behind a plain and a TLS "
+            "fault proxy with the S3-like profile (20 to 50 ms to first byte, 90 MB/s per "
+            "connection; the proxies run in the benchmark's process).",
+            "",
+            *table(r["s3_like"]),
+            "",
         ]
     if "mixing" in sc:
         r = sc["mixing"]

@@ -87,14 +87,18 @@ def test_every_scenario_runs_and_the_json_is_complete(quick_run: dict[str, Any])
     assert dali["preloaded_images_per_s"] > 0
     assert [r["source"] for r in dali["rows"]] == ["whole-shard chunks", "8 MiB chunks"]
     assert all(r["images_per_s"] > 0 for r in dali["rows"])
-    tls = data["scenarios"]["tls"]["rows"]
-    assert [(r["chunk_mib"], r["transport"]) for r in tls] == [
-        (1, "direct"),
-        (1, "aiohttp"),
-        (16, "direct"),
-        (16, "aiohttp"),
-    ]
-    assert all(r["http_mb_per_s"] > 0 and r["https_mb_per_s"] > 0 for r in tls)
+    for tls in (data["scenarios"]["tls"], data["scenarios"]["tls"]["s3_like"]):
+        assert [(r["chunk_mib"], r["transport"]) for r in tls["rows"]] == [
+            (1, "direct"),
+            (1, "aiohttp"),
+            (16, "direct"),
+            (16, "aiohttp"),
+        ]
+        assert all(r["http_mb_per_s"] > 0 and r["https_mb_per_s"] > 0 for r in tls["rows"])
+    assert data["scenarios"]["tls"]["network"] == "loopback"
+    assert data["scenarios"]["tls"]["s3_like"]["network"] == "s3-like"
+    # On loopback each server is a process of its own, whose CPU is counted.
+    assert all(r["https_server_cpu_s_per_gb"] > 0 for r in data["scenarios"]["tls"]["rows"])
     cold, cached, _ = data["scenarios"]["cache"]["rows"]
     assert cold["misses"] > 0
     assert cached["misses"] == 0  # not one chunk from the network
