@@ -210,7 +210,9 @@ class _Stats:
         self.throttle_cuts = 0
         self.hedged = 0
         self.hedge_wins = 0
-        self.requests = 0  # downloads started (a coalesced group is one; retries not counted)
+        # Reads started at the store: a coalesced group is one, retries are not counted;
+        # with a cache, hits are reads too (its "misses" are the ones that went out).
+        self.requests = 0
         self.coalesced = 0  # chunks that rode on an earlier chunk's GET
         self.first_byte: collections.deque[float] = collections.deque(maxlen=_LATENCY_WINDOW)
         self.total: collections.deque[float] = collections.deque(maxlen=_LATENCY_WINDOW)
