@@ -23,6 +23,23 @@ def keys(batch: list[dict[str, Any]]) -> list[str]:
     return [sample["__key__"] for sample in batch]
 
 
+def record_epochs(
+    stream: ShardStream, loader: StatefulDataLoader, epochs: int = 2
+) -> tuple[list[list[list[str]]], list[list[str]]]:
+    """Run ``epochs`` epochs: each epoch's batches (keys, with :func:`keys` as the collate
+    function), and the loader's state after each batch, as JSON (plain JSON, a copy)."""
+    batches: list[list[list[str]]] = []
+    states: list[list[str]] = []
+    for epoch in range(epochs):
+        stream.set_epoch(epoch)
+        batches.append([])
+        states.append([])
+        for batch in loader:
+            batches[-1].append(batch)
+            states[-1].append(json.dumps(loader.state_dict()))
+    return batches, states
+
+
 def main(spec_path: str, out_path: str) -> None:
     with open(spec_path) as f:
         spec = json.load(f)

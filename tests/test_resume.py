@@ -26,7 +26,7 @@ from asyncstream._s3 import S3Options
 from asyncstream.testing import Fault, FaultProxy, LocalS3, generate_imagefolder
 from dali_ops import DALIImageLoader, PipelineSettings
 from tests._foreign import ForeignShards, write_foreign_shards
-from tests._resume_child import keys
+from tests._resume_child import keys, record_epochs
 from tests._torchrun import torchrun
 
 # Four DataLoader workers on a 2-core machine: torch warns, the test means it.
@@ -80,17 +80,9 @@ def test_stateful_dataloader_resumes_batch_identical_in_a_fresh_process(
     loader_kwargs: dict[str, Any] = {"batch_size": 5, "num_workers": num_workers}
     if persistent:
         loader_kwargs["persistent_workers"] = True
-    epochs: list[list[list[str]]] = []
-    states: list[list[str]] = []  # the loader's state after each batch, as JSON
     with open_stream(shards) as stream:
         loader = StatefulDataLoader(stream, collate_fn=keys, **loader_kwargs)
-        for epoch in range(2):
-            stream.set_epoch(epoch)
-            epochs.append([])
-            states.append([])
-            for batch in loader:
-                epochs[-1].append(batch)
-                states[-1].append(json.dumps(loader.state_dict()))  # plain JSON, a copy
+        epochs, states = record_epochs(stream, loader)  # states: after each batch, as JSON
         del loader
     assert sorted(k for b in epochs[0] for k in b) == sorted(shards.keys)
     assert epochs[0] != epochs[1]

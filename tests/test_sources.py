@@ -36,7 +36,7 @@ from asyncstream.testing import FaultPlan, FaultProxy, TestCertificates, generat
 from bench.mixing import worst_window
 from dali_ops import DALIImageLoader, PipelineSettings
 from tests._foreign import ForeignShards, write_foreign_shards
-from tests._resume_child import keys
+from tests._resume_child import keys, record_epochs
 
 pytestmark = pytest.mark.filterwarnings("ignore:This DataLoader will create:UserWarning")
 
@@ -234,17 +234,9 @@ def test_stateful_dataloader_resumes_a_mixed_stream_exactly_in_a_fresh_process(
 ) -> None:
     loader_kwargs = {"batch_size": 8, "num_workers": 2}
     stream_kwargs = {**SMALL, "rank": rank, "world_size": 2}
-    epochs: list[list[list[str]]] = []
-    states: list[list[str]] = []
     with small_stream(small, rank=rank, world_size=2) as stream:
         loader = StatefulDataLoader(stream, collate_fn=keys, **loader_kwargs)
-        for epoch in range(2):
-            stream.set_epoch(epoch)
-            epochs.append([])
-            states.append([])
-            for batch in loader:
-                epochs[-1].append(batch)
-                states[-1].append(json.dumps(loader.state_dict()))
+        epochs, states = record_epochs(stream, loader)
         del loader
     n0 = len(epochs[0])
     points = [(0, 1), (0, n0 // 2), (0, n0 - 3), (1, 5)]
