@@ -24,6 +24,7 @@ from ._exceptions import (
     StateError,
     TransientFetchError,
 )
+from ._mixquality import MixingQuality, mixing_quality
 from ._pack import PackedShard, PackResult, SkippedImage, pack
 from ._resolve import resolve_shards
 from ._retry import RetryPolicy, Timeouts
@@ -49,6 +50,7 @@ __all__ = [
     "FetchError",
     "IndexResult",
     "LocalS3",
+    "MixingQuality",
     "NotFoundError",
     "PackResult",
     "PackedShard",
@@ -70,6 +72,7 @@ __all__ = [
     "__version__",
     "expand_braces",
     "index_dataset",
+    "mixing_quality",
     "pack",
     "resolve_shards",
     "shuffle_quality",

@@ -47,43 +47,16 @@ def shares(weights: dict[str, float]) -> dict[str, float]:
     return {name: w / total for name, w in weights.items()}
 
 
-def batch_deviation(order: Sequence[str], weights: dict[str, float], batch: int = BATCH) -> float:
-    """Mean over full batches and sources of ``|share in the batch - weight share|``."""
-    target = shares(weights)
-    batches = len(order) // batch
-    if batches == 0:
-        return float("nan")
-    total = 0.0
-    for b in range(batches):
-        part = order[b * batch : (b + 1) * batch]
-        total += sum(abs(part.count(name) / batch - s) for name, s in target.items())
-    return total / (batches * len(target))
-
-
-def worst_window(order: Sequence[str], weights: dict[str, float], width: int = WINDOW) -> float:
-    """The largest ``|share - weight share|`` of a source over every window of ``width``
-    consecutive samples (``nan`` when the read is shorter)."""
-    target = shares(weights)
-    if len(order) < width:
-        return float("nan")
-    counts = dict.fromkeys(target, 0)
-    worst = 0.0
-    for k, name in enumerate(order):
-        counts[name] += 1
-        if k >= width:
-            counts[order[k - width]] -= 1
-        if k >= width - 1:
-            worst = max(worst, *(abs(counts[n] / width - s) for n, s in target.items()))
-    return worst
-
-
 def figures(order: Sequence[str], read: dict[str, Any], window: int) -> dict[str, Any]:
     """What the report shows of one system's mixed read."""
+    from asyncstream import mixing_quality
+
+    quality = mixing_quality(order, WEIGHTS, batch_size=BATCH, window=window)
     return {
         "samples": len(order),
-        "batch_mad": batch_deviation(order, WEIGHTS),
-        "worst_window": worst_window(order, WEIGHTS, window),
-        "share_a": order.count("a") / len(order) if order else float("nan"),
+        "batch_mad": quality.batch_deviation,
+        "worst_window": quality.worst_window,
+        "share_a": quality.shares["a"],
         "samples_per_s": read["samples_per_s"],
         "mb_per_s": read["mb_per_s"],
         "first_sample_s": read["first_sample_s"],

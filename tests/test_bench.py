@@ -144,19 +144,6 @@ def test_results_section_is_replaced_and_plots_written(quick_run: dict[str, Any]
         assert f"]({Path(path).relative_to(quick_run['dir'])})" in section
 
 
-def test_mixing_measures() -> None:
-    from bench.mixing import batch_deviation, worst_window
-
-    weights = {"a": 3.0, "b": 1.0}
-    exact = list("aaab" * 32)
-    assert batch_deviation(exact, weights) == 0.0
-    assert worst_window(exact, weights, 64) == 0.0
-    skewed = ["a"] * 64 + list("aabb" * 16)  # 64 of a, then 32 and 32
-    assert batch_deviation(skewed, weights) == (0.25 + 0.25) / 2
-    assert worst_window(skewed, weights, 64) == 0.25
-    assert math.isnan(worst_window(exact[:10], weights, 64))
-
-
 def test_unknown_scenario_is_refused() -> None:
     proc = subprocess.run(
         [sys.executable, "-m", "bench", "--scenarios", "nope"],

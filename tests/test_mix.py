@@ -4,12 +4,15 @@ the interleaved plan, the blend of draws, and the window shares it gives, simula
 from __future__ import annotations
 
 import collections
+import math
 from collections.abc import Sequence
+from typing import Any
 
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from asyncstream import MixingQuality, mixing_quality
 from asyncstream._mix import Blend, SourcePlan, mixed_entries, quotas, source_entries
 from asyncstream._plan import EpochSequence, Span, Topology, assign
 from asyncstream._shuffle import WindowShuffle, mix_key
@@ -222,20 +225,6 @@ def simulate(
             return out
 
 
-def worst_window(order: list[int], shares: list[float], width: int) -> float:
-    """The largest deviation of a source's share from its target over every window of
-    ``width`` consecutive samples."""
-    counts = [0] * len(shares)
-    worst = 0.0
-    for k, source in enumerate(order):
-        counts[source] += 1
-        if k >= width:
-            counts[order[k - width]] -= 1
-        if k >= width - 1:
-            worst = max(worst, *(abs(c / width - s) for c, s in zip(counts, shares, strict=True)))
-    return worst
-
-
 @pytest.mark.parametrize(
     ("sizes", "weights", "window", "chunk"),
     [
@@ -266,8 +255,8 @@ def test_every_window_of_640_holds_each_source_within_5_points(
         counts += [size] * n
     order = simulate(counts, sources, window=window, chunk=chunk, seed=seed)
     assert len(order) == 10_000
-    targets = [q / 10_000 for q in shares]
-    assert worst_window(order, targets, 640) <= 0.05
+    quality = mixing_quality(order, dict(enumerate(shares)), window=640)
+    assert quality.worst_window <= 0.05
     assert [order.count(i) for i in range(len(sizes))] == shares
 
 
@@ -296,3 +285,37 @@ def test_the_mixed_plan_reads_exactly_its_quotas(
     ]
     order = simulate(counts, plans, window=window, chunk=7, seed=seed)
     assert [order.count(i) for i in range(sources)] == given_quotas
+
+
+def test_mixing_quality_measures_batches_and_windows() -> None:
+    weights = {"a": 3.0, "b": 1.0}
+    exact = mixing_quality(list("aaab" * 32), weights, window=64)
+    assert exact == MixingQuality({"a": 0.75, "b": 0.25}, 0.0, 0.0, 64, 64)
+    skewed = ["a"] * 64 + list("aabb" * 16)  # a batch of a alone, then one half and half
+    got = mixing_quality(skewed, weights, window=64)
+    assert got.batch_deviation == (0.25 + 0.25) / 2
+    assert got.worst_window == 0.25
+    assert got.shares == {"a": 0.75, "b": 0.25}
+    short = mixing_quality(list("aaab"), weights, window=64)
+    assert math.isnan(short.batch_deviation)
+    assert math.isnan(short.worst_window)
+    # Counts instead of weights: only the proportions count.
+    assert mixing_quality(skewed, {"a": 300, "b": 100}, window=64) == got
+
+
+@pytest.mark.parametrize(
+    ("weights", "kwargs", "message"),
+    [
+        ({"a": -1.0, "b": 1.0}, {}, "'a' must be finite and >= 0"),
+        ({"a": math.nan}, {}, "'a' must be finite"),
+        ({"a": 0.0, "b": 0.0}, {}, "add up to 0.0"),
+        ({"a": 1.0}, {}, "sources without a weight: \\[\"'b'\"\\]"),
+        ({"a": 1.0, "b": 1.0}, {"batch_size": 0}, "batch_size must be an integer >= 1"),
+        ({"a": 1.0, "b": 1.0}, {"window": True}, "window must be an integer >= 1"),
+    ],
+)
+def test_mixing_quality_refuses_bad_input(
+    weights: dict[str, float], kwargs: dict[str, Any], message: str
+) -> None:
+    with pytest.raises(ValueError, match=message):
+        mixing_quality(list("aabb"), weights, **kwargs)

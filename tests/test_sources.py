@@ -31,9 +31,9 @@ from asyncstream import (
     ShardStream,
     Source,
     StateError,
+    mixing_quality,
 )
 from asyncstream.testing import FaultPlan, FaultProxy, TestCertificates, generate_imagefolder
-from bench.mixing import worst_window
 from dali_ops import DALIImageLoader, PipelineSettings
 from tests._foreign import ForeignShards, write_foreign_shards
 from tests._resume_child import keys, record_epochs
@@ -101,7 +101,7 @@ def test_shares_over_an_epoch_and_in_every_window_of_640(
     shares = {"curated": 0.75, "web": 0.25}
     for name, share in shares.items():
         assert abs(order.count(name) / 10_000 - share) <= 0.01
-    assert worst_window(order, shares, 640) <= 0.05
+    assert mixing_quality(order, shares, window=640).worst_window <= 0.05
     # Each sample says its source, and comes from that source's shards.
     curated = set(big["curated"].keys)
     assert all((s["__key__"] in curated) == (s["__source__"] == "curated") for s in samples)
