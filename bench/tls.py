@@ -5,7 +5,7 @@ second S3 implementation). The same objects (random bytes: raw fetch does not pa
 are uploaded to two servers of the same software, each in a process of its own: one on a
 plain port, one on a TLS port with a certificate made at run time
 (:func:`asyncstream.testing.make_test_certificates`). The software is moto (the embedded
-server, Python) or s3rver (Node.js, from npm, as the tests run it: ``tests/_s3rver.py``),
+server, Python) or s3rver (Node.js, from npm: :class:`asyncstream.testing.S3rver`),
 whose TLS is OpenSSL driven from C++, so its own cost per byte is far lower than moto's.
 Each row is the fetch engine reading every chunk into the ring and straight back, K = 8
 downloads in flight, twice on one engine; the second pass counts
@@ -56,8 +56,7 @@ class _Endpoint:
 def _server(kind: Server, folder: Path, tls: tuple[str, str] | None, ca: str | None) -> Any:
     if kind == "moto":
         return LocalS3(mode="process", tls=tls, ca_bundle=ca)
-    # Test support, not installed: run from the repository, as bench is.
-    from tests._s3rver import S3rver
+    from asyncstream.testing import S3rver
 
     folder.mkdir()
     return S3rver(folder, tls=tls, ca_bundle=ca)

@@ -1,9 +1,10 @@
 """The S3 servers the HTTPS and second-server tests run against, and their shared checks.
 
 A :class:`Backend` is one S3 implementation reachable over HTTP and over HTTPS (its own TLS
-listener, with the session's test certificate): moto, and s3rver (``_s3rver.py``). The
-tests upload foreign shards (``_foreign.py``) to it, read them back through
-:class:`~asyncstream.ShardStream` on either transport, and check the epoch is exact.
+listener, with the session's test certificate): moto, and s3rver
+(``asyncstream.testing.S3rver``). The tests upload foreign shards (``_foreign.py``) to
+it, read them back through :class:`~asyncstream.ShardStream` on either transport, and
+check the epoch is exact.
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """Shared fixtures: real S3 servers on loopback (moto over HTTP and HTTPS; s3rver, see
-``_s3rver.py``), test certificates, an isolated AWS environment and an isolated local
-index cache (``ASYNCSTREAM_CACHE_DIR``, inherited by child processes)."""
+``asyncstream.testing.S3rver``), test certificates, an isolated AWS environment and an
+isolated local index cache (``ASYNCSTREAM_CACHE_DIR``, inherited by child processes)."""
 
 from __future__ import annotations
 
@@ -11,12 +11,12 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from _s3rver import CREDENTIALS as S3RVER_CREDENTIALS
-from _s3rver import S3rver, Unavailable
 from _servers import Backend
 
 from asyncstream.testing import TestCertificates, make_test_certificates
 from asyncstream.testing._local import LOCAL_CREDENTIALS, LocalS3
+from asyncstream.testing._s3rver import CREDENTIALS as S3RVER_CREDENTIALS
+from asyncstream.testing._s3rver import S3rver, S3rverUnavailable
 
 _FAKE_ENV = {
     "AWS_ACCESS_KEY_ID": "asyncstream-test-key",
@@ -91,7 +91,7 @@ def s3_tls_server(s3_server: LocalS3, certs: TestCertificates) -> Iterator[Local
 def _start_s3rver(server: S3rver) -> S3rver:
     try:
         return server.start()
-    except Unavailable as exc:
+    except S3rverUnavailable as exc:
         pytest.skip(f"s3rver, the second S3 server, cannot run here: {exc}")
 
 

@@ -16,7 +16,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from _s3rver import S3rver
 from _servers import FAST_RETRY, SHORT, Backend, Dataset, open_stream, upload_foreign
 
 from asyncstream import LocalS3, PermanentFetchError, S3Options, Timeouts, resolve_shards
@@ -24,6 +23,7 @@ from asyncstream._engine import Engine, EngineConfig
 from asyncstream._store import ChunkRequest
 from asyncstream.testing import FaultProxy, TestCertificates, make_test_certificates
 from asyncstream.testing._local import LOCAL_CREDENTIALS
+from asyncstream.testing._s3rver import S3rver
 
 URL = "s3://tls-bucket/x.tar"
 

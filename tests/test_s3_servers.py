@@ -27,7 +27,6 @@ from typing import Any
 
 import pytest
 from _procs import alive
-from _s3rver import VERSION, S3rver, Unavailable, install
 from _servers import (
     FAST_RETRY,
     SHORT,
@@ -48,6 +47,7 @@ from asyncstream import (
 from asyncstream._engine import Engine, EngineConfig
 from asyncstream._store import ChunkRequest
 from asyncstream.testing import FaultPlan, FaultProxy, TestCertificates
+from asyncstream.testing._s3rver import VERSION, S3rver, S3rverUnavailable, install
 
 _buckets = itertools.count()
 
@@ -247,18 +247,20 @@ def test_s3rver_cannot_run_says_why(tmp_path: Path, monkeypatch: pytest.MonkeyPa
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
     monkeypatch.setenv("PATH", str(bin_dir))
-    with pytest.raises(Unavailable, match="node is not on PATH"):
+    with pytest.raises(S3rverUnavailable, match="node is not on PATH"):
         install(tmp_path / "cache")
     _fake_tool(bin_dir, "node", "exit 0")
     _fake_tool(bin_dir, "npm", "echo 'npm error code ENOTFOUND registry.npmjs.org' >&2; exit 1")
-    with pytest.raises(Unavailable, match=f"s3rver@{VERSION} failed .exit 1.: npm error code"):
+    with pytest.raises(
+        S3rverUnavailable, match=f"s3rver@{VERSION} failed .exit 1.: npm error code"
+    ):
         install(tmp_path / "cache")
 
 
 _PARENT = """
 import sys, time
 from pathlib import Path
-from _s3rver import S3rver
+from asyncstream.testing._s3rver import S3rver
 server = S3rver(Path(sys.argv[1])).start()
 print(server._proc.pid, flush=True)
 time.sleep(600)

@@ -11,6 +11,8 @@ What it holds, module by module:
                   (what each request gets: injections, draws, throttling), ``_http``
                   (parsing) and ``_connection`` (one client connection)
 ``_certs``        :func:`make_test_certificates`, a test CA and server certificate
+``_s3rver``       :class:`S3rver`, s3rver (Node.js, installed from npm on first use), a
+                  second S3 implementation beside moto
 ``_datagen``      :func:`generate_imagefolder`, :func:`make_jpeg`: synthetic photographs
 ================  ==========================================================================
 
@@ -116,6 +118,7 @@ from ._local import LocalS3
 from ._moto_ranges import MotoRangesWarning
 from ._network import NetworkProfile
 from ._proxy import FaultProxy
+from ._s3rver import S3rver, S3rverUnavailable
 
 if TYPE_CHECKING:
     from ._datagen import class_names, generate_imagefolder, make_jpeg
@@ -127,6 +130,8 @@ __all__ = [
     "LocalS3",
     "MotoRangesWarning",
     "NetworkProfile",
+    "S3rver",
+    "S3rverUnavailable",
     "TestCertificates",
     "class_names",
     "generate_imagefolder",

@@ -1,4 +1,4 @@
-"""s3rver, a second S3 implementation for the tests (Node.js, from npm), beside moto.
+"""s3rver, a second S3 implementation for tests and benchmarks (Node.js, from npm), beside moto.
 
 An independent server catches what one implementation's quirks hide: s3rver is a
 filesystem-backed S3 written in JavaScript that checks SigV4 signatures against its one
@@ -9,7 +9,7 @@ preferring npm's offline cache), shared by every test session of this user, unde
 lock. :class:`S3rver` runs it on a free loopback port (HTTP, or HTTPS with a test
 certificate) in a child process that exits when its stdin closes, so it cannot outlive a
 test process killed with SIGKILL. Anything missing (node, npm, the package registry)
-raises :class:`Unavailable`, which the fixtures turn into a skip with the reason.
+raises :class:`S3rverUnavailable`, which the fixtures turn into a skip with the reason.
 """
 
 from __future__ import annotations
@@ -26,9 +26,17 @@ from typing import Any
 
 from asyncstream import S3Credentials, S3Options
 from asyncstream._s3 import sync_client
-from asyncstream.testing._local import stop_child, wait_for_line
 
-__all__ = ["CREDENTIALS", "VERSION", "S3rver", "Unavailable", "cache_folder", "install"]
+from ._local import stop_child, wait_for_line
+
+__all__ = [
+    "CREDENTIALS",
+    "VERSION",
+    "S3rver",
+    "S3rverUnavailable",
+    "cache_folder",
+    "install",
+]
 
 VERSION = "3.7.1"
 CREDENTIALS = S3Credentials("S3RVER", "S3RVER")  # s3rver's one key pair
@@ -39,7 +47,7 @@ _START_TIMEOUT = 30.0
 _WATCHDOG = "process.stdin.on('end', () => process.exit(0)).resume(); require(process.argv[1]);"
 
 
-class Unavailable(Exception):
+class S3rverUnavailable(Exception):
     """s3rver cannot run here; the message says why."""
 
 
@@ -61,13 +69,15 @@ def install(folder: Path | None = None) -> Path:
     """s3rver's command-line script, installed into ``folder`` first if need be.
 
     Raises:
-        Unavailable: no ``node`` or ``npm`` on PATH, or the install failed (offline with
+        S3rverUnavailable: no ``node`` or ``npm`` on PATH, or the install failed (offline with
             nothing cached, say).
     """
     folder = folder or cache_folder()
     for tool in ("node", "npm"):
         if shutil.which(tool) is None:
-            raise Unavailable(f"{tool} is not on PATH: s3rver {VERSION} needs Node.js and npm")
+            raise S3rverUnavailable(
+                f"{tool} is not on PATH: s3rver {VERSION} needs Node.js and npm"
+            )
     script = _installed(folder)
     if script is not None:
         return script
@@ -94,13 +104,13 @@ def install(folder: Path | None = None) -> Path:
                 command, capture_output=True, text=True, timeout=_INSTALL_TIMEOUT, check=False
             )
         except subprocess.TimeoutExpired:
-            raise Unavailable(
+            raise S3rverUnavailable(
                 f"npm install s3rver@{VERSION} took over {_INSTALL_TIMEOUT:.0f} s"
             ) from None
         script = _installed(folder)
         if done.returncode != 0 or script is None:
             tail = (done.stderr or done.stdout).strip()[-500:]
-            raise Unavailable(
+            raise S3rverUnavailable(
                 f"npm install s3rver@{VERSION} failed (exit {done.returncode}): {tail}"
             )
         return script
@@ -132,7 +142,11 @@ class S3rver:
         self._proc: subprocess.Popen[str] | None = None
 
     def start(self) -> S3rver:
-        """Install if need be, start, and wait until it listens (once). Raises Unavailable."""
+        """Install if need be, start, and wait until it listens (once).
+
+        Raises:
+            S3rverUnavailable: it cannot be installed or does not start.
+        """
         if self._proc is not None:
             return self
         script = install()
@@ -150,7 +164,9 @@ class S3rver:
         if line is None:
             self.close()
             log_tail = (self.directory / "s3rver.log").read_text()[-500:]
-            raise Unavailable(f"s3rver did not start within {_START_TIMEOUT:.0f} s: {log_tail}")
+            raise S3rverUnavailable(
+                f"s3rver did not start within {_START_TIMEOUT:.0f} s: {log_tail}"
+            )
         port = int(line.rsplit(":", 1)[1])
         self.endpoint_url = f"{'https' if self.tls else 'http'}://127.0.0.1:{port}"
         return self
