@@ -445,8 +445,8 @@ class _Core:
         holding every slot would idle the other connections; shared out, the free slots
         keep all K connections busy and each still saves round trips.
         """
-        store = self.stores.get(scheme_of(first.url))
-        if store is None or not store.coalesces:
+        store = self._store(first)
+        if not store.coalesces:
             return []
         reserve = max(0, _hedge_reserve(self.config) - self.hedging)
         free = self.ring.free_count() - reserve + 1  # the first chunk's slot is taken
@@ -460,7 +460,9 @@ class _Core:
                 (
                     i
                     for i, (_, request) in enumerate(itertools.islice(self.pending, look))
-                    if request.url == first.url and request.offset == end
+                    if request.url == first.url
+                    and request.store == first.store
+                    and request.offset == end
                 ),
                 None,
             )
@@ -564,7 +566,7 @@ class _Core:
         done = 0  # chunks handed over: a prefix of the group
         began = time.monotonic()
         first = group[0][1]
-        store = self.stores[scheme_of(first.url)]
+        store = self._store(first)
 
         def filled(i: int) -> None:
             nonlocal done

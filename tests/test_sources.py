@@ -363,6 +363,32 @@ def test_sources_on_different_endpoints_share_one_engine(
         assert len(fetch["endpoints"]) == 1  # the proxy's store beside the stream's own
 
 
+def test_a_source_on_its_own_endpoint_never_reads_from_the_streams(
+    big: dict[str, Any], s3_server: LocalS3
+) -> None:
+    """The stream's own endpoint is an empty server; the web source names the one that
+    holds its shards. With chunks small enough to be fetched several to a GET, every
+    read (single or coalesced) goes to the source's endpoint."""
+    with (
+        LocalS3(mode="process") as empty,
+        FaultProxy(empty.endpoint_url) as default,
+        FaultProxy(s3_server.endpoint_url) as proxy,
+    ):
+        sources = [
+            Source(str(big["curated"].folder), weight=1, name="curated"),
+            Source(big["web_url"], weight=1, name="web", endpoint_url=proxy.endpoint_url),
+        ]
+        options = S3Options(endpoint_url=default.endpoint_url)
+        small = {**STREAM, "chunk_bytes": 8 << 10, "prefetch": 16}  # followers wait
+        with ShardStream(sources, epoch_size=2_000, s3=options, **small) as s:
+            got = collections.Counter(x["__source__"] for x in s)
+            fetch = s.stats()["fetch"]
+    assert got == {"curated": 1_000, "web": 1_000}
+    assert fetch["coalesced_chunks"] > 0  # groups were read, not only single chunks
+    assert [r for r in default.requests() if r[0] == "GET"] == []  # none at the stream's
+    assert fetch["endpoints"][0]["transport"] == "direct"
+
+
 def test_a_source_over_https_with_faults_reads_the_same_epoch_as_over_http(
     big: dict[str, Any], s3_server: LocalS3, certs: TestCertificates
 ) -> None:
