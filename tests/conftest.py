@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 from _servers import Backend
 
-from asyncstream.testing import TestCertificates, make_test_certificates
+from asyncstream.testing import FaultProxy, TestCertificates, make_test_certificates
 from asyncstream.testing._local import LOCAL_CREDENTIALS, LocalS3
 from asyncstream.testing._s3rver import CREDENTIALS as S3RVER_CREDENTIALS
 from asyncstream.testing._s3rver import S3rver, S3rverUnavailable
@@ -143,3 +143,17 @@ def bucket(s3_client: Any) -> str:
     name = f"test-bucket-{os.getpid()}-{next(_bucket_numbers)}"
     s3_client.create_bucket(Bucket=name)
     return name
+
+
+@pytest.fixture
+def proxy(s3_server: LocalS3) -> Iterator[FaultProxy]:
+    """A fault proxy (no faults until a test injects them) in front of ``s3_server``."""
+    with FaultProxy(s3_server.endpoint_url) as p:
+        yield p
+
+
+@pytest.fixture(params=["auto", "aiohttp"])
+def transport(request: pytest.FixtureRequest) -> str:
+    """Each engine transport in turn: "auto" (the direct one, for http:// and https://
+    endpoints) and "aiohttp" (botocore's)."""
+    return str(request.param)

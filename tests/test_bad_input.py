@@ -443,12 +443,6 @@ def bucket(client: Any) -> str:
     return name
 
 
-@pytest.fixture
-def proxy(s3_server: LocalS3) -> Iterator[FaultProxy]:
-    with FaultProxy(s3_server.endpoint_url) as p:
-        yield p
-
-
 def our_segments() -> set[str]:
     prefix = f"asyncstream-{os.getpid()}-"
     return {n for n in os.listdir("/dev/shm") if n.startswith(prefix)}

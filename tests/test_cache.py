@@ -72,12 +72,6 @@ def data(s3_server: LocalS3, tmp_path_factory: pytest.TempPathFactory) -> dict[s
     return {"url": url, "shards": shards, "reference": reference, "chunks": chunks}
 
 
-@pytest.fixture
-def proxy(s3_server: LocalS3) -> Iterator[FaultProxy]:
-    with FaultProxy(s3_server.endpoint_url) as p:
-        yield p
-
-
 def digests(samples: Any) -> list[str]:
     return [digest(s) for s in samples]
 

@@ -7,7 +7,6 @@ that ``pack`` did not write.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from dataclasses import replace
 
 import pytest
@@ -30,17 +29,6 @@ def shards(s3_server: LocalS3, tmp_path_factory: pytest.TempPathFactory) -> Fore
     for path in sorted(data.folder.glob("*.tar")):
         client.put_object(Bucket="coalesce", Key=f"c/{path.name}", Body=path.read_bytes())
     return data
-
-
-@pytest.fixture
-def proxy(s3_server: LocalS3) -> Iterator[FaultProxy]:
-    with FaultProxy(s3_server.endpoint_url) as p:
-        yield p
-
-
-@pytest.fixture(params=["auto", "aiohttp"])
-def transport(request: pytest.FixtureRequest) -> str:
-    return str(request.param)
 
 
 def blobs(data: ForeignShards) -> dict[str, bytes]:

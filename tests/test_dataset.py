@@ -13,7 +13,6 @@ import os
 import subprocess
 import sys
 import textwrap
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -38,12 +37,6 @@ ROOT = Path(__file__).resolve().parent.parent
 FAST_RETRY = RetryPolicy(max_attempts=8, base_delay=0.001, max_delay=0.01, deadline=60)
 SHORT = Timeouts(connect=5, first_byte=5, stall=0.5, chunk=30)
 CHUNK = 8192
-
-
-@pytest.fixture
-def proxy(s3_server: LocalS3) -> Iterator[FaultProxy]:
-    with FaultProxy(s3_server.endpoint_url) as p:
-        yield p
 
 
 def options_for(s3_server: LocalS3, proxy: FaultProxy) -> S3Options:

@@ -9,7 +9,6 @@ import subprocess
 import sys
 import textwrap
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -75,18 +74,6 @@ def dataset(s3_server: LocalS3) -> dict[str, Any]:
         client.put_object(Bucket=bucket, Key=key, Body=data)
         blobs[f"s3://{bucket}/{key}"] = data
     return {"bucket": bucket, "blobs": blobs}
-
-
-@pytest.fixture
-def proxy(s3_server: LocalS3) -> Iterator[FaultProxy]:
-    with FaultProxy(s3_server.endpoint_url) as p:
-        yield p
-
-
-@pytest.fixture(params=["auto", "aiohttp"])
-def transport(request: pytest.FixtureRequest) -> str:
-    """Both transports: direct (the default for these http:// endpoints) and aiohttp."""
-    return str(request.param)
 
 
 def config(endpoint: str, **kwargs: Any) -> EngineConfig:

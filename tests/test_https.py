@@ -37,11 +37,6 @@ def tls_object(s3_server: LocalS3) -> str:
     return URL
 
 
-@pytest.fixture(params=["auto", "aiohttp"])
-def transport(request: pytest.FixtureRequest) -> str:
-    return str(request.param)
-
-
 def first_chunk(endpoint: str, transport: str, **options: Any) -> tuple[bytes, dict[str, Any]]:
     """The first 100 bytes of the object through an engine, and the engine's stats; what
     the engine raised propagates."""

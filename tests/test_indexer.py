@@ -11,7 +11,7 @@ import subprocess
 import sys
 import time
 from collections import Counter
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -36,12 +36,6 @@ pytestmark = pytest.mark.timeout(180)
 ROOT = Path(__file__).resolve().parent.parent
 N = 10
 SIZES = [5 + (7 * i) % 13 for i in range(N)]
-
-
-@pytest.fixture
-def proxy(s3_server: LocalS3) -> Iterator[FaultProxy]:
-    with FaultProxy(s3_server.endpoint_url) as p:
-        yield p
 
 
 @pytest.fixture

@@ -16,7 +16,7 @@ import sys
 import threading
 import time
 import urllib.parse
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import FrozenInstanceError
 from typing import Any
@@ -37,12 +37,6 @@ def make_client(endpoint: str, *, read_timeout: float = 10.0) -> Any:
     """A botocore client with a single attempt, so faults are not retried away."""
     options = S3Options(endpoint_url=endpoint, metadata_attempts=1, read_timeout=read_timeout)
     return sync_client(options.resolve())
-
-
-@pytest.fixture
-def proxy(s3_server: LocalS3) -> Iterator[FaultProxy]:
-    with FaultProxy(s3_server.endpoint_url) as p:
-        yield p
 
 
 @pytest.fixture
