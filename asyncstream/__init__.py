@@ -31,6 +31,7 @@ from ._retry import RetryPolicy, Timeouts
 from ._s3 import S3Credentials, S3Options
 from ._shuffle import ShuffleQuality, shuffle_quality
 from ._sources import Source
+from ._stall import StallMeter
 from ._urls import Shard, expand_braces
 from .testing import LocalS3
 
@@ -66,6 +67,7 @@ __all__ = [
     "SkippedImageWarning",
     "Source",
     "StaleShardWarning",
+    "StallMeter",
     "StateError",
     "Timeouts",
     "TransientFetchError",

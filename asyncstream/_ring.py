@@ -43,7 +43,15 @@ import numpy.typing as npt
 
 from asyncstream._exceptions import AsyncStreamError
 
-__all__ = ["Ring", "RingError", "SlotState", "check_room", "shm_free"]
+__all__ = [
+    "Ring",
+    "RingError",
+    "SlotState",
+    "check_node_room",
+    "check_room",
+    "local_ranks",
+    "shm_free",
+]
 
 _MAGIC = b"ASRING\x00\x00"
 _VERSION = 1
@@ -78,6 +86,40 @@ def check_room(nbytes: int, hint: str = "use fewer or smaller slots") -> None:
             f"free in /dev/shm: {hint}, or enlarge /dev/shm (docker run --shm-size=..., "
             "or a Kubernetes emptyDir with medium: Memory)"
         )
+
+
+def local_ranks() -> int:
+    """Ranks on this node: ``LOCAL_WORLD_SIZE`` (torchrun sets it), else 1."""
+    value = os.environ.get("LOCAL_WORLD_SIZE", "")
+    return int(value) if value.isdigit() and int(value) > 0 else 1
+
+
+def check_node_room(ring_bytes: int, workers: int, hint: str) -> int:
+    """Refuse rings that /dev/shm cannot hold for every reader of this node, up front.
+
+    Every rank of the node (``LOCAL_WORLD_SIZE``) runs ``max(1, workers)`` readers (the
+    rank itself, or each of its DataLoader workers), each with a ring of ``ring_bytes``.
+    Checked before any of them allocates, so the node is refused with its total rather
+    than by a SIGBUS in whichever reader comes last.
+
+    Returns:
+        The node's total ring bytes.
+
+    Raises:
+        ValueError: the total does not fit the free space in /dev/shm; the message gives
+            ranks, workers, the ring and the total.
+    """
+    ranks, readers = local_ranks(), max(1, workers)
+    total = ranks * readers * ring_bytes
+    free = shm_free()
+    if free is not None and total > free:
+        raise ValueError(
+            f"this node's rings need {total / 2**20:.0f} MiB ({ranks} rank(s) x {readers} "
+            f"reader(s) x {ring_bytes / 2**20:.0f} MiB) and /dev/shm has "
+            f"{free / 2**20:.0f} MiB free: {hint}, or enlarge /dev/shm (docker run "
+            "--shm-size=..., or a Kubernetes emptyDir with medium: Memory)"
+        )
+    return total
 
 
 class RingError(AsyncStreamError, RuntimeError):

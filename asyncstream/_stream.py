@@ -23,7 +23,7 @@ from ._exceptions import StateError
 from ._iteration import Iteration
 from ._plan import Topology, reader_samples
 from ._retry import RetryPolicy, Timeouts
-from ._ring import check_room
+from ._ring import check_node_room, local_ranks
 from ._run import EpochRun, StreamSettings, default_topology, worker_topology
 from ._s3 import S3Options
 from ._sources import Source, open_sources, split_sources
@@ -259,7 +259,7 @@ class ShardStream(IterableDataset[dict[str, Any]]):
                 s3_extra=opened.s3_extra,
             )
         # Each reader's ring is made when it starts reading: say now if it cannot fit.
-        check_room(self._settings.ring_bytes, "lower window, prefetch or chunk_bytes")
+        check_node_room(self._settings.ring_bytes, 0, "lower window, prefetch or chunk_bytes")
         self._shared = SharedEpoch()
         self._run: EpochRun | None = None
         self._live: weakref.ref[Iteration] | None = None  # the iterator last handed out
@@ -332,6 +332,53 @@ class ShardStream(IterableDataset[dict[str, Any]]):
         ``len(DataLoader(stream, batch_size=B))`` is this rank's number of batches."""
         topology = worker_topology(self._rank, self._world_size)
         return reader_samples(self.epoch_samples, topology, self._settings.remainder)
+
+    def node_ring_bytes(self, workers: int = 0, *, check: bool = True) -> int:
+        """The shared memory every reader of this node takes: ranks on the node
+        (``LOCAL_WORLD_SIZE``) x readers per rank (``max(1, workers)``: each DataLoader
+        worker runs its own engine and ring) x :attr:`ring_bytes`.
+
+        Args:
+            workers: DataLoader workers per rank.
+            check: refuse a total larger than the free space in /dev/shm (do it before
+                the readers start: their rings take that space).
+
+        Raises:
+            ValueError: ``check`` and /dev/shm cannot hold the total (the message gives it).
+        """
+        if isinstance(workers, bool) or not isinstance(workers, int) or workers < 0:
+            raise ValueError(f"workers must be an integer >= 0, got {workers!r}")
+        if not check:
+            return local_ranks() * max(1, workers) * self._settings.ring_bytes
+        return check_node_room(
+            self._settings.ring_bytes, workers, "lower workers, window, prefetch or chunk_bytes"
+        )
+
+    def worker_samples(self, num_workers: int) -> list[int]:
+        """Samples each of ``num_workers`` DataLoader workers of this rank reads in a full
+        epoch (``[len(self)]`` for 0 workers: the rank reads in its own process).
+
+        With workers every worker ends its share on its own, so a DataLoader's batches per
+        epoch are ``sum(ceil(n / batch_size) for n in worker_samples(workers))``.
+        """
+        if isinstance(num_workers, bool) or not isinstance(num_workers, int) or num_workers < 0:
+            raise ValueError(f"num_workers must be an integer >= 0, got {num_workers!r}")
+        if num_workers == 0:
+            return [
+                reader_samples(
+                    self.epoch_samples,
+                    Topology(self._rank, self._world_size),
+                    self._settings.remainder,
+                )
+            ]
+        return [
+            reader_samples(
+                self.epoch_samples,
+                Topology(self._rank, self._world_size, worker, num_workers),
+                self._settings.remainder,
+            )
+            for worker in range(num_workers)
+        ]
 
     def set_epoch(self, epoch: int) -> None:
         """Choose the epoch (and so the order) of the next iteration."""

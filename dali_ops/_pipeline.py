@@ -5,10 +5,20 @@ iteration for a whole batch: a list of 1-D ``uint8`` arrays (the encoded images)
 ``int64`` array of labels. Batches may be shorter than ``batch_size`` (DALI's batch size is
 a maximum), which is how a final partial batch or a batch that lost a sample goes through.
 
-Training: ``decoders.image`` -> ``random_resized_crop`` -> ``crop_mirror_normalize`` with a
-coin-flip mirror. Evaluation: ``decoders.image`` -> ``resize`` (shorter side to
-``image_size / crop_ratio``) -> centre ``crop_mirror_normalize``. Output: NCHW float32 or
-float16, normalised with ``mean`` and ``std`` in 0-255 units; labels as int64.
+Training, as DALI's own ResNet-50 example does it: ``decoders.image_random_crop`` decodes
+only a random window (area and aspect ratio drawn as torchvision's ``RandomResizedCrop``
+draws them, up to 10 attempts, then the centre), ``resize`` to ``image_size`` square
+(linear, antialiased), ``crop_mirror_normalize`` with a coin-flip mirror. Evaluation, as
+torchvision's ``Resize(image_size / crop_ratio)`` + ``CenterCrop(image_size)``:
+``decoders.image``, ``resize`` of the shorter side (linear, antialiased), a centre crop.
+Output: NCHW float32 or float16, RGB, ``(x - mean) / std`` with ``mean`` and ``std`` in
+0-255 units; labels as int64.
+
+On the GPU (``"mixed"``) the decoder's buffers are allocated once, for the largest
+ImageNet images (DALI's ResNet-50 example's paddings and hints), so that neither the first
+batches nor a large image later make it reallocate; ``hw_decoder_load`` sends that share
+of the JPEGs to the hardware decoder (A100, H100, H200), DALI's default of 0.65 (restored
+as the default in DALI's decoder in 2026 after 0.9 lengthened its tail latencies).
 """
 
 from __future__ import annotations
@@ -23,7 +33,7 @@ import numpy as np
 import numpy.typing as npt
 from nvidia.dali import fn
 from nvidia.dali import pipeline as _dali_pipeline
-from nvidia.dali.types import DALIDataType, DALIImageType
+from nvidia.dali.types import DALIDataType, DALIImageType, DALIInterpType
 
 # DALI's Pipeline is only partly annotated: use it untyped here.
 _Pipeline: Any = _dali_pipeline.Pipeline
@@ -45,6 +55,15 @@ IMAGENET_STD = (0.229 * 255, 0.224 * 255, 0.225 * 255)
 
 Batch = tuple[list[npt.NDArray[np.uint8]], npt.NDArray[np.int64]]
 """What a source returns per call: encoded images and their labels."""
+
+# nvJPEG's buffers, preallocated for ImageNet's largest images (DALI's ResNet-50 example).
+_MIXED_DECODER = {
+    "device_memory_padding": 211_025_920,
+    "host_memory_padding": 140_544_512,
+    "preallocate_width_hint": 5_980,
+    "preallocate_height_hint": 6_430,
+}
+_ATTEMPTS = 10  # random crop windows tried before the centre one, as torchvision
 
 
 def _check_numbers(name: str, value: object, count: int) -> None:
@@ -153,7 +172,11 @@ def build_pipeline(
         prefetch_queue_depth=s.prefetch_queue_depth,
         exec_dynamic=True,  # outputs stay valid after the next iteration
     )
-    decoder: dict[str, Any] = {"hw_decoder_load": s.hw_decoder_load} if device == "mixed" else {}
+    decoder: dict[str, Any] = {"device": device, "output_type": DALIImageType.RGB}
+    if device == "mixed":
+        decoder.update(_MIXED_DECODER, hw_decoder_load=s.hw_decoder_load)
+    size = [s.image_size, s.image_size]
+    linear: dict[str, Any] = {"interp_type": DALIInterpType.INTERP_LINEAR, "antialias": True}
     with pipe:
         jpegs, labels = fn.external_source(
             source=source,
@@ -163,21 +186,19 @@ def build_pipeline(
             ndim=[1, 0],
             no_copy=True,
         )
-        images: Any = fn.decoders.image(
-            jpegs, device=device, output_type=DALIImageType.RGB, **decoder
-        )
-        size = [s.image_size, s.image_size]
         mirror: Any = 0
         if s.train:
-            images = fn.random_resized_crop(
-                images,
-                size=size,
+            images: Any = fn.decoders.image_random_crop(
+                jpegs,
                 random_area=list(s.random_area),
                 random_aspect_ratio=list(s.random_aspect_ratio),
+                num_attempts=_ATTEMPTS,
+                **decoder,
             )
+            images = fn.resize(images, resize_x=s.image_size, resize_y=s.image_size, **linear)
             mirror = fn.random.coin_flip(probability=0.5)
         else:
-            images = fn.resize(images, resize_shorter=round(s.image_size / s.crop_ratio))
+            images = _torchvision_eval(jpegs, fn.decoders.image(jpegs, **decoder), s, linear)
         images = fn.crop_mirror_normalize(
             images,
             crop=size,
@@ -190,6 +211,53 @@ def build_pipeline(
         pipe.set_outputs(images, labels.gpu() if device == "mixed" else labels)
     pipe.build()
     return pipe
+
+
+def _torchvision_eval(jpegs: Any, images: Any, s: PipelineSettings, linear: dict[str, Any]) -> Any:
+    """torchvision's ``Resize(short)`` + ``CenterCrop(size)``, to the pixel.
+
+    ``Resize(short)`` makes the shorter side ``short`` and the longer
+    ``int(short * long / shorter)`` (truncated, where DALI's ``resize_shorter`` rounds);
+    ``CenterCrop`` starts at ``round((side - size) / 2)``, Python's round, half to even
+    (DALI's centre crop rounds half up). A pixel either way is a visible shift on
+    textured images, so both are computed per image from its header.
+    """
+    short = eval_resize(s)
+    shape = fn.peek_image_shape(jpegs, dtype=DALIDataType.INT64)
+    h, w = shape[0], shape[1]
+    portrait = fn.cast(w <= h, dtype=DALIDataType.INT64)
+    landscape = 1 - portrait
+    longer = (short * (portrait * h + landscape * w)) // (portrait * w + landscape * h)
+    new_w = portrait * short + landscape * longer
+    new_h = portrait * longer + landscape * short
+    images = fn.resize(
+        images,
+        resize_x=fn.cast(new_w, dtype=DALIDataType.FLOAT),
+        resize_y=fn.cast(new_h, dtype=DALIDataType.FLOAT),
+        **linear,
+    )
+
+    def start(extra: Any) -> Any:  # round(extra / 2), half to even, for extra >= 0
+        half = extra // 2
+        return half + ((extra % 2) & (half % 2))
+
+    anchor = fn.cast(
+        fn.stack(start(new_h - s.image_size), start(new_w - s.image_size)), dtype=DALIDataType.FLOAT
+    )
+    return fn.slice(
+        images,
+        anchor,
+        np.array([s.image_size, s.image_size], dtype=np.float32),
+        axes=[0, 1],
+        normalized_anchor=False,
+        normalized_shape=False,
+        out_of_bounds_policy="pad",
+    )
+
+
+def eval_resize(settings: PipelineSettings) -> int:
+    """The shorter side evaluation resizes to: ``image_size / crop_ratio`` (256 for 224)."""
+    return round(settings.image_size / settings.crop_ratio)
 
 
 def pipeline_seed(seed: int, epoch: int, batch: int, attempt: int = 0) -> int:

@@ -18,7 +18,7 @@ from PIL import Image
 from asyncstream import DecodeError, ShardStream, StateError, pack
 from asyncstream.testing import generate_imagefolder
 from dali_ops import DALIImageLoader, PipelineSettings, build_pipeline
-from dali_ops._feed import IMAGE_KEYS, check_image
+from dali_ops._checks import IMAGE_KEYS, check_image
 
 SETTINGS = PipelineSettings(image_size=64, num_threads=2, seed=7)
 N_IMAGES = 96  # 5 shards of 20, 20, 20, 20, 16 samples

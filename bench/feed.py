@@ -1,0 +1,483 @@
+"""``python -m bench.feed``: does DALIImageLoader feed DALI as fast as DALI can decode?
+
+Three parts (``--parts``), each against DALI over the same encoded bytes preloaded in
+memory (the *ceiling*: the same pipeline, its source a slice of a list), in one run:
+
+``proxy``
+    The *feed proxy*: tiny JPEGs (32 x 32 px) decoded to 32 px, so that DALI's work per
+    image is small and what the loader adds (reading, batching, feeding) shows, on any
+    machine. Batch 64 and 256. Per image: the loader's main-thread CPU and the fetch
+    engine's; and how much of the wall time feeding and decoding overlap:
+    ``(feed alone + decode alone - loader) / min(feed alone, decode alone)``, 1 when the
+    shorter one hides entirely behind the other, 0 when they take turns (feed alone: the
+    producer building every batch with no DALI; decode alone: the ceiling).
+``workers``
+    The proxy at batch 256 with the feed in 0, 1, 2 and 4 DataLoader workers
+    (``workers=``): images/s and the training process's CPU per 1,000 images.
+``real``
+    ImageNet-sized JPEGs (``--images``, default 20,000, about 107 kB each, generated once
+    into ``--data``), batch 256, the 224 px training pipeline, ``--epochs`` epochs: the
+    first (pipeline and engine start) reported apart from the steady state (the mean of
+    the others). With ``--device mixed``: images/s per GPU and the GPU's utilisation
+    (NVML, sampled every 50 ms).
+
+``--baseline REV`` runs the loader of git revision ``REV`` (its ``dali_ops``, imported
+as a package of its own from ``git show``) beside today's, in the same rounds: before
+and after in one run. Rounds are interleaved and repeated (``--repeat``); each figure is
+the median over rounds.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import json
+import os
+import platform
+import resource
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+import numpy as np
+
+from asyncstream import ShardStream, pack
+
+DEFAULT_DATA = Path(
+    os.environ.get("ASYNCSTREAM_BENCH_DATA", Path.home() / ".cache/asyncstream-bench")
+)
+
+
+def _thread_cpu() -> float:
+    usage = resource.getrusage(resource.RUSAGE_THREAD)
+    return usage.ru_utime + usage.ru_stime
+
+
+# -- data ------------------------------------------------------------------------------
+
+
+def tiny_shards(folder: Path, n: int) -> Path:
+    """``n`` 32 x 32 JPEGs in 10 classes, packed into 8 MiB shards (made once)."""
+    shards = folder / f"tiny-{n}"
+    if (shards / "asyncstream.json").exists():
+        return shards
+    from PIL import Image
+
+    images = folder / f"tiny-{n}-images"
+    rng = np.random.default_rng(0)
+    ramp = np.linspace(0, 255, 32, dtype=np.float32)
+    for i in range(n):
+        (images / f"c{i % 10}").mkdir(parents=True, exist_ok=True)
+        base = (ramp[None, :, None] * rng.random(3) + ramp[:, None, None] * rng.random(3)) / 2
+        noise = rng.normal(0, 12, (32, 32, 3))
+        pixels = np.clip(base + noise, 0, 255).astype(np.uint8)
+        Image.fromarray(pixels).save(images / f"c{i % 10}" / f"{i:06d}.jpg", quality=90)
+    pack(images, str(shards), shard_bytes=8 << 20, shuffle_seed=0, workers=os.cpu_count() or 2)
+    return shards
+
+
+def real_shards(folder: Path, n: int) -> Path:
+    """``n`` generated photographs (about 470 x 350 px, 107 kB), 64 MiB shards (made once)."""
+    shards = folder / f"real-{n}"
+    if (shards / "asyncstream.json").exists():
+        return shards
+    from asyncstream.testing import generate_imagefolder
+
+    images = folder / f"real-{n}-images"
+    generate_imagefolder(images, n, 100, seed=0)
+    pack(images, str(shards), shard_bytes=64 << 20, shuffle_seed=0, workers=os.cpu_count() or 2)
+    return shards
+
+
+def read_encoded(shards: Path) -> tuple[list[bytes], list[int]]:
+    """Every image and label, in shard order."""
+    with ShardStream(str(shards), shuffle=False) as stream:
+        samples = list(stream)
+    return [s["jpg"] for s in samples], [int(s["cls"]) for s in samples]
+
+
+# -- what is measured -----------------------------------------------------------------
+
+
+class GpuSampler:
+    """The GPU's utilisation, sampled every 50 ms by NVML (nothing where there is none)."""
+
+    def __init__(self) -> None:
+        self.samples: list[int] = []
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        try:
+            import pynvml  # type: ignore[import-not-found]
+
+            pynvml.nvmlInit()
+            self._handle = pynvml.nvmlDeviceGetHandleByIndex(0)
+            self._nvml: Any = pynvml
+        except Exception:  # no NVML: no GPU figures
+            self._nvml = None
+
+    def __enter__(self) -> GpuSampler:
+        if self._nvml is not None:
+            self._thread = threading.Thread(target=self._run, daemon=True)
+            self._thread.start()
+        return self
+
+    def _run(self) -> None:
+        while not self._stop.wait(0.05):
+            self.samples.append(self._nvml.nvmlDeviceGetUtilizationRates(self._handle).gpu)
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join()
+
+    @property
+    def mean(self) -> float | None:
+        return sum(self.samples) / len(self.samples) if self.samples else None
+
+
+def ceiling(
+    pkg: ModuleType,
+    settings: Any,
+    blobs: list[bytes],
+    labels: list[int],
+    batch: int,
+    device: str,
+    epochs: int,
+) -> list[float]:
+    """DALI over the bytes preloaded: images/s of each epoch, one pipeline for all."""
+    arrays = [np.frombuffer(b, dtype=np.uint8) for b in blobs]
+    label_array = np.asarray(labels, dtype=np.int64)
+    position = 0
+
+    def source() -> Any:
+        nonlocal position
+        if position >= len(arrays):
+            raise StopIteration
+        position += batch
+        return arrays[position - batch : position], label_array[position - batch : position]
+
+    pipe = pkg.build_pipeline(settings, source, batch_size=batch, device=device)
+    rates = []
+    for _ in range(epochs):
+        position, images = 0, 0
+        started = time.perf_counter()
+        try:
+            while True:
+                images += len(pipe.run()[1])
+        except StopIteration:
+            pass
+        _synchronize(device)
+        rates.append(images / (time.perf_counter() - started))
+        pipe.reset()
+    del pipe
+    return rates
+
+
+def _synchronize(device: str) -> None:
+    if device == "mixed":
+        import torch
+
+        torch.cuda.synchronize()
+
+
+def _engine_cpu(stats: dict[str, Any]) -> float:
+    """The fetch engines' CPU seconds in a loader's stream statistics (all workers)."""
+    stream = stats.get("stream", {})
+    parts = list(stream.get("workers", {}).values()) if "workers" in stream else [stream]
+    return sum(float(p.get("fetch", {}).get("cpu_s", 0.0)) for p in parts)
+
+
+def loader_epochs(
+    pkg: ModuleType,
+    shards: Path,
+    settings: Any,
+    batch: int,
+    device: str,
+    epochs: int,
+    workers: int = 0,
+) -> list[dict[str, Any]]:
+    """One loader over local shards for ``epochs`` epochs: each epoch's figures."""
+    stream = ShardStream(str(shards), window=16, inflight=8, chunk_bytes=8 << 20, seed=0)
+    kwargs: dict[str, Any] = {"workers": workers} if workers else {}
+    out = []
+    engine0 = 0.0  # the engines' CPU is cumulative, and only seen after a pass
+    with pkg.DALIImageLoader(stream, batch, settings=settings, device=device, **kwargs) as loader:
+        for epoch in range(epochs):
+            loader.set_epoch(epoch)
+            thread0, process0 = _thread_cpu(), time.process_time()
+            started = time.perf_counter()
+            images = 0
+            with GpuSampler() as gpu:
+                for _, labels in loader:
+                    images += int(labels.shape[0])
+                _synchronize(device)
+            wall = time.perf_counter() - started
+            thread, process = _thread_cpu() - thread0, time.process_time() - process0
+            engine = _engine_cpu(loader.stats())
+            out.append(
+                {
+                    "images": images,
+                    "images_per_s": images / wall,
+                    "main_thread_us": 1e6 * thread / images,
+                    "process_ms_per_1000": 1e6 * process / images,
+                    "engine_us": 1e6 * (engine - engine0) / images,
+                    "gpu_util": gpu.mean,
+                }
+            )
+            engine0 = engine
+    return out
+
+
+def feed_alone(pkg: ModuleType, shards: Path, batch: int) -> float:
+    """Images/s of building every batch of an epoch with no DALI (today's producer)."""
+    from dali_ops._batch import BatchBuilder, read_batches
+
+    builder = BatchBuilder(
+        batch, on_error="raise", precheck="markers", image_keys=("jpg",), label_key="cls"
+    )
+    with ShardStream(str(shards), window=16, inflight=8, chunk_bytes=8 << 20, seed=0) as stream:
+        for _ in read_batches(stream, builder, drop_last=False, track=lambda s: None):
+            pass  # epoch 0: the engine starts
+        stream.set_epoch(1)
+        started = time.perf_counter()
+        images = sum(
+            len(b) for b in read_batches(stream, builder, drop_last=False, track=lambda s: None)
+        )
+        return images / (time.perf_counter() - started)
+
+
+def baseline_package(rev: str, workdir: Path) -> ModuleType:
+    """``dali_ops`` as of git revision ``rev``, importable as ``dali_ops_<rev>``."""
+    root = Path(__file__).resolve().parent.parent
+    name = "dali_ops_" + "".join(c for c in rev if c.isalnum())[:12]
+    target = workdir / name
+    target.mkdir(parents=True, exist_ok=True)
+    files = subprocess.run(
+        ["git", "ls-tree", "--name-only", rev, "dali_ops/"],
+        cwd=root,
+        check=True,
+        capture_output=True,
+        text=True,
+    ).stdout.split()
+    for path in files:
+        if path.endswith(".py"):
+            text = subprocess.run(
+                ["git", "show", f"{rev}:{path}"],
+                cwd=root,
+                check=True,
+                capture_output=True,
+                text=True,
+            ).stdout
+            (target / Path(path).name).write_text(text)
+    sys.path.insert(0, str(workdir))
+    return importlib.import_module(name)
+
+
+# -- parts ------------------------------------------------------------------------------
+
+
+def _steady(epochs: list[Any], key: Callable[[Any], float]) -> float:
+    values = [key(e) for e in epochs[1:]] or [key(epochs[0])]
+    return statistics.mean(values)
+
+
+def proxy(args: argparse.Namespace, packages: dict[str, ModuleType]) -> dict[str, Any]:
+    shards = tiny_shards(args.data, args.tiny)
+    blobs, labels = read_encoded(shards)
+    out: dict[str, Any] = {"images": len(blobs), "batches": {}}
+    for batch in args.batches:
+        rounds: dict[str, list[dict[str, Any]]] = {}
+        for _ in range(args.repeat):
+            for name, pkg in packages.items():
+                settings = pkg.PipelineSettings(image_size=32, num_threads=args.threads)
+                ceil = _steady(ceiling(pkg, settings, blobs, labels, batch, args.device, 3), float)
+                epochs = loader_epochs(pkg, shards, settings, batch, args.device, 3)
+                rate = _steady(epochs, lambda e: e["images_per_s"])
+                rounds.setdefault(name, []).append(
+                    {
+                        "ceiling": ceil,
+                        "loader": rate,
+                        "ratio": rate / ceil,
+                        "main_thread_us": _steady(epochs, lambda e: e["main_thread_us"]),
+                        "engine_us": _steady(epochs, lambda e: e["engine_us"]),
+                    }
+                )
+            feed = feed_alone(packages["after"], shards, batch)
+            for rows in rounds.values():
+                row = rows[-1]
+                decode_s, feed_s, both_s = 1 / row["ceiling"], 1 / feed, 1 / row["loader"]
+                row["feed_alone"] = feed
+                row["overlap"] = max(
+                    0.0, min(1.0, (feed_s + decode_s - both_s) / min(feed_s, decode_s))
+                )
+            print(
+                f"proxy batch {batch}: "
+                + "; ".join(
+                    f"{n} {r[-1]['loader']:.0f}/{r[-1]['ceiling']:.0f} = {r[-1]['ratio']:.2f}"
+                    for n, r in rounds.items()
+                ),
+                flush=True,
+            )
+        out["batches"][batch] = {
+            name: {k: statistics.median(r[k] for r in rows) for k in rows[0]}
+            for name, rows in rounds.items()
+        }
+    return out
+
+
+def workers(args: argparse.Namespace, packages: dict[str, ModuleType]) -> dict[str, Any]:
+    pkg = packages["after"]
+    shards = tiny_shards(args.data, args.tiny)
+    blobs, labels = read_encoded(shards)
+    settings = pkg.PipelineSettings(image_size=32, num_threads=args.threads)
+    rows: dict[int, list[dict[str, Any]]] = {}
+    for _ in range(args.repeat):
+        ceil = _steady(ceiling(pkg, settings, blobs, labels, 256, args.device, 3), float)
+        for n in args.workers:
+            epochs = loader_epochs(pkg, shards, settings, 256, args.device, 3, workers=n)
+            rate = _steady(epochs, lambda e: e["images_per_s"])
+            rows.setdefault(n, []).append(
+                {
+                    "ceiling": ceil,
+                    "loader": rate,
+                    "ratio": rate / ceil,
+                    "process_ms_per_1000": _steady(epochs, lambda e: e["process_ms_per_1000"]),
+                    "main_thread_us": _steady(epochs, lambda e: e["main_thread_us"]),
+                }
+            )
+            print(f"workers {n}: {rate:.0f}/{ceil:.0f} = {rate / ceil:.2f}", flush=True)
+    return {
+        str(n): {k: statistics.median(r[k] for r in rs) for k in rs[0]} for n, rs in rows.items()
+    }
+
+
+def real(args: argparse.Namespace, packages: dict[str, ModuleType]) -> dict[str, Any]:
+    shards = real_shards(args.data, args.images)
+    blobs, labels = read_encoded(shards)
+    out: dict[str, Any] = {"images": len(blobs), "mb": sum(map(len, blobs)) / 1e6, "runs": {}}
+    for name, pkg in packages.items():
+        settings = pkg.PipelineSettings(image_size=224, num_threads=args.threads)
+        ceil = ceiling(pkg, settings, blobs, labels, 256, args.device, args.epochs)
+        runs: dict[str, Any] = {"ceiling": ceil}
+        for n in sorted({0, *([args.real_workers] if name == "after" else [])}):
+            epochs = loader_epochs(pkg, shards, settings, 256, args.device, args.epochs, n)
+            runs[f"loader, {n} workers"] = epochs
+            steady = _steady(epochs, lambda e: e["images_per_s"])
+            print(
+                f"real {name} workers {n}: warm-up {epochs[0]['images_per_s']:.0f}, steady "
+                f"{steady:.0f} img/s; ceiling {ceil[0]:.0f} then {_steady(ceil, float):.0f}",
+                flush=True,
+            )
+        out["runs"][name] = runs
+    return out
+
+
+PARTS = {"proxy": proxy, "workers": workers, "real": real}
+
+
+def render(out: dict[str, Any]) -> str:
+    """The figures as Markdown."""
+    lines = [f"{out['machine']}; device {out['device']}; {out['date']}; `{out['command']}`", ""]
+    if "proxy" in out:
+        lines += [
+            "| feed proxy | batch | ceiling img/s | loader img/s | ratio | main thread us/img "
+            "| engine us/img | overlap |",
+            "|---|---:|---:|---:|---:|---:|---:|---:|",
+        ]
+        for batch, by_name in out["proxy"]["batches"].items():
+            for name, r in by_name.items():
+                lines.append(
+                    f"| {name} | {batch} | {r['ceiling']:.0f} | {r['loader']:.0f} "
+                    f"| {r['ratio']:.2f} | {r['main_thread_us']:.1f} | {r['engine_us']:.1f} "
+                    f"| {r['overlap']:.2f} |"
+                )
+        lines.append("")
+    if "workers" in out:
+        lines += [
+            "| workers | ceiling img/s | loader img/s | ratio | training process CPU ms "
+            "per 1,000 images | main thread us/img |",
+            "|---:|---:|---:|---:|---:|---:|",
+        ]
+        for n, r in out["workers"].items():
+            lines.append(
+                f"| {n} | {r['ceiling']:.0f} | {r['loader']:.0f} | {r['ratio']:.2f} "
+                f"| {r['process_ms_per_1000']:.0f} | {r['main_thread_us']:.1f} |"
+            )
+        lines.append("")
+    if "real" in out:
+        lines += [
+            "| realistic run | first epoch img/s | steady img/s | ratio (steady) | GPU util % |",
+            "|---|---:|---:|---:|---:|",
+        ]
+        for name, runs in out["real"]["runs"].items():
+            ceil = runs["ceiling"]
+            steady_ceiling = _steady(ceil, float)
+            lines.append(
+                f"| {name}: DALI preloaded | {ceil[0]:.0f} | {steady_ceiling:.0f} | 1.00 | |"
+            )
+            for label, epochs in runs.items():
+                if label == "ceiling":
+                    continue
+                steady = _steady(epochs, lambda e: e["images_per_s"])
+                util = [e["gpu_util"] for e in epochs[1:] if e["gpu_util"] is not None]
+                lines.append(
+                    f"| {name}: {label} | {epochs[0]['images_per_s']:.0f} | {steady:.0f} "
+                    f"| {steady / steady_ceiling:.2f} | "
+                    + (f"{statistics.mean(util):.0f}" if util else "")
+                    + " |"
+                )
+        lines.append("")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> dict[str, Any]:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--parts", default="proxy,workers,real")
+    parser.add_argument("--device", default="cpu", choices=["cpu", "mixed"])
+    parser.add_argument("--batches", default="64,256")
+    parser.add_argument("--workers", default="0,1,2,4")
+    parser.add_argument(
+        "--real-workers", type=int, default=0, help="also the real run with N workers"
+    )
+    parser.add_argument("--tiny", type=int, default=20_000, help="tiny images in the proxy")
+    parser.add_argument("--images", type=int, default=20_000, help="images in the real run")
+    parser.add_argument("--epochs", type=int, default=3)
+    parser.add_argument("--repeat", type=int, default=3)
+    parser.add_argument("--threads", type=int, default=os.cpu_count() or 2, help="DALI threads")
+    parser.add_argument("--baseline", help="also the loader of this git revision")
+    parser.add_argument("--data", type=Path, default=DEFAULT_DATA)
+    parser.add_argument("--json", type=Path)
+    args = parser.parse_args(argv)
+    args.batches = [int(b) for b in args.batches.split(",")]
+    args.workers = [int(w) for w in args.workers.split(",")]
+    args.data.mkdir(parents=True, exist_ok=True)
+    import dali_ops
+
+    out: dict[str, Any] = {
+        "date": time.strftime("%Y-%m-%d"),
+        "machine": f"{platform.machine()}, {os.cpu_count()} cores, "
+        f"Python {platform.python_version()}",
+        "device": args.device,
+        "command": "python -m bench.feed " + " ".join(argv if argv is not None else sys.argv[1:]),
+    }
+    with tempfile.TemporaryDirectory() as tmp:
+        packages = {"after": dali_ops}
+        if args.baseline:
+            packages = {"before": baseline_package(args.baseline, Path(tmp)), **packages}
+        for part in args.parts.split(","):
+            out[part] = PARTS[part](args, packages)
+    print(render(out))
+    if args.json:
+        args.json.write_text(json.dumps(out, indent=1, default=str))
+    return out
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,296 @@
+"""Batches of encoded images: what a producer builds from samples and DALI is fed.
+
+An :class:`EncodedBatch` holds, for up to ``batch_size`` samples, the encoded image of each
+as a 1-D ``uint8`` array, its label, its key and shard, and the position to resume from to
+read the batch again (``state``). A :class:`BatchBuilder` makes batches from an iterator of
+samples; it runs wherever the samples are read: a feed thread of the training process, or
+a DataLoader worker process (:mod:`._workers`), which hands the batch over as one buffer in
+shared memory (:meth:`EncodedBatch.to_wire` / :meth:`EncodedBatch.from_wire`).
+
+Checks made here, before DALI sees an image (see :mod:`._feed` for what DALI itself
+rejects): the sample has an image member and an integer label, and the image passes
+:func:`~._feed.check_image` at the chosen ``precheck`` level. A failing sample is skipped
+and recorded (``on_error="skip"``: the batch is filled from the next samples) or ends the
+batch with its error (``"raise"``). An error of the stream itself (a fetch that failed, a
+corrupt tar) always ends the batch with that error. A batch with an error is never fed to
+DALI: the loader raises the error when that batch's turn comes, after every earlier batch.
+"""
+
+from __future__ import annotations
+
+import time
+import traceback
+from collections.abc import Callable, Generator, Iterator
+from dataclasses import dataclass, field
+from itertools import pairwise
+from typing import TYPE_CHECKING, Any, Literal
+
+import numpy as np
+import numpy.typing as npt
+import torch
+
+from asyncstream import DataError, DecodeError
+
+from ._checks import Precheck, check_image, describe_sample, source_of
+
+if TYPE_CHECKING:
+    from asyncstream import ShardStream
+
+__all__ = ["BatchBuilder", "EncodedBatch", "Skipped", "read_batches"]
+
+STATS_INTERVAL = 1.0  # seconds between snapshots of the stream's statistics
+
+_META_KEY = "json"  # the member in which pack records a sample's source file
+
+Skipped = tuple[str, str, str, "str | None"]
+"""A skipped image: ``(shard URL, key, reason, source file or None)``."""
+
+
+class RemoteTraceback(Exception):
+    """The traceback of an error raised in a DataLoader worker, chained as its cause."""
+
+
+@dataclass
+class EncodedBatch:
+    """One batch for DALI, or, with ``error`` set, the batch that failed before it.
+
+    Attributes:
+        state: where to resume to read this batch again (set by the producer).
+        keys: each sample's key.
+        urls: each sample's shard URL.
+        arrays: each sample's encoded image, a 1-D ``uint8`` array (a view, no copy).
+        labels: each sample's label.
+        metas: each sample's ``json`` member, if it has one (for messages).
+        skipped: the images skipped while this batch was built.
+        dropped: images dropped with a short last batch (``drop_last``).
+        error: the error that ended the batch (it is then not fed).
+        worker: the DataLoader worker that built it (``-1``: the training process).
+        stats: the worker stream's statistics, sent now and then by workers.
+        owner: what keeps the arrays' memory alive (a shared-memory tensor from a worker).
+        inputs: the arrays as DALI ``TensorCPU`` views, made by the producer (DALI's
+            source then skips its own per-image conversion, about 3 us an image).
+    """
+
+    state: Any = None
+    keys: list[str] = field(default_factory=list)
+    urls: list[str] = field(default_factory=list)
+    arrays: list[npt.NDArray[np.uint8]] = field(default_factory=list)
+    labels: list[int] = field(default_factory=list)
+    metas: list[bytes | None] = field(default_factory=list)
+    skipped: list[Skipped] = field(default_factory=list)
+    error: BaseException | None = None
+    dropped: int = 0
+    worker: int = -1
+    stats: dict[str, Any] | None = None
+    owner: Any = None
+    inputs: list[Any] | None = None
+
+    def __len__(self) -> int:
+        return len(self.keys)
+
+    def source_batch(self) -> tuple[list[Any], npt.NDArray[np.int64]]:
+        """What DALI's external source is given: the images and their labels."""
+        images = self.inputs if self.inputs is not None else self.arrays
+        return images, np.asarray(self.labels, dtype=np.int64)
+
+    def describe(self, index: int) -> str:
+        """Shard, key and source file of the sample at ``index``, for a message."""
+        return describe_sample(self.urls[index], self.keys[index], self.metas[index])
+
+    def remove(self, indices: set[int]) -> None:
+        """Drop the samples at ``indices``."""
+        keep = [i for i in range(len(self.keys)) if i not in indices]
+        self.keys = [self.keys[i] for i in keep]
+        self.urls = [self.urls[i] for i in keep]
+        self.arrays = [self.arrays[i] for i in keep]
+        self.labels = [self.labels[i] for i in keep]
+        self.metas = [self.metas[i] for i in keep]
+        self.inputs = None
+
+    # -- across a process boundary -------------------------------------------------------
+
+    def to_wire(self) -> dict[str, Any]:
+        """A picklable form whose image bytes lie in one shared-memory buffer.
+
+        The buffer is allocated in shared memory from the start, so sending it to the
+        training process copies nothing more: torch passes its file descriptor.
+        """
+        sizes = [len(a) for a in self.arrays]
+        offsets = np.zeros(len(sizes) + 1, dtype=np.int64)
+        np.cumsum(sizes, out=offsets[1:])
+        storage = torch.UntypedStorage._new_shared(max(1, int(offsets[-1])))  # type: ignore[no-untyped-call]
+        buffer = torch.empty(0, dtype=torch.uint8).set_(storage)
+        view = buffer.numpy()
+        for start, array in zip(offsets[:-1].tolist(), self.arrays, strict=True):
+            view[start : start + len(array)] = array
+        error = self.error
+        trace = None
+        if error is not None:
+            trace = "".join(traceback.format_exception(error))
+            error = error.with_traceback(None)
+        return {
+            "buffer": buffer,
+            "offsets": offsets,
+            "keys": self.keys,
+            "urls": self.urls,
+            "labels": self.labels,
+            "metas": self.metas,
+            "skipped": self.skipped,
+            "error": error,
+            "trace": trace,
+            "dropped": self.dropped,
+            "worker": self.worker,
+            "stats": self.stats,
+        }
+
+    @classmethod
+    def from_wire(cls, wire: dict[str, Any], state: Any) -> EncodedBatch:
+        """The batch a worker sent (views into its buffer, which the batch keeps alive)."""
+        buffer: torch.Tensor = wire["buffer"]
+        view = buffer.numpy()
+        bounds = wire["offsets"].tolist()
+        error = wire["error"]
+        if error is not None and wire["trace"]:
+            error.__cause__ = RemoteTraceback(f"in a DataLoader worker:\n{wire['trace']}")
+        return cls(
+            state=state,
+            keys=wire["keys"],
+            urls=wire["urls"],
+            arrays=[view[a:b] for a, b in pairwise(bounds)],
+            labels=wire["labels"],
+            metas=wire["metas"],
+            skipped=wire["skipped"],
+            error=error,
+            dropped=wire["dropped"],
+            worker=wire["worker"],
+            stats=wire["stats"],
+            owner=buffer,
+        )
+
+
+class BatchBuilder:
+    """Builds :class:`EncodedBatch` es from samples: checks, labels, skips.
+
+    Args:
+        batch_size: samples per batch.
+        on_error: ``"skip"`` or ``"raise"`` for an image that fails the checks.
+        precheck: how hard :func:`~._feed.check_image` looks at each image.
+        image_keys: the members that may hold the image, tried in order.
+        label_key: the member holding the class index as ASCII digits.
+    """
+
+    def __init__(
+        self,
+        batch_size: int,
+        *,
+        on_error: Literal["raise", "skip"],
+        precheck: Precheck,
+        image_keys: tuple[str, ...],
+        label_key: str,
+    ) -> None:
+        self.batch_size = batch_size
+        self.on_error = on_error
+        self.precheck: Precheck = precheck
+        self.image_keys = image_keys
+        self.label_key = label_key
+
+    def build(self, samples: Iterator[dict[str, Any]], batch: EncodedBatch) -> bool:
+        """Fill ``batch`` from ``samples``; returns whether the samples are exhausted.
+
+        Never raises: an error (the stream's, or a sample's with ``on_error="raise"``) is
+        stored in ``batch.error`` and ends the batch; the caller should then stop.
+        """
+        add = self._add
+        try:
+            while len(batch.keys) < self.batch_size:
+                sample = next(samples, None)
+                if sample is None:
+                    return True
+                add(batch, sample)
+        except Exception as exc:  # stream errors too: raised in order, never into DALI
+            batch.error = exc
+            return True
+        return False
+
+    def _add(self, batch: EncodedBatch, sample: dict[str, Any]) -> None:
+        url, key = sample["__url__"], sample["__key__"]
+        meta = sample.get(_META_KEY)
+        meta = meta if isinstance(meta, bytes) else None
+        try:
+            label = int(sample[self.label_key])
+        except (KeyError, ValueError, TypeError) as exc:
+            raise DataError(
+                f"{describe_sample(url, key, meta)}: no integer label in {self.label_key!r} ({exc})"
+            ) from None
+        data = None
+        for image_key in self.image_keys:
+            data = sample.get(image_key)
+            if data is not None:
+                break
+        if not isinstance(data, bytes):
+            members = ", ".join(repr(k) for k in sorted(sample) if not k.startswith("__"))
+            wanted = ", ".join(repr(k) for k in self.image_keys)
+            problem: str | None = (
+                f"no image member: it has {members or 'no member'}, the loader looks for "
+                f"{wanted} (DALIImageLoader's image_keys)"
+            )
+        else:
+            problem = check_image(data, self.precheck)
+        if problem is not None:
+            if self.on_error == "raise":
+                raise DecodeError(f"{describe_sample(url, key, meta)}: {problem}")
+            batch.skipped.append((url, key, problem, source_of(meta)))
+            return
+        assert isinstance(data, bytes)
+        batch.keys.append(key)
+        batch.urls.append(url)
+        batch.arrays.append(np.frombuffer(data, dtype=np.uint8))  # a view: no copy
+        batch.labels.append(label)
+        batch.metas.append(meta)
+
+
+def read_batches(
+    stream: ShardStream,
+    builder: BatchBuilder,
+    *,
+    drop_last: bool,
+    worker: int = -1,
+    track: Callable[[Any], None] | None = None,
+) -> Generator[EncodedBatch, None, None]:
+    """The batches of one pass over the stream's current epoch, built in this thread.
+
+    A batch that holds no image but records skipped or dropped images, or the stream's
+    statistics (snapshot every :data:`STATS_INTERVAL` seconds and at the end), is yielded
+    too, for its records. A batch with an error is the last.
+
+    Args:
+        stream: the samples (iterated here: a stream serves one thread).
+        builder: makes the batches.
+        drop_last: drop the pass's last batch when it is short (counted in ``dropped``).
+        worker: recorded in each batch.
+        track: given ``stream.state_dict()`` before each batch and after the last, which
+            is then each batch's ``state``; ``None``: not taken (DataLoader workers,
+            whose DataLoader saves the stream's state itself).
+    """
+    state = stream.state_dict() if track is not None else None
+    if track is not None:
+        track(state)
+    samples = iter(stream)
+    last_stats = time.monotonic()
+    while True:
+        batch = EncodedBatch(state=state, worker=worker)
+        ended = builder.build(samples, batch)
+        if ended and batch.error is None and drop_last and len(batch) < builder.batch_size:
+            batch.dropped = len(batch)
+            batch.remove(set(range(len(batch))))
+        if track is not None and batch.error is None:
+            state = stream.state_dict()
+            track(state)
+        now = time.monotonic()
+        if (ended and batch.error is None) or now - last_stats > STATS_INTERVAL:
+            last_stats = now
+            batch.stats = stream.stats()
+        if batch.keys or batch.skipped or batch.dropped or batch.stats or batch.error:
+            yield batch
+        if ended:
+            return
