@@ -254,7 +254,11 @@ def feed_alone(pkg: ModuleType, shards: Path, batch: int) -> float:
 
 
 def baseline_package(rev: str, workdir: Path) -> ModuleType:
-    """``dali_ops`` as of git revision ``rev``, importable as ``dali_ops_<rev>``."""
+    """``dali_ops`` as of git revision ``rev``, importable as ``dali_ops_<rev>``; or, if
+    ``rev`` is a folder (a copy made beforehand, where there is no git), that package."""
+    if Path(rev).is_dir():
+        sys.path.insert(0, str(Path(rev).resolve().parent))
+        return importlib.import_module(Path(rev).name)
     root = Path(__file__).resolve().parent.parent
     name = "dali_ops_" + "".join(c for c in rev if c.isalnum())[:12]
     target = workdir / name

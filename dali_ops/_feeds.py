@@ -180,10 +180,13 @@ class WorkerFeed(Feed):
     def __init__(self, loader: StatefulDataLoader, *, depth: int) -> None:
         super().__init__(depth, "dali_ops-workers")
         self.loader = loader
+        # Here, in the caller's thread: the first pass forks the workers before the loader
+        # builds its pipeline (no DALI or CUDA thread is running yet at that fork).
+        self._next_state = loader.state_dict()
+        self._batches = iter(loader)
 
     def _produce(self) -> Generator[EncodedBatch, None, None]:
-        loader = self.loader
-        batches = iter(loader)
+        loader, batches = self.loader, self._batches
         while True:
             self._next_state = state = loader.state_dict()
             try:

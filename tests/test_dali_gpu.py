@@ -145,3 +145,40 @@ def test_gpu_undecodable(bad_folder: tuple[Path, str], precheck: str) -> None:
     assert key not in keys
     assert stats["skipped"] == 1
     assert stats["rebuilds"] == (1 if precheck == "none" else 0)
+
+
+def test_gpu_workers_read_every_sample_once_and_resume(dataset: tuple[Path, Members]) -> None:
+    folder, members = dataset
+    settings = PipelineSettings(image_size=64, num_threads=2, seed=3, train=False)
+    with make_loader(folder, 16, settings=settings, workers=2) as loader:
+        full = take(loader)
+        loader.set_epoch(1)
+        head = take(loader, 2)
+        state = json.loads(json.dumps(loader.state_dict()))
+        builds = loader.stats()["builds"]
+    assert sorted(k for keys, _, _ in full for k in keys) == sorted(members)
+    assert builds == 1  # one pipeline across epochs
+    with make_loader(folder, 16, settings=settings, workers=2) as loader:
+        loader.set_epoch(1)
+        whole = take(loader)
+    with make_loader(folder, 16, settings=settings, workers=2) as second:
+        second.load_state_dict(state)
+        rest = take(second)
+    assert [b[:2] for b in head + rest] == [b[:2] for b in whole]
+    for (_, _, got), (_, _, want) in zip(rest, whole[2:], strict=True):
+        assert torch.equal(got, want)  # eval mode: the same images
+
+
+def test_gpu_eval_matches_pillow(dataset: tuple[Path, Members]) -> None:
+    """nvJPEG and the GPU resize against Pillow: as close as the CPU pipeline, and every
+    mistake far off (see test_dali_reference.py)."""
+    from tests.test_dali_reference import MISTAKE, MISTAKES, difference, eval_reference, normalise
+
+    _, members = dataset
+    settings = PipelineSettings(image_size=64, num_threads=2, train=False)
+    blobs = [jpg for jpg, _ in list(members.values())[:6]]
+    for blob, got in zip(blobs, reference(settings, [blobs]).__next__(), strict=True):
+        ref = eval_reference(blob)
+        assert difference(got.astype(np.float64), normalise(ref)) < 0.03
+        for name, wrong in MISTAKES.items():
+            assert difference(got.astype(np.float64), wrong(ref)) > MISTAKE, name
