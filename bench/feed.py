@@ -211,6 +211,7 @@ def loader_epochs(
     with pkg.DALIImageLoader(stream, batch, settings=settings, device=device, **kwargs) as loader:
         for epoch in range(epochs):
             loader.set_epoch(epoch)
+            before = loader.stats()
             thread0, process0 = _thread_cpu(), time.process_time()
             started = time.perf_counter()
             images = 0
@@ -220,7 +221,8 @@ def loader_epochs(
                 _synchronize(device)
             wall = time.perf_counter() - started
             thread, process = _thread_cpu() - thread0, time.process_time() - process0
-            engine = _engine_cpu(loader.stats())
+            after = loader.stats()
+            engine = _engine_cpu(after)
             out.append(
                 {
                     "images": images,
@@ -229,6 +231,14 @@ def loader_epochs(
                     "process_ms_per_1000": 1e6 * process / images,
                     "engine_us": 1e6 * (engine - engine0) / images,
                     "gpu_util": gpu.mean,
+                    # Shares of the wall time the loop waited on DALI, and DALI on the feed.
+                    **{
+                        f"{name}_share": (after.get(key, 0.0) - before.get(key, 0.0)) / wall
+                        for name, key in (
+                            ("decode_wait", "decode_wait_seconds"),
+                            ("feed_wait", "feed_wait_seconds"),
+                        )
+                    },
                 }
             )
             engine0 = engine
@@ -354,6 +364,8 @@ def workers(args: argparse.Namespace, packages: dict[str, ModuleType]) -> dict[s
                     "ratio": rate / ceil,
                     "process_ms_per_1000": _steady(epochs, lambda e: e["process_ms_per_1000"]),
                     "main_thread_us": _steady(epochs, lambda e: e["main_thread_us"]),
+                    "decode_wait_share": _steady(epochs, lambda e: e["decode_wait_share"]),
+                    "feed_wait_share": _steady(epochs, lambda e: e["feed_wait_share"]),
                 }
             )
             print(f"workers {n}: {rate:.0f}/{ceil:.0f} = {rate / ceil:.2f}", flush=True)
@@ -406,36 +418,42 @@ def render(out: dict[str, Any]) -> str:
     if "workers" in out:
         lines += [
             "| workers | ceiling img/s | loader img/s | ratio | training process CPU ms "
-            "per 1,000 images | main thread us/img |",
-            "|---:|---:|---:|---:|---:|---:|",
+            "per 1,000 images | main thread us/img | loop waits on DALI | DALI waits on feed |",
+            "|---:|---:|---:|---:|---:|---:|---:|---:|",
         ]
         for n, r in out["workers"].items():
             lines.append(
                 f"| {n} | {r['ceiling']:.0f} | {r['loader']:.0f} | {r['ratio']:.2f} "
-                f"| {r['process_ms_per_1000']:.0f} | {r['main_thread_us']:.1f} |"
+                f"| {r['process_ms_per_1000']:.0f} | {r['main_thread_us']:.1f} "
+                f"| {r['decode_wait_share']:.0%} | {r['feed_wait_share']:.0%} |"
             )
         lines.append("")
     if "real" in out:
         lines += [
-            "| realistic run | first epoch img/s | steady img/s | ratio (steady) | GPU util % |",
-            "|---|---:|---:|---:|---:|",
+            "| realistic run | first epoch img/s | steady img/s | ratio (steady) | GPU util % "
+            "| loop waits on DALI | DALI waits on feed |",
+            "|---|---:|---:|---:|---:|---:|---:|",
         ]
         for name, runs in out["real"]["runs"].items():
             ceil = runs["ceiling"]
             steady_ceiling = _steady(ceil, float)
             lines.append(
-                f"| {name}: DALI preloaded | {ceil[0]:.0f} | {steady_ceiling:.0f} | 1.00 | |"
+                f"| {name}: DALI preloaded | {ceil[0]:.0f} | {steady_ceiling:.0f} | 1.00 | | | |"
             )
             for label, epochs in runs.items():
                 if label == "ceiling":
                     continue
                 steady = _steady(epochs, lambda e: e["images_per_s"])
                 util = [e["gpu_util"] for e in epochs[1:] if e["gpu_util"] is not None]
+                shares = [
+                    f"{statistics.mean(e.get(k, 0.0) for e in epochs[1:] or epochs):.0%}"
+                    for k in ("decode_wait_share", "feed_wait_share")
+                ]
                 lines.append(
                     f"| {name}: {label} | {epochs[0]['images_per_s']:.0f} | {steady:.0f} "
                     f"| {steady / steady_ceiling:.2f} | "
                     + (f"{statistics.mean(util):.0f}" if util else "")
-                    + " |"
+                    + f" | {shares[0]} | {shares[1]} |"
                 )
         lines.append("")
     return "\n".join(lines)
@@ -458,10 +476,17 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--baseline", help="also the loader of this git revision")
     parser.add_argument("--data", type=Path, default=DEFAULT_DATA)
     parser.add_argument("--json", type=Path)
+    parser.add_argument(
+        "--switch-interval",
+        type=float,
+        help="sys.setswitchinterval for the run (the GIL's hand-over; default 0.005 s)",
+    )
     args = parser.parse_args(argv)
     args.batches = [int(b) for b in args.batches.split(",")]
     args.workers = [int(w) for w in args.workers.split(",")]
     args.data.mkdir(parents=True, exist_ok=True)
+    if args.switch_interval:
+        sys.setswitchinterval(args.switch_interval)
     import dali_ops
 
     out: dict[str, Any] = {

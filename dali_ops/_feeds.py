@@ -4,18 +4,24 @@ DALI asks for a batch from the thread that drives the pipeline (the training loo
 ``schedule_run``. If that thread also read the stream and built the batch, reading and
 decoding would take turns: while it built batch ``i + 2`` nothing new was decoded once DALI
 finished batch ``i + 1``, and while it waited for batch ``i`` nothing was built. So batches
-are built by a *producer* and queued, at most ``depth`` ahead; DALI's source only takes the
-oldest (:meth:`Feed.get`). Two producers:
+are built ahead by a *producer*, and DALI's source only takes the oldest
+(:meth:`Feed.get`). Two producers:
 
-* :class:`ThreadFeed`: a thread of the training process iterates the stream. Reading and
-  decoding overlap (DALI's threads run without the GIL), but the stream's Python work
-  (tar headers, shuffle, copies) shares the training process's one interpreter.
-* :class:`WorkerFeed`: ``StatefulDataLoader`` workers, each reading its share of the stream
-  (the split is the stream's own, as for any DataLoader) and building whole batches
-  (:mod:`._workers`); one thread of the training process takes them in the DataLoader's
-  order. The training process then spends about a microsecond per image on the feed, and
-  the rate a node can feed grows with its cores. Exact resume is the DataLoader's: its
-  ``state_dict()`` before each batch.
+* :class:`ThreadFeed` (``workers=0``): a thread of the training process iterates the
+  stream and queues batches, at most ``depth`` ahead. Reading and decoding overlap (DALI's
+  threads run without the GIL), but the stream's Python work (tar headers, shuffle,
+  copies) shares the training process's one interpreter with the training loop: each
+  time the loop needs the GIL while the producer holds it, it waits (up to
+  ``sys.getswitchinterval()``, 5 ms). Measured on an H200, this caps the thread feed at
+  about half of what DALI decodes: use workers for a GPU.
+* :class:`WorkerFeed` (``workers=N``): ``StatefulDataLoader`` workers, each reading its
+  share of the stream (the split is the stream's own, as for any DataLoader) and building
+  whole batches (:mod:`._workers`), up to ``prefetch_factor`` each ahead. DALI's source
+  takes them from the DataLoader in its thread, with no thread of ours in between: the
+  work left in the training process (mapping the batch's shared memory, a view per image)
+  is a few microseconds an image and never holds the GIL for long. The rate a node can
+  feed grows with its cores. Exact resume is the DataLoader's: its ``state_dict()``
+  before each batch.
 
 Why DataLoader workers rather than DALI's parallel external source or its PyTorch proxy:
 both call a Python source per sample or per batch *index*, with no state of their own to
@@ -34,7 +40,7 @@ from __future__ import annotations
 import threading
 import time
 from collections import deque
-from collections.abc import Generator
+from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
 from nvidia.dali.tensors import TensorCPU
@@ -50,45 +56,87 @@ __all__ = ["Feed", "ThreadFeed", "WorkerFeed"]
 
 
 class Feed:
-    """Batches built by a producer thread, oldest first, at most ``depth`` waiting.
+    """A source of built batches for DALI's source, oldest first.
 
-    Args:
-        depth: batches built ahead at most.
-        name: the producer thread's name.
+    Attributes:
+        wait_seconds: DALI's source's time waiting for a batch (the feed was behind).
+        busy_seconds: time spent preparing batches.
     """
 
-    def __init__(self, depth: int, name: str) -> None:
+    def __init__(self) -> None:
+        self.wait_seconds = 0.0
+        self.busy_seconds = 0.0
+
+    def start(self) -> None:
+        """Start producing."""
+
+    def get(self) -> EncodedBatch | None:
+        """The oldest batch, waiting for it; ``None`` once the pass has ended."""
+        raise NotImplementedError
+
+    def next_state(self) -> Any:
+        """The position before the first batch not yet taken by :meth:`get`."""
+        raise NotImplementedError
+
+    def stop(self) -> None:
+        """Stop producing (after the batch being built, if any)."""
+
+
+def prepare(batch: EncodedBatch) -> EncodedBatch:
+    """Give a batch its DALI inputs: a zero-copy ``TensorCPU`` view of each image."""
+    if batch.arrays:
+        batch.inputs = [TensorCPU(a, "") for a in batch.arrays]
+    return batch
+
+
+class ThreadFeed(Feed):
+    """Builds batches from a stream in a thread of the training process.
+
+    The stream is iterated in the producer thread only (a stream serves one thread): its
+    ``state_dict()`` before each batch is the batch's ``state``, and its ``stats()`` come
+    in batches now and then (the loader must not call the stream while the producer reads
+    it).
+
+    Args:
+        stream: the samples.
+        builder: makes the batches.
+        depth: batches built ahead at most.
+        drop_last: drop the pass's last batch when it is short.
+    """
+
+    def __init__(
+        self, stream: ShardStream, builder: BatchBuilder, *, depth: int, drop_last: bool
+    ) -> None:
+        super().__init__()
+        self.stream = stream
+        self.builder = builder
+        self.drop_last = drop_last
         self._depth = depth
-        self._name = name
         self._cond = threading.Condition()
         self._ready: deque[EncodedBatch] = deque()
         self._done = False
         self._stopping = False
         self._next_state: Any = None  # position before the batch being built
         self._thread: threading.Thread | None = None
-        self.wait_seconds = 0.0  # the consumer's time waiting for a batch
-        self.busy_seconds = 0.0  # the producer's time building batches
-        self.batches = 0
 
     def start(self) -> None:
-        """Start the producer thread."""
-        self._thread = threading.Thread(target=self._run, name=self._name, daemon=True)
+        self._thread = threading.Thread(target=self._run, name="dali_ops-feed", daemon=True)
         self._thread.start()
 
-    def _produce(self) -> Generator[EncodedBatch, None, None]:
-        raise NotImplementedError
+    def _track(self, state: Any) -> None:
+        self._next_state = state
 
     def _run(self) -> None:
-        produced = self._produce()
+        produced = read_batches(
+            self.stream, self.builder, drop_last=self.drop_last, track=self._track
+        )
         try:
             while True:
                 started = time.perf_counter()
-                try:
-                    batch = next(produced)
-                except StopIteration:
+                batch = next(produced, None)
+                if batch is None:
                     break
-                if batch.arrays:
-                    batch.inputs = [TensorCPU(a, "") for a in batch.arrays]  # zero-copy views
+                prepare(batch)
                 self.busy_seconds += time.perf_counter() - started
                 with self._cond:
                     while len(self._ready) >= self._depth and not self._stopping:
@@ -96,11 +144,10 @@ class Feed:
                     if self._stopping:
                         break
                     self._ready.append(batch)
-                    self.batches += 1
                     self._cond.notify_all()
                 if batch.error is not None:
                     break
-        except BaseException as exc:  # a bug of ours or the DataLoader's: the consumer raises it
+        except BaseException as exc:  # a bug of ours: the consumer raises it in its turn
             with self._cond:
                 self._ready.append(EncodedBatch(state=self._next_state, error=exc))
         finally:
@@ -110,7 +157,6 @@ class Feed:
                 self._cond.notify_all()
 
     def get(self) -> EncodedBatch | None:
-        """The oldest batch, waiting for the producer; ``None`` once it has ended."""
         with self._cond:
             if not self._ready and not self._done:
                 started = time.perf_counter()
@@ -124,14 +170,8 @@ class Feed:
             return batch
 
     def next_state(self) -> Any:
-        """The position before the first batch not yet taken by :meth:`get`."""
         with self._cond:
             return self._ready[0].state if self._ready else self._next_state
-
-    @property
-    def alive(self) -> bool:
-        """Whether the producer thread still runs."""
-        return self._thread is not None and self._thread.is_alive()
 
     def stop(self) -> None:
         """Stop the producer after the batch it is building, and wait for it."""
@@ -144,54 +184,46 @@ class Feed:
         self._ready.clear()
 
 
-class ThreadFeed(Feed):
-    """Builds batches from a stream in a thread of the training process.
-
-    The stream is iterated in the producer thread only (a stream serves one thread): its
-    ``state_dict()`` before each batch is the batch's ``state``, and its ``stats()`` come
-    in batches now and then (the loader must not call the stream while the producer reads
-    it).
-    """
-
-    def __init__(
-        self, stream: ShardStream, builder: BatchBuilder, *, depth: int, drop_last: bool
-    ) -> None:
-        super().__init__(depth, "dali_ops-feed")
-        self.stream = stream
-        self.builder = builder
-        self.drop_last = drop_last
-
-    def _produce(self) -> Generator[EncodedBatch, None, None]:
-        return read_batches(self.stream, self.builder, drop_last=self.drop_last, track=self._track)
-
-    def _track(self, state: Any) -> None:
-        self._next_state = state
-
-
 class WorkerFeed(Feed):
-    """Takes the batches DataLoader workers built, in the DataLoader's order.
+    """Takes the batches DataLoader workers built, in the DataLoader's order, when asked.
 
     Args:
         loader: a ``StatefulDataLoader`` over :class:`~._workers.EncodedBatches`, with
             ``batch_size=None``.
-        depth: batches taken ahead at most (the workers build more: ``prefetch_factor``).
     """
 
-    def __init__(self, loader: StatefulDataLoader, *, depth: int) -> None:
-        super().__init__(depth, "dali_ops-workers")
+    def __init__(self, loader: StatefulDataLoader) -> None:
+        super().__init__()
         self.loader = loader
         # Here, in the caller's thread: the first pass forks the workers before the loader
         # builds its pipeline (no DALI or CUDA thread is running yet at that fork).
-        self._next_state = loader.state_dict()
-        self._batches = iter(loader)
+        self._next_state: Any = loader.state_dict()
+        self._batches: Iterator[dict[str, Any]] | None = iter(loader)
 
-    def _produce(self) -> Generator[EncodedBatch, None, None]:
-        loader, batches = self.loader, self._batches
-        while True:
-            self._next_state = state = loader.state_dict()
-            try:
-                wire = next(batches)
-            except StopIteration:
-                self._next_state = loader.state_dict()
-                return
-            yield EncodedBatch.from_wire(wire, state)
+    def get(self) -> EncodedBatch | None:
+        if self._batches is None:
+            return None
+        state = self._next_state
+        started = time.perf_counter()
+        try:
+            wire = next(self._batches)
+        except StopIteration:
+            self._batches = None
+            self._next_state = self.loader.state_dict()
+            return None
+        except Exception as exc:  # a worker died, or the DataLoader failed: in its turn
+            self._batches = None
+            return EncodedBatch(state=state, error=exc)
+        finally:
+            self.wait_seconds += time.perf_counter() - started
+        started = time.perf_counter()
+        batch = prepare(EncodedBatch.from_wire(wire, state))
+        self._next_state = self.loader.state_dict()
+        self.busy_seconds += time.perf_counter() - started
+        return batch
+
+    def next_state(self) -> Any:
+        return self._next_state
+
+    def stop(self) -> None:
+        self._batches = None

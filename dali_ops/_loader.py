@@ -115,8 +115,8 @@ class DALIImageLoader:
             ``StatefulDataLoader`` worker processes (persistent), each reading its share
             and building whole batches, so the feed grows with the node's cores. Each
             worker runs its own fetch engine and ring (``stream.ring_bytes`` each).
-        prefetch_batches: batches built ahead of DALI by the producer (default 2); with
-            workers each also has ``prefetch_factor`` (2) batches in its queue.
+        prefetch_batches: batches built ahead of DALI: by the producer thread
+            (``workers=0``), or by each worker (the DataLoader's ``prefetch_factor``).
         stall_warning: log a warning when the training loop waits for data more than this
             share of the time over the last 200 batches (``None``: never).
 
@@ -253,12 +253,16 @@ class DALIImageLoader:
             return ThreadFeed(self._stream, self._builder, depth=depth, drop_last=self.drop_last)
         if self._workers_loader is None:
             self._workers_loader = make_worker_loader(
-                self._stream, self._builder, workers=self.workers, drop_last=self.drop_last
+                self._stream,
+                self._builder,
+                workers=self.workers,
+                drop_last=self.drop_last,
+                prefetch=self.prefetch_batches,
             )
         if self._workers_state is not None:
             self._workers_loader.load_state_dict(self._workers_state)
             self._workers_state = None
-        return WorkerFeed(self._workers_loader, depth=depth)
+        return WorkerFeed(self._workers_loader)
 
     def __next__(self) -> tuple[torch.Tensor, torch.Tensor]:
         if self._feed is None:

@@ -61,7 +61,7 @@ class EncodedBatches(IterableDataset[dict[str, Any]]):
 
 
 def make_worker_loader(
-    stream: ShardStream, builder: BatchBuilder, *, workers: int, drop_last: bool
+    stream: ShardStream, builder: BatchBuilder, *, workers: int, drop_last: bool, prefetch: int
 ) -> Any:
     """A ``StatefulDataLoader`` whose ``workers`` persistent workers build whole batches.
 
@@ -76,6 +76,6 @@ def make_worker_loader(
         num_workers=workers,
         collate_fn=identity,
         persistent_workers=True,
-        prefetch_factor=2,
+        prefetch_factor=prefetch,
         snapshot_every_n_steps=1,
     )
