@@ -8,6 +8,7 @@ from typing import Any
 
 from ._exceptions import StateError
 from ._run import EpochRun
+from ._stall import StallMeter
 
 __all__ = ["Iteration"]
 
@@ -24,8 +25,9 @@ class Iteration(Iterator[dict[str, Any]]):
     calling ``next()`` at once, raise :class:`StateError` at once.
     """
 
-    def __init__(self, run: EpochRun) -> None:
+    def __init__(self, run: EpochRun, meter: StallMeter | None = None) -> None:
         self.run = run
+        self.meter = meter
         self.thread = threading.get_ident()
         self.started = False
         self.replaced = False
@@ -45,7 +47,14 @@ class Iteration(Iterator[dict[str, Any]]):
                     "iterator at a time"
                 )
             self.started = True
-            return next(self.run)
+            meter = self.meter
+            if meter is None:
+                return next(self.run)
+            began = meter.begin()
+            try:
+                return next(self.run)
+            finally:
+                meter.end(began)
         finally:
             self._lock.release()
 

@@ -234,6 +234,7 @@ class EpochRun(Iterator[dict[str, Any]]):
         self.engine = engine  # an idle engine of the previous epoch, reused
         self.reader = ChunkReader(settings, self.pieces, self._engine)
         self.emitted = 0
+        self.last_fetch: dict[str, Any] | None = None  # the engine's counters, last asked
         self.closed = False
         self.primed = False
         self._restore_pending = start.position
@@ -421,8 +422,13 @@ class EpochRun(Iterator[dict[str, Any]]):
         self.emitted = position.emitted
         self._prefetch()
 
-    def stats(self) -> dict[str, Any]:
-        """Fetch statistics plus the shuffle's: radius, emitted, remainder."""
+    def stats(self, fetch: bool = True) -> dict[str, Any]:
+        """Fetch statistics plus the shuffle's: radius, emitted, remainder.
+
+        Args:
+            fetch: ask the engine for its counters (a round trip on the engine's pipe,
+                which only the thread reading the run may make).
+        """
         out: dict[str, Any] = {
             "epoch": self.epoch,
             "samples": self.emitted,
@@ -444,8 +450,10 @@ class EpochRun(Iterator[dict[str, Any]]):
             }
         if self.start.lineage != BASE:
             out["resumed_from"] = self.start.lineage
-        if self.engine is not None:
-            out["fetch"] = self.engine.stats()
+        if fetch and self.engine is not None:
+            out["fetch"] = self.last_fetch = self.engine.stats()
+        elif self.last_fetch is not None:
+            out["fetch"] = self.last_fetch
         return out
 
     # -- lifetime -----------------------------------------------------------------------

@@ -27,6 +27,7 @@ from ._ring import check_node_room, local_ranks
 from ._run import EpochRun, StreamSettings, default_topology, worker_topology
 from ._s3 import S3Options
 from ._sources import Source, open_sources, split_sources
+from ._stall import StallMeter
 from ._state import Identity, Position, ReaderState, Start, find_states, fresh, resume
 from ._workers import LOCAL, Refused, SharedEpoch
 
@@ -263,6 +264,7 @@ class ShardStream(IterableDataset[dict[str, Any]]):
         self._shared = SharedEpoch()
         self._run: EpochRun | None = None
         self._live: weakref.ref[Iteration] | None = None  # the iterator last handed out
+        self._meter = StallMeter()  # how long the loop waits in next()
         self._engine: Engine | None = None  # kept from one epoch to the next when idle
         self._pending: list[ReaderState] | None = None  # from load_state_dict, for next epoch
         self._pending_mark = 0  # the shared mark it was published with, or LOCAL
@@ -411,7 +413,8 @@ class ShardStream(IterableDataset[dict[str, Any]]):
             self._shared.worker_started()
         engine, self._engine = self._engine, None
         self._run = EpochRun(self._settings, start=start, topology=topology, engine=engine)
-        iteration = Iteration(self._run)
+        self._meter.new_epoch()
+        iteration = Iteration(self._run, self._meter)
         self._live = weakref.ref(iteration)
         return iteration
 
@@ -528,7 +531,12 @@ class ShardStream(IterableDataset[dict[str, Any]]):
         and ``starved_s``, the time this reader waited for chunks; and ``index``: which
         index gave the sample counts, and how many shards' counts came from it, from
         ``samples_per_shard``, the local cache or counting (:class:`~._dataset.IndexInfo`).
-        With sources: ``sources``, each one's samples ``drawn`` so far this epoch,
+        Called from another thread than the one reading the stream, ``fetch`` is the
+        engine's counters as that thread last asked for them. ``stall``: how long the loop
+        reading this stream waited in ``next()`` against its
+        own time between calls, this epoch and over the last 200 samples
+        (:class:`~asyncstream.StallMeter`). With sources: ``sources``, each one's samples
+        ``drawn`` so far this epoch,
         ``planned`` for this reader, ``epoch_quota`` (all ranks) and ``shards``; ``index``
         is then by source name; ``fetch["endpoints"]`` holds the stores of sources with
         an endpoint of their own."""
@@ -540,8 +548,12 @@ class ShardStream(IterableDataset[dict[str, Any]]):
                 "remainder_policy": self._settings.remainder,
             }
         else:
-            stats = self._run.stats()
-        return {**stats, "index": self._index}
+            # Only the thread reading the stream talks to its engine; from another thread
+            # (a loader's producer reads it), ``fetch`` is the engine's last answer.
+            live = self._live() if self._live is not None else None
+            mine = live is None or not live.live or live.thread == threading.get_ident()
+            stats = self._run.stats(fetch=mine)
+        return {**stats, "index": self._index, "stall": self._meter.report()}
 
     def _stop_run(self) -> None:
         if self._run is not None:

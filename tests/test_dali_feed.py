@@ -19,7 +19,7 @@ from typing import Any
 
 import pytest
 
-from asyncstream import DecodeError, ShardStream, StallMeter, pack
+from asyncstream import DecodeError, ShardStream, pack
 from asyncstream.testing import generate_imagefolder
 from dali_ops import DALIImageLoader, PipelineSettings
 from dali_ops._stages import stage_limit
@@ -275,24 +275,6 @@ def test_workers_and_ring_memory_checked_up_front(folder: Path) -> None:
 
 
 # -- is the loop waiting? -------------------------------------------------------------------
-
-
-@pytest.mark.parametrize(("data_s", "work_s"), [(0.01, 0.03), (0.03, 0.01)])
-def test_stall_meter_measures_the_share_a_loop_waits(data_s: float, work_s: float) -> None:
-    meter = StallMeter(window=10)
-    for _ in range(20):
-        started = meter.begin()
-        time.sleep(data_s)  # the data path
-        meter.end(started)
-        time.sleep(work_s)  # the loop's own step
-    report = meter.report()
-    expected = data_s / (data_s + work_s)
-    assert report["epoch"]["calls"] == 20
-    assert report["epoch"]["waited_share"] == pytest.approx(expected, abs=0.1)
-    assert report["recent"]["calls"] == 10
-    assert report["recent"]["waited_share"] == pytest.approx(expected, abs=0.1)
-    # 19 gaps between 20 calls are the loop's work; the first call has none before it.
-    assert report["epoch"]["worked_s"] / (19 * work_s) == pytest.approx(1.0, abs=0.3)
 
 
 def test_loader_stall_meter_and_warning(folder: Path, caplog: pytest.LogCaptureFixture) -> None:
