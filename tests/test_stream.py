@@ -618,8 +618,33 @@ def test_a_ring_that_cannot_fit_dev_shm_is_refused_at_construction(tmp_path: Pat
     shard = tmp_path / "huge.tar"
     with shard.open("wb") as f:  # sparse: no disk used, nothing is read at construction
         f.truncate(free + (1 << 30))
-    with pytest.raises(ValueError, match=r"does not fit the \d+ MiB free in /dev/shm.*shm-size"):
+    with pytest.raises(
+        ValueError, match=r"rings need \d+ MiB .* /dev/shm has \d+ MiB free.*shm-size"
+    ):
         ShardStream(str(shard), samples_per_shard=1, chunk_bytes=free + (1 << 30))
+
+
+def test_a_node_whose_ranks_rings_cannot_fit_is_refused_up_front(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Each rank of the node (torchrun's LOCAL_WORLD_SIZE) runs its own ring: the stream is
+    refused when all of them together would not fit, with the total, before any starts."""
+    free = shm_free()
+    if free is None:
+        pytest.skip("no /dev/shm on this system")
+    shard = tmp_path / "shard.tar"
+    with shard.open("wb") as f:
+        f.truncate(64 << 20)
+    options = {"samples_per_shard": 1, "chunk_bytes": 64 << 20, "window": 1, "prefetch": 1}
+    with ShardStream(str(shard), **options) as stream:
+        ring = stream.ring_bytes  # a few slots of 64 MiB
+    ranks = free // ring + 2  # one ring fits; this many do not
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", str(ranks))
+    with pytest.raises(ValueError, match=rf"{ranks} rank\(s\) x 1 reader\(s\) x {ring >> 20} MiB"):
+        ShardStream(str(shard), **options)
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "1")
+    with ShardStream(str(shard), **options) as stream:
+        assert stream.node_ring_bytes(3, check=False) == 3 * stream.ring_bytes
 
 
 CLEAN_EXIT = """
