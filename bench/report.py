@@ -234,6 +234,27 @@ def tables(out: dict[str, Any], base: Path | None = None) -> str:
             *table(r["s3_like"]),
             "",
         ]
+    if "ring" in sc:
+        r = sc["ring"]["results"]
+        lines += [
+            "### The stream's memory: the default ring against 128 MiB",
+            "",
+            "Each reader's ring (each DataLoader worker has one) with the default settings "
+            "and with a ring of at most 128 MiB at the same window, second epoch, best of the "
+            "rounds; shuffle quality on the class-sorted data.",
+            "",
+            "| defaults | ring | MB/s | GETs | CPU-s per GB: reader, server, proxy "
+            "| \\|corr\\| | classes/batch |",
+            "|---|---:|---:|---:|---:|---:|---:|",
+        ]
+        for name, f in r.items():
+            lines.append(
+                f"| {name} | {_mib(f['ring_bytes'])} | {f['mb_per_s']:.0f} | {f['requests']} "
+                f"| {f['reader_cpu_s_per_gb']:.2f}, {f['server_cpu_s_per_gb']:.2f}, "
+                f"{f['proxy_cpu_s_per_gb']:.2f} "
+                f"| {f['abs_correlation']:.3f} | {f['distinct_classes_per_batch']:.1f} |"
+            )
+        lines.append("")
     if "mixing" in sc:
         r = sc["mixing"]
         a, b = r["datasets"]["a"], r["datasets"]["b"]
