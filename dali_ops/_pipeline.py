@@ -187,6 +187,7 @@ def build_pipeline(
             no_copy=True,
         )
         mirror: Any = 0
+        crop_at: dict[str, Any] = {}
         if s.train:
             images: Any = fn.decoders.image_random_crop(
                 jpegs,
@@ -198,10 +199,12 @@ def build_pipeline(
             images = fn.resize(images, resize_x=s.image_size, resize_y=s.image_size, **linear)
             mirror = fn.random.coin_flip(probability=0.5)
         else:
-            images = _torchvision_eval(jpegs, fn.decoders.image(jpegs, **decoder), s, linear)
+            decoded = fn.decoders.image(jpegs, **decoder)
+            images, crop_at = _torchvision_eval(jpegs, decoded, s, linear)
         images = fn.crop_mirror_normalize(
             images,
             crop=size,
+            **crop_at,
             mirror=mirror,
             mean=list(s.mean),
             std=list(s.std),
@@ -213,7 +216,9 @@ def build_pipeline(
     return pipe
 
 
-def _torchvision_eval(jpegs: Any, images: Any, s: PipelineSettings, linear: dict[str, Any]) -> Any:
+def _torchvision_eval(
+    jpegs: Any, images: Any, s: PipelineSettings, linear: dict[str, Any]
+) -> tuple[Any, dict[str, Any]]:
     """torchvision's ``Resize(short)`` + ``CenterCrop(size)``, to the pixel.
 
     ``Resize(short)`` makes the shorter side ``short`` and the longer
@@ -221,6 +226,11 @@ def _torchvision_eval(jpegs: Any, images: Any, s: PipelineSettings, linear: dict
     ``CenterCrop`` starts at ``round((side - size) / 2)``, Python's round, half to even
     (DALI's centre crop rounds half up). A pixel either way is a visible shift on
     textured images, so both are computed per image from its header.
+
+    Returns:
+        The resized images and the ``crop_pos_x`` / ``crop_pos_y`` arguments that make
+        ``crop_mirror_normalize`` crop there (its anchor is ``crop_pos * (side - size)``,
+        rounded: exact for ``start / (side - size)``).
     """
     short = eval_resize(s)
     shape = fn.peek_image_shape(jpegs, dtype=DALIDataType.INT64)
@@ -237,22 +247,14 @@ def _torchvision_eval(jpegs: Any, images: Any, s: PipelineSettings, linear: dict
         **linear,
     )
 
-    def start(extra: Any) -> Any:  # round(extra / 2), half to even, for extra >= 0
+    def position(side: Any) -> Any:  # round(extra / 2), half to even, over extra
+        extra = side - s.image_size
         half = extra // 2
-        return half + ((extra % 2) & (half % 2))
+        start = half + ((extra % 2) & (half % 2))
+        spare = fn.cast(extra, dtype=DALIDataType.FLOAT)
+        return fn.cast(start, dtype=DALIDataType.FLOAT) / (spare + (spare == 0))
 
-    anchor = fn.cast(
-        fn.stack(start(new_h - s.image_size), start(new_w - s.image_size)), dtype=DALIDataType.FLOAT
-    )
-    return fn.slice(
-        images,
-        anchor,
-        np.array([s.image_size, s.image_size], dtype=np.float32),
-        axes=[0, 1],
-        normalized_anchor=False,
-        normalized_shape=False,
-        out_of_bounds_policy="pad",
-    )
+    return images, {"crop_pos_x": position(new_w), "crop_pos_y": position(new_h)}
 
 
 def eval_resize(settings: PipelineSettings) -> int:
