@@ -23,6 +23,7 @@ from ._exceptions import (
     StaleShardWarning,
     StateError,
     TransientFetchError,
+    UnreadShardWarning,
 )
 from ._mixquality import MixingQuality, mixing_quality
 from ._pack import PackedShard, PackResult, SkippedImage, pack
@@ -69,6 +70,7 @@ __all__ = [
     "StateError",
     "Timeouts",
     "TransientFetchError",
+    "UnreadShardWarning",
     "__version__",
     "expand_braces",
     "index_dataset",
