@@ -364,9 +364,14 @@ class ShardStream(IterableDataset[dict[str, Any]]):
             self._shared.worker_started()
         engine, self._engine = self._engine, None
         self._run = EpochRun(self._settings, start=start, topology=topology, engine=engine)
-        iteration = Iteration(self._run)
+        iteration = Iteration(self._run, owner=self)
         self._live = weakref.ref(iteration)
         return iteration
+
+    def _stop_iteration(self, iteration: Iteration) -> None:
+        """``iteration.close()``: stop its run if it is still this stream's live one."""
+        if self._live is not None and self._live() is iteration:
+            self._stop_run()
 
     def _next_start(self, topology: Topology) -> Start:
         """Where the next iteration starts: the epoch's plan, or the loaded state(s).
