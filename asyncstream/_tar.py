@@ -288,7 +288,11 @@ class ShardReader:
         group = pos
         chain: list[tuple[int, bytes]] | None = None
         while pos + _BLOCK <= end:
-            h = self._header(pos)
+            doff = self._doff
+            if pos >= doff:
+                h = self._data[pos - doff : pos - doff + _BLOCK].tobytes()
+            else:
+                h = bytes(self._get(pos, pos + _BLOCK))
             total = (zlib.adler32(h[:256]) & 0xFFFF) + (zlib.adler32(h[256:]) & 0xFFFF) - 2
             if total == 0:
                 if pos != group:
@@ -324,6 +328,34 @@ class ShardReader:
                     return None, "", start, 0, pos, None
                 chain.append((flag, payload))
                 continue
+            if chain is None and flag in _REGULAR:  # the usual member: inline, for speed
+                cut = h.find(0, 0, 100)
+                raw = h[:cut] if cut >= 0 else h[:100]
+                if flag == 0 and raw.endswith(b"/"):  # an old-style directory
+                    return None, "", start, 0, start, None
+                after = start + ((size + _BLOCK - 1) & -_BLOCK)
+                if after > self.size:
+                    raise self._corrupt(
+                        pos, f"member of {size} bytes runs past the end of the shard"
+                    )
+                try:
+                    name = raw.decode()
+                except UnicodeDecodeError:
+                    name = decode_name(raw)
+                if h[345]:  # ustar prefix
+                    cut = h.find(0, 345, 500)
+                    name = (
+                        h[345 : cut if cut >= 0 else 500].decode("utf-8", "surrogateescape")
+                        + "/"
+                        + name
+                    )
+                slash = name.rfind("/")
+                dot = name.find(".", slash + 1)
+                if dot > slash + 1 and name[0] != "_" and "\n" not in name:
+                    ext = name[dot + 1 :].lower()
+                    if ext[:1] != "_":
+                        return name[:dot], ext, start, size, after, None
+                return self._named(name, start, size, after, pos)
             return self._member(h, flag, size, start, chain, group, end)
         return None
 
@@ -371,19 +403,25 @@ class ShardReader:
             return None, "", start, size, after, None  # unknown type: its data are skipped
         if name is None:
             name = decode_name(raw)
-            prefix = h[345:500]
-            if prefix[0] and flag != _SPARSE:  # ustar prefix
-                cut = prefix.find(0)
-                name = decode_name(prefix if cut < 0 else prefix[:cut]) + "/" + name
+            if h[345] and flag != _SPARSE:  # ustar prefix (GNU sparse data there)
+                cut = h.find(0, 345, 500)
+                name = decode_name(h[345 : cut if cut >= 0 else 500]) + "/" + name
+        if sparse is None and not in_data:
+            return self._named(name, start, size, after, group)
+        key, ext, *_ = self._named(name, start, size, after, group)
+        if key is None:
+            return None, "", start, size, after, None
+        return key, ext, start, size, after, _Sparse(sparse, real or 0, name)
+
+    def _named(self, name: str, start: int, size: int, after: int, group: int) -> _Entry:
+        """The entry of a regular member named ``name`` (:func:`._members.sample_member`)."""
         member = sample_member(name)
         if member is None:
             return None, "", start, size, after, None
         key, ext = member
         if ext in ("__key__", "__url__"):
             raise self._corrupt(group, f"member {name!r} is named like the sample's {ext}")
-        if sparse is None and not in_data:
-            return key, ext, start, size, after, None
-        return key, ext, start, size, after, _Sparse(sparse, real or 0, name)
+        return key, ext, start, size, after, None
 
     def _effects(self, chain: list[tuple[int, bytes]], group: int) -> ChainEffects:
         try:
