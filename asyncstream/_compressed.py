@@ -30,6 +30,7 @@ memory, not in the ring, while its samples are resident.
 from __future__ import annotations
 
 import bz2
+import functools
 import lzma
 import zlib
 from collections.abc import Callable, Generator, Iterator
@@ -77,6 +78,7 @@ _OUT_LIMIT = 8 << 20  # decompressed bytes per call, at most
 _ZSTD_IN = 1 << 18  # zstd input per call (its decompressobj has no output limit)
 
 
+@functools.lru_cache(maxsize=1 << 16)  # asked for every lane and prefetch round
 def compression_of(url: str) -> str | None:
     """The compression a shard's name says (``"gzip"``, ``"zstd"``, ``"xz"``,
     ``"bzip2"``), or ``None`` for a plain ``.tar`` (or any other name)."""
