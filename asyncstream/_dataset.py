@@ -49,7 +49,7 @@ class IndexInfo:
         split: the split chosen (``None``: none, or the only one).
         sources: shards whose count came from each source: ``"index"``, ``"given"``
             (``samples_per_shard``), ``"cache"`` (the local index cache) or ``"counted"``.
-        stale: ``.tar`` shards under a prefix that its index does not list (left out).
+        stale: shards under a prefix that its index does not list (left out).
         stale_examples: the first few of them.
     """
 
@@ -212,7 +212,7 @@ def open_dataset(
         options: how to reach S3 (resolved).
         samples_per_shard: counts given by the caller: one for all shards, or a list.
         split: the split of an index with splits (``_info.json``, a manifest with splits).
-        strict: a ``.tar`` under a prefix that the index does not list is an error
+        strict: a shard under a prefix that the index does not list is an error
             rather than a warning.
         index_cache: the local index cache: ``None`` for the default folder, ``False``
             for none, or a folder.

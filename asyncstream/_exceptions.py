@@ -130,7 +130,7 @@ class StateError(AsyncStreamError, ValueError):
 
 
 class StaleShardWarning(UserWarning):
-    """A ``.tar`` under a prefix that the index beside it does not list.
+    """A shard under a prefix that the index beside it does not list.
 
     The index (``asyncstream.json`` or another tool's) is the truth about which shards
     make the dataset: a shard it does not list is left out of every epoch, and named in

@@ -44,7 +44,7 @@ class Resolved:
     Attributes:
         url: the URL as given (a prefix, a folder, a file or an expanded pattern's first).
         shards: its shards, in order.
-        prefix: whether it is a prefix or folder (every ``.tar`` under it) rather than
+        prefix: whether it is a prefix or folder (every shard under it) rather than
             shards named one by one.
         listed: every object a listing returned on the way, ``.tar`` or not, by URL
             (empty where nothing was listed: local files, or S3 keys sized by HEAD).

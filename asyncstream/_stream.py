@@ -70,7 +70,7 @@ class ShardStream(IterableDataset[dict[str, Any]]):
     cache; else the shards are counted once through the fetch engine (logged, and kept in
     the cache; under ``torch.distributed`` the ranks split that work, so every rank must
     build the stream). Under a prefix, the index decides which shards are read: a
-    ``.tar`` it does not list is left out with a :class:`~asyncstream.StaleShardWarning`.
+    shard it does not list is left out with a :class:`~asyncstream.StaleShardWarning`.
     ``stats()["index"]`` says which index was used (:mod:`asyncstream._dataset`).
 
     Several datasets mix in one stream when ``urls`` is a list of
@@ -115,7 +115,7 @@ class ShardStream(IterableDataset[dict[str, Any]]):
             to finish wins.
         split: the split to read, for an index with splits (``_info.json``; required
             when it has several).
-        strict: a ``.tar`` under the prefix that the index does not list is a
+        strict: a shard under the prefix that the index does not list is a
             ``DataError`` rather than a warning.
         index_cache: the local index cache of counted shards: ``None`` for the default
             folder (``$ASYNCSTREAM_CACHE_DIR``, else ``~/.cache/asyncstream``),
