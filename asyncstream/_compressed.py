@@ -204,7 +204,7 @@ class CompressedReader:
         self._head = b""  # the first stored bytes, until the format is known
         self._streams: _Streams | None = None
         self._plain = False  # no known magic: a plain tar under a compressed name
-        self._error: CorruptTarError | None = None
+        self._error: tuple[str, int] | None = None  # (message, offset) once corrupt
 
     @property
     def pending_offset(self) -> int:
@@ -236,16 +236,17 @@ class CompressedReader:
                 f"{self.url}: range [{offset}, {end}) does not follow byte {self._next}"
                 f" of a {self.size}-byte shard" + (" as its final range" if final else "")
             )
-        if self._error is not None:
-            raise self._error
-        self._next = end
-        try:
-            return self._feed(view, offset, final)
-        except CorruptTarError as exc:
-            self._error = exc
-            raise
-        finally:
-            del view
+        if self._error is None:
+            self._next = end
+            try:
+                return self._feed(view, offset, final)
+            except CorruptTarError as exc:
+                self._error = str(exc), exc.offset
+        # A fresh error, not the first one: its traceback holds frames whose locals view
+        # ``data`` (a ring slot, which could then not be released); the decompressor's own
+        # error is named in the message.
+        del view
+        raise CorruptTarError(self._error[0], url=self.url, offset=self._error[1])
 
     def _feed(self, view: memoryview, offset: int, final: bool) -> list[Sample]:
         out: list[Sample] = []
