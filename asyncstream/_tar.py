@@ -356,7 +356,7 @@ class ShardReader:
                     if ext[:1] != "_":
                         return name[:dot], ext, start, size, after, None
                 return self._named(name, start, size, after, pos)
-            return self._member(h, flag, size, start, chain, group, end)
+            return self._member(h, flag, size, pos, chain, group, end)
         return None
 
     def _member(
@@ -364,12 +364,14 @@ class ShardReader:
         h: bytes,
         flag: int,
         size: int,
-        start: int,
+        pos: int,
         chain: list[tuple[int, bytes]] | None,
         group: int,
         end: int,
     ) -> _Entry | None:
-        """The entry of the member header ``h`` (data at ``start``), after ``chain``."""
+        """The entry of the member header ``h`` at ``pos``, after the extended headers
+        ``chain`` that begin at ``group``."""
+        start = pos + _BLOCK
         cut = h.find(0, 0, 100)
         raw = h[:cut] if cut >= 0 else h[:100]
         if flag in _NO_DATA or (flag == 0 and raw.endswith(b"/")):  # old-style directory
@@ -398,7 +400,7 @@ class ShardReader:
                 raise self._corrupt(group, f"bad GNU sparse header: {exc}") from None
         after = start + _pad(size)
         if after > self.size:
-            raise self._corrupt(group, f"member of {size} bytes runs past the end of the shard")
+            raise self._corrupt(pos, f"member of {size} bytes runs past the end of the shard")
         if flag not in _REGULAR and flag != _SPARSE:
             return None, "", start, size, after, None  # unknown type: its data are skipped
         if name is None:
