@@ -23,6 +23,7 @@ from ._exceptions import (
     StaleShardWarning,
     StateError,
     TransientFetchError,
+    UnreadShardWarning,
 )
 from ._mixquality import MixingQuality, mixing_quality
 from ._pack import PackedShard, PackResult, SkippedImage, pack
@@ -71,6 +72,7 @@ __all__ = [
     "StateError",
     "Timeouts",
     "TransientFetchError",
+    "UnreadShardWarning",
     "__version__",
     "expand_braces",
     "index_dataset",

@@ -29,12 +29,13 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field, fields
 from typing import TYPE_CHECKING, Any, Literal
 
+from ._compressed import open_reader
 from ._engine import Engine, EngineConfig
 from ._exceptions import AsyncStreamError, EngineError
 from ._retry import RetryPolicy, Timeouts
 from ._s3 import S3Options
 from ._store import ChunkRequest
-from ._tar import ShardReader, check_not_empty
+from ._tar import check_not_empty
 from ._urls import Shard
 
 if TYPE_CHECKING:
@@ -181,7 +182,7 @@ def count_shards(
             submitted.extend(engine.submit(batch))
 
         for shard in shards:
-            reader = ShardReader(shard.url, shard.size)
+            reader = open_reader(shard.url, shard.size)
             found = 0
             for request in _chunks(shard, slot):
                 if not submitted:

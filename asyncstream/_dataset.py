@@ -25,10 +25,9 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from ._count import CountSettings, OnProgress, count_shards, count_shared, distributed
-from ._exceptions import DataError
 from ._index import folder_of
 from ._index_cache import IndexCache
-from ._opener import Opener, names
+from ._opener import Opener
 from ._resolve import resolve_shards, resolve_urls
 from ._s3 import S3Options
 from ._tar import check_not_empty
@@ -50,7 +49,7 @@ class IndexInfo:
         split: the split chosen (``None``: none, or the only one).
         sources: shards whose count came from each source: ``"index"``, ``"given"``
             (``samples_per_shard``), ``"cache"`` (the local index cache) or ``"counted"``.
-        stale: ``.tar`` shards under a prefix that its index does not list (left out).
+        stale: shards under a prefix that its index does not list (left out).
         stale_examples: the first few of them.
     """
 
@@ -205,7 +204,6 @@ def open_dataset(
     index_cache: str | os.PathLike[str] | bool | None = None,
     counting: CountSettings | None = None,
     progress: OnProgress | None = None,
-    empty_ok: bool = False,
 ) -> Dataset:
     """Resolve a dataset's shards and the samples in each (module docstring).
 
@@ -214,21 +212,18 @@ def open_dataset(
         options: how to reach S3 (resolved).
         samples_per_shard: counts given by the caller: one for all shards, or a list.
         split: the split of an index with splits (``_info.json``, a manifest with splits).
-        strict: a ``.tar`` under a prefix that the index does not list is an error
+        strict: a shard under a prefix that the index does not list is an error
             rather than a warning.
         index_cache: the local index cache: ``None`` for the default folder, ``False``
             for none, or a folder.
         counting: how shards are read when they must be counted.
         progress: called as counting goes.
-        empty_ok: return a dataset whose shards hold no sample, rather than raise (a
-            mixed stream's source, which says so naming the source).
 
     Raises:
         ShardURLError, NotFoundError, AccessDeniedError: bad URLs, missing objects,
             credentials.
         ValueError: bad ``samples_per_shard`` or ``split``.
-        DataError: an index that disagrees with the store, a stale shard with ``strict``,
-            no sample in any shard.
+        DataError: an index that disagrees with the store, a stale shard with ``strict``.
         CorruptTarError, FetchError: a shard that had to be counted could not be read.
     """
     cache = IndexCache.open(index_cache) if samples_per_shard is None else None
@@ -247,11 +242,6 @@ def open_dataset(
             cache.close()
     sources = {**plan.info.sources, "counted": counted}
     counts = tuple(plan.counts[s.url] for s in plan.shards)
-    if plan.shards and not any(counts) and not empty_ok:
-        raise DataError(
-            f"{names([s.url for s in plan.shards])}: no sample in any of these "
-            f"{len(plan.shards)} shards"
-        )
     return Dataset(tuple(plan.shards), counts, replace(plan.info, sources=sources))
 
 

@@ -19,8 +19,10 @@ argument mistakes are additionally ``ValueError`` / ``TypeError`` so that plain
     └── StateError (ValueError)          a state_dict that does not fit this stream
 
     UserWarning
-    ├── StaleShardWarning                a .tar under a prefix that the dataset's index
+    ├── StaleShardWarning                a shard under a prefix that the dataset's index
     │                                    does not list: left out, not read
+    ├── UnreadShardWarning               a tar archive under a prefix in a format that is
+    │                                    not read (``.tar.lz4``, ...): left out
     └── SkippedImageWarning              images that ``pack`` left out because they do not
                                          decode (``on_error="skip"``)
 
@@ -50,6 +52,7 @@ __all__ = [
     "StaleShardWarning",
     "StateError",
     "TransientFetchError",
+    "UnreadShardWarning",
 ]
 
 
@@ -127,13 +130,23 @@ class StateError(AsyncStreamError, ValueError):
 
 
 class StaleShardWarning(UserWarning):
-    """A ``.tar`` under a prefix that the index beside it does not list.
+    """A shard under a prefix that the index beside it does not list.
 
     The index (``asyncstream.json`` or another tool's) is the truth about which shards
     make the dataset: a shard it does not list is left out of every epoch, and named in
     this warning (``strict=True`` makes it a :class:`DataError`). Shards left behind by
     an earlier, larger pack into the same place are the usual cause;
     ``asyncstream pack --overwrite`` removes them.
+    """
+
+
+class UnreadShardWarning(UserWarning):
+    """A prefix or folder holds tar archives in a format asyncstream does not read.
+
+    Shards are recognised by name: ``.tar``, and compressed ``.tar.gz`` / ``.tgz``,
+    ``.tar.zst``, ``.tar.xz`` and ``.tar.bz2`` (and their short forms). A listing that
+    finds ``.tar.lz4``, ``.tar.lz``, ``.tar.lzma``, ``.tar.Z`` or ``.tar.br`` leaves them
+    out of the dataset and names them in this warning, rather than drop them silently.
     """
 
 

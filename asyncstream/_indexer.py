@@ -4,11 +4,12 @@ The manifest, ``asyncstream.json``, records every shard's samples, size and ETag
 :mod:`._index`); a stream opens an indexed dataset from it with one GET and no shard
 read. :func:`index_dataset` builds it:
 
-* **The shards**: every ``.tar`` the URL resolves to (a prefix, a pattern, a folder), or
-  the shards of an index given as the URL (a wids index, ``_info.json``, ...). A new
+* **The shards**: every shard (plain or compressed) the URL resolves to (a prefix, a
+  pattern, a folder), or the shards of an index given as the URL (a wids index,
+  ``_info.json``, ...). A new
   shard under the prefix is indexed, whatever an older ``asyncstream.json`` said; but
   where another tool's index lies in the prefix's folder, its shards (every split) are
-  the dataset, as for a stream, and a ``.tar`` it does not list is left out with a
+  the dataset, as for a stream, and a shard it does not list is left out with a
   :class:`~asyncstream.StaleShardWarning`. Splits (of an ``_info.json``, or of the older
   manifest) are carried over.
 * **What is read**: nothing for a shard whose entry in the manifest already there keeps

@@ -4,11 +4,14 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Iterator
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ._exceptions import StateError
 from ._run import EpochRun
 from ._stall import StallMeter
+
+if TYPE_CHECKING:
+    from ._stream import ShardStream
 
 __all__ = ["Iteration"]
 
@@ -23,14 +26,23 @@ class Iteration(Iterator[dict[str, Any]]):
     then raises :class:`StateError` if used again, instead of silently stopping. A new
     ``iter()`` from *another* thread while the live one is being read, or two threads
     calling ``next()`` at once, raise :class:`StateError` at once.
+
+    The iterator holds its stream (``owner``) until it ends, fails or is closed, so a
+    stream used in place (``for sample in ShardStream(url):``, ``list(ShardStream(url))``)
+    reads its whole epoch instead of being collected, and closed, under it; the stream
+    closes once nothing else holds it.
     """
 
-    def __init__(self, run: EpochRun, meter: StallMeter | None = None) -> None:
+    def __init__(
+        self, run: EpochRun, owner: ShardStream | None = None, meter: StallMeter | None = None
+    ) -> None:
         self.run = run
         self.meter = meter
         self.thread = threading.get_ident()
         self.started = False
         self.replaced = False
+        self.closed = False
+        self._owner = owner  # the stream, kept alive while this iterator may run
         self._lock = threading.Lock()
 
     def __next__(self) -> dict[str, Any]:
@@ -40,6 +52,8 @@ class Iteration(Iterator[dict[str, Any]]):
                 "thread a stream of its own (or use DataLoader workers)"
             )
         try:
+            if self.closed:
+                raise StopIteration
             if self.replaced:
                 raise StateError(
                     "this ShardStream iterator was ended by a newer iter(), set_epoch(), "
@@ -48,16 +62,26 @@ class Iteration(Iterator[dict[str, Any]]):
                 )
             self.started = True
             meter = self.meter
-            if meter is None:
-                return next(self.run)
-            began = meter.begin()
+            began = meter.begin() if meter is not None else 0.0
             try:
                 return next(self.run)
+            except BaseException:
+                self._owner = None  # the run is over: the stream may go
+                raise
             finally:
-                meter.end(began)
+                if meter is not None:
+                    meter.end(began)
         finally:
             self._lock.release()
 
+    def close(self) -> None:
+        """End this iterator early (as a generator's ``close()``): its run stops and the
+        stream is no longer held by it; ``next()`` then raises ``StopIteration``."""
+        self.closed = True
+        owner, self._owner = self._owner, None
+        if owner is not None:
+            owner._stop_iteration(self)
+
     @property
     def live(self) -> bool:
-        return self.started and not self.replaced and not self.run.closed
+        return self.started and not self.replaced and not self.closed and not self.run.closed

@@ -11,7 +11,9 @@ Chunks of a piece: a piece starts reading at byte ``offset`` (0 for a fresh plan
 its first chunk runs from there to the next multiple of ``slot_bytes`` and every later
 chunk is aligned: ``[(k + j) * slot, (k + j + 1) * slot)`` for ``k = offset // slot``.
 Aligned chunks are what every reader of the shard asks for, so the numbering of a piece
-that starts at 0 is the shard's own.
+that starts at 0 is the shard's own. A compressed shard's pieces all start at stored byte
+0 (:mod:`._compressed`: its reader decompresses from the start and drops the tar bytes
+before the piece's offset), so their chunks are always the shard's own.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from ._compressed import CompressedReader, fetch_start, open_reader
 from ._engine import Engine, Ready
 from ._exceptions import DataError, StateError
 from ._plan import Piece
@@ -32,14 +35,20 @@ from ._urls import Shard
 if TYPE_CHECKING:
     from ._run import StreamSettings
 
-__all__ = ["ChunkReader", "Item", "LaneReader", "chunk_count"]
+__all__ = ["ChunkReader", "Item", "LaneReader", "chunk_count", "fetch_offset"]
 
 Item = tuple[int, Sample]  # (in-shard sample index, sample)
 
 
-def chunk_count(piece: Piece, size: int, slot_bytes: int) -> int:
+def fetch_offset(piece: Piece, shard: Shard) -> int:
+    """The stored byte a piece's first chunk starts at: its header offset, or 0 for a
+    compressed shard, which is always read from its start (:mod:`._compressed`)."""
+    return fetch_start(shard.url, piece.offset)
+
+
+def chunk_count(piece: Piece, shard: Shard, slot_bytes: int) -> int:
     """Chunks a piece reads when it runs to its shard's end."""
-    return max(1, math.ceil(size / slot_bytes) - piece.offset // slot_bytes)
+    return max(1, math.ceil(shard.size / slot_bytes) - fetch_offset(piece, shard) // slot_bytes)
 
 
 @dataclass
@@ -49,7 +58,7 @@ class LaneReader:
     position: int  # the piece's position in the reader's pieces
     piece: Piece
     shard: Shard
-    reader: ShardReader
+    reader: ShardReader | CompressedReader
     count: int  # samples in the whole shard
     slot_bytes: int
     chunk: int = -1  # the resident chunk, numbered from the piece's first
@@ -60,7 +69,7 @@ class LaneReader:
 
     @property
     def n_chunks(self) -> int:
-        return chunk_count(self.piece, self.shard.size, self.slot_bytes)
+        return chunk_count(self.piece, self.shard, self.slot_bytes)
 
     @property
     def to_end(self) -> bool:
@@ -74,8 +83,9 @@ class LaneReader:
 
     def chunk_range(self, chunk: int) -> tuple[int, int]:
         """``(offset, length)`` of the piece's chunk number ``chunk``."""
-        slot, base = self.slot_bytes, self.piece.offset // self.slot_bytes
-        start = self.piece.offset if chunk == 0 else (base + chunk) * slot
+        first = fetch_offset(self.piece, self.shard)
+        slot, base = self.slot_bytes, first // self.slot_bytes
+        start = first if chunk == 0 else (base + chunk) * slot
         end = min((base + chunk + 1) * slot, self.shard.size)
         return start, end - start
 
@@ -116,7 +126,7 @@ class ChunkReader:
             position,
             piece,
             shard,
-            ShardReader(shard.url, shard.size, piece.offset),
+            open_reader(shard.url, shard.size, piece.offset),
             self.settings.counts[piece.shard],
             self.settings.slot_bytes,
             returned=piece.index0,
@@ -128,8 +138,9 @@ class ChunkReader:
         """The ranged GET of chunk ``chunk`` of the piece at ``position``."""
         piece = self.pieces[position]
         shard = self.settings.shards[piece.shard]
-        slot, base = self.settings.slot_bytes, piece.offset // self.settings.slot_bytes
-        start = piece.offset if chunk == 0 else (base + chunk) * slot
+        first = fetch_offset(piece, shard)
+        slot, base = self.settings.slot_bytes, first // self.settings.slot_bytes
+        start = first if chunk == 0 else (base + chunk) * slot
         end = min((base + chunk + 1) * slot, shard.size)
         return ChunkRequest(
             shard.url,
@@ -189,12 +200,12 @@ class ChunkReader:
         if saved.piece >= len(self.pieces):
             raise StateError("state_dict names a piece this reader does not have")
         lane = self.lane(saved.piece)
-        lane.reader = ShardReader(lane.shard.url, lane.shard.size, saved.reader_start)
+        lane.reader = open_reader(lane.shard.url, lane.shard.size, saved.reader_start)
         lane.returned = saved.returned_before
         chunk_start, _ = lane.chunk_range(saved.chunk)
-        offset = saved.reader_start
+        offset = fetch_start(lane.shard.url, saved.reader_start)
         engine = self.engine()
-        while offset < chunk_start:  # the carried sample's earlier bytes
+        while offset < chunk_start:  # the carried sample's earlier bytes (compressed: all)
             length = min(self.settings.slot_bytes, chunk_start - offset)
             (rid,) = engine.submit(
                 [

@@ -3,7 +3,8 @@
 The index is the truth about which shards make the dataset. Under a prefix (or local
 folder), the shallowest folder with an index governs every shard below it: shards of its
 chosen split are read, shards of its other splits left out silently, and any other
-``.tar`` is stale: left out with a :class:`~asyncstream.StaleShardWarning` naming it
+shard (``.tar``, ``.tar.gz``, ...) is stale: left out with a
+:class:`~asyncstream.StaleShardWarning` naming it
 (``strict=True``: a :class:`~asyncstream.DataError`). Shards named one by one (a brace
 pattern, a list) are read whether or not the index beside them lists them; those it does
 not list get no count here (the cache or counting gives it, :mod:`._dataset`). Wherever
@@ -18,14 +19,14 @@ manifest; wids with ``filesize``) opens with that one GET: no listing, no HEAD.
 from __future__ import annotations
 
 import os
-import sys
 import warnings
 from collections import Counter
 from collections.abc import Sequence
 
+from ._compressed import compression_of
 from ._exceptions import DataError, NotFoundError, StaleShardWarning
 from ._index import Entry, Index, find_index, folder_of, parse_index
-from ._resolve import Resolved, resolve_shards
+from ._resolve import Resolved, caller_outside, resolve_shards
 from ._s3 import S3Options
 from ._store import Stores
 from ._tar import check_not_empty
@@ -188,7 +189,7 @@ def governed(
     Args:
         index: the index found above ``shards``.
         members: the shards of the chosen split (or all of them).
-        shards: the ``.tar`` listed under the index's folder.
+        shards: the shards listed under the index's folder.
         where: the prefix or folder listed, named in errors.
 
     Returns:
@@ -209,7 +210,7 @@ def governed(
 
 
 def report_stale(stale: Sequence[tuple[str, Index]], strict: bool) -> None:
-    """Warn about (``strict``: refuse) ``.tar`` that their folder's index does not list.
+    """Warn about (``strict``: refuse) shards that their folder's index does not list.
 
     Raises:
         DataError: with ``strict``.
@@ -217,25 +218,15 @@ def report_stale(stale: Sequence[tuple[str, Index]], strict: bool) -> None:
     urls = [u for u, _ in stale]
     sources = ", ".join(sorted({index.url for _, index in stale}))
     message = (
-        f"{names(urls)}: {len(urls)} .tar not listed by the index {sources}, so not "
+        f"{names(urls)}: {len(urls)} shards not listed by the index {sources}, so not "
         "part of the dataset (stale shards of an earlier pack, say; 'asyncstream pack "
         "--overwrite' removes them)"
     )
     if strict:
         raise DataError(message)
     warnings.warn(
-        message + "; strict=True makes this an error", StaleShardWarning, _caller_outside()
+        message + "; strict=True makes this an error", StaleShardWarning, caller_outside()
     )
-
-
-def _caller_outside() -> int:
-    """The ``stacklevel`` of the first caller outside asyncstream: a warning names the
-    user's line, not ours."""
-    package = os.path.dirname(os.path.abspath(__file__)) + os.sep
-    frame, level = sys._getframe(1), 1
-    while frame.f_back is not None and frame.f_code.co_filename.startswith(package):
-        frame, level = frame.f_back, level + 1
-    return level
 
 
 def names(urls: Sequence[str]) -> str:
@@ -254,7 +245,7 @@ def _check(shard: Shard, entry: Entry, index: Index) -> None:
             f"{where} gives ETag {entry.etag}, the store has {shard.etag} (the shard was "
             "rewritten since it was indexed: run 'asyncstream index' again)"
         )
-    if entry.samples * _HEADER > shard.size:
+    if entry.samples * _HEADER > shard.size and compression_of(shard.url) is None:
         raise DataError(
             f"{where} gives {entry.samples} samples, more than a shard of {shard.size} bytes "
             "can hold (every member takes a 512-byte header)"

@@ -13,6 +13,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
+from ._compressed import is_shard_name
 from ._index import MANIFEST_NAME
 from ._s3 import S3Options
 from ._s3store import S3Store
@@ -57,17 +58,17 @@ class PackSink:
         return self.folder.absolute().as_uri()
 
     def existing(self) -> list[str]:
-        """URLs of the ``.tar`` shards and manifest directly in the destination folder."""
-        wanted = (".tar", "/" + MANIFEST_NAME)
+        """URLs of the shards (``.tar``, compressed too) and manifest directly in the
+        destination folder."""
         if not self.s3:
             return sorted(
                 p.absolute().as_uri()
                 for p in self.folder.iterdir()
-                if p.is_file() and (p.suffix == ".tar" or p.name == MANIFEST_NAME)
+                if p.is_file() and (is_shard_name(p.name) or p.name == MANIFEST_NAME)
             )
         listing = self.stores.for_url(self.folder_url + "/").list(self.folder_url + "/")
         found = [o.url for o in listing if "/" not in o.url[len(self.folder_url) + 1 :]]
-        return sorted(u for u in found if u.endswith(wanted))
+        return sorted(u for u in found if is_shard_name(u) or u.endswith("/" + MANIFEST_NAME))
 
     def put_file(self, name: str, path: Path) -> str | None:
         """Store a shard; returns its ETag (S3) or None (local)."""

@@ -64,7 +64,7 @@ def soonest(
     heapq.heapify(finish)
     for position, piece, shard, count in upcoming[:budget]:
         t = heapq.heappop(finish)
-        n_chunks = chunk_count(piece, shard.size, slot_bytes)
+        n_chunks = chunk_count(piece, shard, slot_bytes)
         last = n_chunks if piece.stop == count else 1
         per = (count - piece.index0) / n_chunks
         streams.append(_chunk_needs(t, position, 0, last, per))

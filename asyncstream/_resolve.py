@@ -9,12 +9,16 @@ by one listing of the folder when it has many (a listing of 1,000 keys costs one
 
 from __future__ import annotations
 
+import os
 import posixpath
+import sys
+import warnings
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
-from ._exceptions import NotFoundError
+from ._compressed import SHARD_SUFFIXES, is_shard_name, unread_format
+from ._exceptions import NotFoundError, UnreadShardWarning
 from ._s3 import S3Options
 from ._store import Store, Stores
 from ._urls import (
@@ -40,7 +44,7 @@ class Resolved:
     Attributes:
         url: the URL as given (a prefix, a folder, a file or an expanded pattern's first).
         shards: its shards, in order.
-        prefix: whether it is a prefix or folder (every ``.tar`` under it) rather than
+        prefix: whether it is a prefix or folder (every shard under it) rather than
             shards named one by one.
         listed: every object a listing returned on the way, ``.tar`` or not, by URL
             (empty where nothing was listed: local files, or S3 keys sized by HEAD).
@@ -52,24 +56,50 @@ class Resolved:
     listed: dict[str, Shard]
 
 
+_SHARD_NAMES = "/".join(SHARD_SUFFIXES)
+
+
+def caller_outside() -> int:
+    """The ``stacklevel`` of the first caller outside asyncstream: a warning names the
+    user's line, not ours."""
+    package = os.path.dirname(os.path.abspath(__file__)) + os.sep
+    frame, level = sys._getframe(1), 1
+    while frame.f_back is not None and frame.f_code.co_filename.startswith(package):
+        frame, level = frame.f_back, level + 1
+    return level
+
+
+def _shards_of(url: str, everything: list[Shard], where: str) -> Resolved:
+    """The shards among a listing (by name: ``.tar``, ``.tar.gz``, ... see
+    :mod:`._compressed`); tar archives in a format that is not read are named in an
+    :class:`~asyncstream.UnreadShardWarning`."""
+    shards = [s for s in everything if is_shard_name(s.url)]
+    unread = [s.url for s in everything if unread_format(s.url) is not None]
+    if unread:
+        formats = sorted({str(unread_format(u)) for u in unread})
+        shown = ", ".join(unread[:3]) + (f", ... ({len(unread)} in all)" if len(unread) > 3 else "")
+        warnings.warn(
+            f"{url}: {len(unread)} tar archives in a format asyncstream does not read "
+            f"({', '.join(formats)}) are left out: {shown}; recompress them as .tar.gz, "
+            ".tar.zst, .tar.xz or .tar.bz2, or unpack them to .tar",
+            UnreadShardWarning,
+            caller_outside(),
+        )
+    if not shards:
+        raise NotFoundError(f"{url}: no shard ({_SHARD_NAMES}) {where}", url=url)
+    return Resolved(url, shards, True, {s.url: s for s in everything})
+
+
 def _resolve_local(store: Store, url: str) -> Resolved:
-    """A local file, or every ``.tar`` in a local folder."""
+    """A local file, or every shard in a local folder."""
     path = local_path(url).expanduser().absolute()
     if not path.is_dir():
         return Resolved(url, [store.head(url)], False, {})
-    everything = store.list(url)
-    shards = [s for s in everything if s.url.endswith(".tar")]
-    if not shards:
-        raise NotFoundError(f"{url}: no .tar file in folder {path}", url=url)
-    return Resolved(url, shards, True, {s.url: s for s in everything})
+    return _shards_of(url, store.list(url), f"in folder {path}")
 
 
 def _resolve_prefix(store: Store, url: str) -> Resolved:
-    everything = store.list(url)
-    shards = [s for s in everything if s.url.endswith(".tar")]
-    if not shards:
-        raise NotFoundError(f"{url}: no .tar object under this prefix", url=url)
-    return Resolved(url, shards, True, {s.url: s for s in everything})
+    return _shards_of(url, store.list(url), "under this prefix")
 
 
 def _resolve_keys(store: Store, urls: Sequence[str]) -> Resolved:

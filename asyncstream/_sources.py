@@ -210,7 +210,6 @@ def open_sources(
                 strict=strict,
                 index_cache=index_cache,
                 counting=replace(counting, s3=own),
-                empty_ok=True,
             )
         except (AsyncStreamError, ValueError) as exc:
             name_source(exc, name)

@@ -71,7 +71,7 @@ class ShardStream(IterableDataset[dict[str, Any]]):
     cache; else the shards are counted once through the fetch engine (logged, and kept in
     the cache; under ``torch.distributed`` the ranks split that work, so every rank must
     build the stream). Under a prefix, the index decides which shards are read: a
-    ``.tar`` it does not list is left out with a :class:`~asyncstream.StaleShardWarning`.
+    shard it does not list is left out with a :class:`~asyncstream.StaleShardWarning`.
     ``stats()["index"]`` says which index was used (:mod:`asyncstream._dataset`).
 
     Several datasets mix in one stream when ``urls`` is a list of
@@ -116,7 +116,7 @@ class ShardStream(IterableDataset[dict[str, Any]]):
             to finish wins.
         split: the split to read, for an index with splits (``_info.json``; required
             when it has several).
-        strict: a ``.tar`` under the prefix that the index does not list is a
+        strict: a shard under the prefix that the index does not list is a
             ``DataError`` rather than a warning.
         index_cache: the local index cache of counted shards: ``None`` for the default
             folder (``$ASYNCSTREAM_CACHE_DIR``, else ``~/.cache/asyncstream``),
@@ -414,9 +414,14 @@ class ShardStream(IterableDataset[dict[str, Any]]):
         engine, self._engine = self._engine, None
         self._run = EpochRun(self._settings, start=start, topology=topology, engine=engine)
         self._meter.new_epoch()
-        iteration = Iteration(self._run, self._meter)
+        iteration = Iteration(self._run, owner=self, meter=self._meter)
         self._live = weakref.ref(iteration)
         return iteration
+
+    def _stop_iteration(self, iteration: Iteration) -> None:
+        """``iteration.close()``: stop its run if it is still this stream's live one."""
+        if self._live is not None and self._live() is iteration:
+            self._stop_run()
 
     def _next_start(self, topology: Topology) -> Start:
         """Where the next iteration starts: the epoch's plan, or the loaded state(s).

@@ -2,7 +2,9 @@
 
 A sample is the group of consecutive tar members sharing a key: the member's path up
 to the first dot of its basename (``train/000017.jpg`` and ``train/000017.cls`` form the
-sample ``train/000017`` with the fields ``jpg`` and ``cls``).
+sample ``train/000017`` with the fields ``jpg`` and ``cls``). Which members count and how
+they are named is webdataset's rule, exactly (:mod:`._members`): extensions lower-cased,
+members without one and ``__x__`` names left out, names decoded with surrogate escapes.
 
 :class:`ShardReader` indexes a shard incrementally as its byte ranges arrive, in place.
 
@@ -15,45 +17,52 @@ Carry / zero-copy contract:
   progress (always the last one of a non-final range, whose end is only known from the next
   header) has its fields copied to ``bytes``, and the unparsed tail (a split header, a member
   larger than a range) is copied into a reader-owned ``bytearray`` carry. Samples that were
-  carried come back with ``bytes`` fields; only those samples are ever copied.
+  carried come back with ``bytes`` fields; only those samples are ever copied, and the
+  expanded contents of sparse members (:mod:`._sparse`), which are always ``bytes``.
 * :attr:`ShardReader.pending_offset` is a header boundary from which a new reader can resume.
 
-Formats: ustar (with its name prefix), GNU (``L``/``K`` long names, base-256 sizes) and PAX
-(``x`` records ``path`` and ``size``; ``g`` is parsed and ignored). Only regular files
-(``0``, ``\0``, ``7``) are members; directories, links, devices, fifos and unknown types are
-skipped. Checksums are accepted summed unsigned or signed, like ``tarfile``; the byte sums use
-``zlib.adler32`` (C speed, and exact: 256 bytes never reach its modulus). Numeric fields that
-a sample does not need (mode, uid, mtime, ...) are not parsed. Any malformation is a
-:class:`CorruptTarError` naming the shard and the offset of the offending header.
+Formats: ustar (with its name prefix), GNU (``L``/``K`` long names, base-256 sizes, ``S``
+sparse members) and PAX (``x``/``X`` records ``path``, ``size`` and GNU's sparse ones; ``g``
+globals, see :mod:`._tarheaders`), read as Python's ``tarfile`` reads them. Regular files
+(``0``, ``\\0``, ``7``, ``S``) are members; directories (also an old-style ``\\0`` entry
+whose name ends in ``/``), links, devices, fifos and unknown types are skipped. Checksums are
+accepted summed unsigned or signed, like ``tarfile``; the byte sums use ``zlib.adler32`` (C
+speed, and exact: 256 bytes never reach its modulus). Numeric fields that a sample does not
+need (mode, uid, mtime, ...) are not parsed. Any malformation is a :class:`CorruptTarError`
+naming the shard and the offset of the offending header. A shard that ends inside a header
+or a member is truncated, except for a last partial block of zeros (a cut end marker).
 """
 
 from __future__ import annotations
 
-import posixpath
 import zlib
 from dataclasses import dataclass
 from typing import IO
 
 from ._exceptions import CorruptTarError
+from ._members import decode_name, sample_member
+from ._sparse import SparseMap, expand, gnu_extension, gnu_header, map_10
+from ._tarheaders import ChainEffects, chain_effects, checksum_error, size_field
 
-__all__ = ["Sample", "ShardReader", "check_not_empty", "count_samples", "split_member_name"]
+__all__ = ["Sample", "ShardReader", "check_not_empty", "count_samples", "looks_compressed"]
 
 _BLOCK = 512
 _MAX_META = 1 << 20  # largest PAX / GNU long-name record accepted
 _MAX_META_HEADERS = 16  # extended headers allowed in front of one member
 _REGULAR = frozenset(b"07\0")
+_SPARSE = 0x53  # 'S'
+_GLOBAL = 0x67  # 'g'
 _NO_DATA = frozenset(b"123456")  # links, devices, directories, fifos: size is not data
-_META = frozenset(b"LKxg")
-_GNU_MAGIC = b"ustar  \0"
-_HIGH = bytes(range(128, 256))
+_META = frozenset(b"LKxXg")
 _EMPTY = memoryview(b"")
-_END = (None, "", 0, 0, -1)
+_UNBOUNDED = 1 << 62  # the size of a shard whose size is known only at its end
+_END = (None, "", 0, 0, -1, None)
 # Magic numbers of compressed files, named in the error when a shard starts with one.
 _COMPRESSED = (
-    (b"\x1f\x8b", "gzip"),
-    (b"BZh", "bzip2"),
-    (b"\xfd7zXZ\0", "xz"),
-    (b"(\xb5/\xfd", "zstd"),
+    (b"\x1f\x8b", "gzip", ".tar.gz"),
+    (b"BZh", "bzip2", ".tar.bz2"),
+    (b"\xfd7zXZ\0", "xz", ".tar.xz"),
+    (b"(\xb5/\xfd", "zstd", ".tar.zst"),
 )
 
 
@@ -63,8 +72,8 @@ class Sample:
 
     Attributes:
         key: member path up to the first dot of the basename.
-        fields: extension (``"jpg"``, ``"seg.png"``) to data; ``memoryview`` into the fed
-            range when the sample lay inside it, else ``bytes``.
+        fields: extension (``"jpg"``, ``"seg.png"``, lower-cased) to data; ``memoryview``
+            into the fed range when the sample lay inside it, else ``bytes``.
         offset: absolute byte offset in the shard of the sample's first header.
     """
 
@@ -73,39 +82,29 @@ class Sample:
     offset: int
 
 
-def split_member_name(name: str) -> tuple[str, str]:
-    """Split a member name into ``(key, extension)`` by the webdataset convention.
+@dataclass(slots=True)
+class _Sparse:
+    """A sparse member: its map (``None``: PAX 1.0, at the start of its data) and size."""
 
-    Example: ``"a/b/000017.seg.png"`` gives ``("a/b/000017", "seg.png")``.
-    """
-    folder, base = posixpath.split(name)
-    stem, dot, ext = base.partition(".")
-    key = posixpath.join(folder, stem) if folder else stem
-    return key, ext if dot else ""
+    regions: SparseMap | None
+    size: int
+    name: str
 
 
-def _cut(field: bytes) -> bytes:
-    end = field.find(0)
-    return field if end < 0 else field[:end]
+# (key or None to skip, extension, data start, data size, next header or -1, sparse)
+_Entry = tuple[str | None, str, int, int, int, _Sparse | None]
 
 
-def _octal(field: bytes) -> int:
-    """Parse a NUL/space padded octal field; ``ValueError`` if it is not one."""
-    digits = _cut(field).strip(b" ")
-    if not digits:
-        return 0
-    if not digits.isdigit():
-        raise ValueError(field)
-    return int(digits, 8)
-
-
-def _size_field(h: bytes) -> int:
-    """Parse an unusual size field: other octal spellings, or positive base-256."""
-    if h[124] == 0x80:
-        return int.from_bytes(h[125:136], "big")
-    if h[124] & 0x80:
-        raise ValueError("negative or bad base-256 size")
-    return _octal(h[124:136])
+def looks_compressed(head: bytes | memoryview) -> str:
+    """``"; the shard looks gzip-compressed: ..."`` if ``head`` starts like a compressed
+    file, else ``""``: the hint added to the error for a plain-named shard."""
+    for magic, kind, suffix in _COMPRESSED:
+        if bytes(head[: len(magic)]) == magic:
+            return (
+                f"; the shard looks {kind}-compressed: name it {suffix} (compression is "
+                "read from the name), or decompress it"
+            )
+    return ""
 
 
 def _pad(size: int) -> int:
@@ -117,16 +116,19 @@ class ShardReader:
 
     Args:
         url: the shard, named in errors.
-        size: the shard's size in bytes.
+        size: the shard's size in bytes, or ``None`` if it is known only when the final
+            range arrives (a decompressed stream).
         start: absolute offset of the first header to read: 0, or a value of
             :attr:`pending_offset` reported by an earlier reader of the same shard.
     """
 
-    def __init__(self, url: str, size: int, start: int = 0) -> None:
-        if size < 0 or not 0 <= start <= size or start % _BLOCK:
+    def __init__(self, url: str, size: int | None, start: int = 0) -> None:
+        bound = _UNBOUNDED if size is None else size
+        if bound < 0 or not 0 <= start <= bound or start % _BLOCK:
             raise ValueError(f"{url}: bad start {start} for a shard of {size} bytes")
         self.url = url
-        self.size = size
+        self.size = bound
+        self._open_ended = size is None
         self._next = start  # offset the next feed must start at
         self._pos = start  # next header not yet parsed (may lie ahead when skipping data)
         self._carry = bytearray()  # shard bytes [_pos, _next) when _pos < _next
@@ -176,6 +178,8 @@ class ShardReader:
         if view.format != "B" or view.ndim != 1:
             view = view.cast("B")
         end = offset + len(view)
+        if final and self._open_ended and offset == self._next:
+            self.size = end
         if offset != self._next or end > self.size or (final and end != self.size):
             raise ValueError(
                 f"{self.url}: range [{offset}, {end}) does not follow byte {self._next}"
@@ -207,7 +211,7 @@ class ShardReader:
             entry = self._entry(pos, end)
             if entry is None:
                 break
-            key, ext, start, size, after = entry
+            key, ext, start, size, after, sparse = entry
             if key is None:
                 if after < 0:
                     self._done = True
@@ -222,14 +226,19 @@ class ShardReader:
                 raise self._corrupt(pos, f"duplicate field {ext!r} in sample {key!r}")
             if start + size > end:
                 break
-            if pending.offset >= doff:  # the whole sample is in data: zero copy
+            if sparse is not None:
+                pending.fields[ext] = self._expand(sparse, start, size, pos)
+            elif pending.offset >= doff:  # the whole sample is in data: zero copy
                 pending.fields[ext] = data[start - doff : start - doff + size]
             else:  # a carried sample is all bytes
                 pending.fields[ext] = bytes(self._get(start, start + size))
             pos = after
         if final and not self._done:
-            if pos < self.size:
-                raise self._corrupt(pos, "shard ends inside this entry (truncated)")
+            if pos < self.size and (self.size - pos >= _BLOCK or any(self._get(pos, self.size))):
+                what = "shard ends inside this entry (truncated)"
+                if pos == 0:
+                    what += looks_compressed(self._get(0, min(8, self.size)))
+                raise self._corrupt(pos, what)
             self._done = True
         if self._done:
             if pending is not None:
@@ -262,15 +271,22 @@ class ShardReader:
             return carry[: stop - start].tobytes()
         return b"".join((carry, self._data[: stop - doff]))
 
-    def _entry(self, pos: int, end: int) -> tuple[str | None, str, int, int, int] | None:
+    def _header(self, pos: int) -> bytes:
+        doff = self._doff
+        if pos >= doff:
+            return self._data[pos - doff : pos - doff + _BLOCK].tobytes()
+        return bytes(self._get(pos, pos + _BLOCK))
+
+    def _entry(self, pos: int, end: int) -> _Entry | None:
         """Parse the entry at ``pos`` (extended headers included) if its headers are resident.
 
         Returns:
-            ``(key, extension, data_start, data_size, next_header)``: ``key`` is None for an
-            entry to skip, ``next_header`` is -1 at the end-of-archive marker. ``None`` when
-            the headers (not the member data) are not all resident yet.
+            ``(key, extension, data_start, data_size, next_header, sparse)``: ``key`` is
+            None for an entry to skip, ``next_header`` is -1 at the end-of-archive marker.
+            ``None`` when the headers (not the member data) are not all resident yet.
         """
-        group, long_name, pax_path, pax_size, metas = pos, b"", "", -1, 0
+        group = pos
+        chain: list[tuple[int, bytes]] | None = None
         while pos + _BLOCK <= end:
             doff = self._doff
             if pos >= doff:
@@ -285,107 +301,147 @@ class ShardReader:
             field = h[148:156]
             unsigned = total - sum(field) + 256
             if b"%06o\0 " % unsigned != field:  # not the usual spelling: parse it
-                self._check(h, unsigned, pos)
+                what = checksum_error(h, unsigned)
+                if what is not None:
+                    raise self._corrupt(pos, what + (looks_compressed(h) if pos == 0 else ""))
             flag, digits = h[156], h[124:135]
             try:
-                size = int(digits, 8) if h[135] == 0 and digits.isdigit() else _size_field(h)
+                size = int(digits, 8) if h[135] == 0 and digits.isdigit() else size_field(h)
             except ValueError:
                 raise self._corrupt(pos, f"bad size field {h[124:136]!r}") from None
             start = pos + _BLOCK
             if flag in _META:
                 if size > _MAX_META or start + _pad(size) > self.size:
                     raise self._corrupt(pos, f"bad extended header size {size} (limit 1 MiB)")
-                metas += 1
-                if metas > _MAX_META_HEADERS:
+                if chain is None:
+                    chain = []
+                if len(chain) >= _MAX_META_HEADERS:
                     raise self._corrupt(group, "too many extended headers in a row")
                 if start + size > end:
                     return None
                 payload = bytes(self._get(start, start + size))
-                if flag == 0x4C:  # 'L': GNU long name
-                    long_name = _cut(payload)
-                elif flag != 0x4B:  # 'x' or 'g' PAX ('K', a long link name, is ignored)
-                    path, psize = self._pax(payload, pos)
-                    if flag == 0x78:
-                        pax_path = path or pax_path
-                        pax_size = psize if psize >= 0 else pax_size
-                if flag == 0x67 and pos == group:  # a lone global header is an entry of its own
-                    return None, "", start, 0, start + _pad(size)
                 pos = start + _pad(size)
+                if flag == _GLOBAL and pos - _pad(size) - _BLOCK == group:
+                    # A global header first in its entry is an entry of its own: what it
+                    # may hold changes no member (see chain_effects), so it is checked only.
+                    self._effects([(flag, payload)], group)
+                    return None, "", start, 0, pos, None
+                chain.append((flag, payload))
                 continue
-            if flag in _NO_DATA:
-                return None, "", start, 0, start
-            if pax_size >= 0:
-                size = pax_size
-            after = start + ((size + _BLOCK - 1) & -_BLOCK)
-            if after > self.size:
-                raise self._corrupt(pos, f"member of {size} bytes runs past the end of the shard")
-            if flag not in _REGULAR:
-                return None, "", start, size, after
-            if pax_path:
-                name = pax_path
-            else:
-                if long_name:
-                    raw = long_name
-                else:
-                    cut = h.find(0, 0, 100)
-                    raw = h[:cut] if cut >= 0 else h[:100]
-                    if h[345] and h[257:265] != _GNU_MAGIC:  # ustar prefix
-                        raw = _cut(h[345:500]) + b"/" + raw
+            if chain is None and flag in _REGULAR:  # the usual member: inline, for speed
+                cut = h.find(0, 0, 100)
+                raw = h[:cut] if cut >= 0 else h[:100]
+                if flag == 0 and raw.endswith(b"/"):  # an old-style directory
+                    return None, "", start, 0, start, None
+                after = start + ((size + _BLOCK - 1) & -_BLOCK)
+                if after > self.size:
+                    raise self._corrupt(
+                        pos, f"member of {size} bytes runs past the end of the shard"
+                    )
                 try:
                     name = raw.decode()
                 except UnicodeDecodeError:
-                    raise self._corrupt(group, f"member name {raw!r} is not valid UTF-8") from None
-            if flag == 0 and name.endswith("/"):
-                return None, "", start, 0, start  # old-style directory
-            if "//" in name:
-                return (*split_member_name(name), start, size, after)
-            dot = name.find(".", name.rfind("/") + 1)
-            if dot < 0:
-                return name, "", start, size, after
-            return name[:dot], name[dot + 1 :], start, size, after
+                    name = decode_name(raw)
+                if h[345]:  # ustar prefix
+                    cut = h.find(0, 345, 500)
+                    name = (
+                        h[345 : cut if cut >= 0 else 500].decode("utf-8", "surrogateescape")
+                        + "/"
+                        + name
+                    )
+                slash = name.rfind("/")
+                dot = name.find(".", slash + 1)
+                if dot > slash + 1 and name[0] != "_" and "\n" not in name:
+                    ext = name[dot + 1 :].lower()
+                    if ext[:1] != "_":
+                        return name[:dot], ext, start, size, after, None
+                return self._named(name, start, size, after, pos)
+            return self._member(h, flag, size, pos, chain, group, end)
         return None
 
-    def _check(self, h: bytes, unsigned: int, pos: int) -> None:
-        """Raise unless the stored checksum matches the unsigned or signed sum."""
-        field = h[148:156]
-        try:
-            stored = _octal(field)
-        except ValueError:
-            stored = -1
-        if stored == unsigned:
-            return
-        high = len(h) - len(h.translate(None, _HIGH)) - 8 + len(field.translate(None, _HIGH))
-        if stored != unsigned - 256 * high:
-            what = f"header checksum mismatch (stored {field!r})"
-            for magic, kind in _COMPRESSED if pos == 0 else ():
-                if h.startswith(magic):
-                    what += f"; the shard looks {kind}-compressed, only plain tars are read"
-            raise self._corrupt(pos, what)
+    def _member(
+        self,
+        h: bytes,
+        flag: int,
+        size: int,
+        pos: int,
+        chain: list[tuple[int, bytes]] | None,
+        group: int,
+        end: int,
+    ) -> _Entry | None:
+        """The entry of the member header ``h`` at ``pos``, after the extended headers
+        ``chain`` that begin at ``group``."""
+        start = pos + _BLOCK
+        cut = h.find(0, 0, 100)
+        raw = h[:cut] if cut >= 0 else h[:100]
+        if flag in _NO_DATA or (flag == 0 and raw.endswith(b"/")):  # old-style directory
+            return None, "", start, 0, start, None
+        name = real = sparse = pax_size = None
+        in_data = False
+        if chain is not None:
+            effects = self._effects(chain, group)
+            name, real, sparse = effects.name, effects.real_size, effects.sparse
+            in_data = effects.map_in_data
+            pax_size = effects.size
+            if pax_size is not None:
+                size = pax_size
+        if flag == _SPARSE:
+            if sparse is not None or in_data or real is not None or pax_size is not None:
+                raise self._corrupt(group, "a GNU sparse member with PAX size or sparse records")
+            try:
+                sparse, extended, real = gnu_header(h)
+                while extended:
+                    if start + _BLOCK > end:
+                        return None
+                    more, extended = gnu_extension(self._header(start))
+                    sparse += more
+                    start += _BLOCK
+            except ValueError as exc:
+                raise self._corrupt(group, f"bad GNU sparse header: {exc}") from None
+        after = start + _pad(size)
+        if after > self.size:
+            raise self._corrupt(pos, f"member of {size} bytes runs past the end of the shard")
+        if flag not in _REGULAR and flag != _SPARSE:
+            return None, "", start, size, after, None  # unknown type: its data are skipped
+        if name is None:
+            name = decode_name(raw)
+            if h[345] and flag != _SPARSE:  # ustar prefix (GNU sparse data there)
+                cut = h.find(0, 345, 500)
+                name = decode_name(h[345 : cut if cut >= 0 else 500]) + "/" + name
+        if sparse is None and not in_data:
+            return self._named(name, start, size, after, group)
+        key, ext, *_ = self._named(name, start, size, after, group)
+        if key is None:
+            return None, "", start, size, after, None
+        return key, ext, start, size, after, _Sparse(sparse, real or 0, name)
 
-    def _pax(self, payload: bytes, pos: int) -> tuple[str, int]:
-        """Parse PAX records; return their ``path`` ("" if none) and ``size`` (-1 if none)."""
-        path, size, i, n = "", -1, 0, len(payload)
-        while i < n and payload[i]:
-            space = payload.find(b" ", i, i + 21)
-            length = payload[i:space]
-            if space < 0 or not length.isdigit() or i + int(length) > n:
-                raise self._corrupt(pos, "malformed PAX record")
-            stop = i + int(length)
-            equal = payload.find(b"=", space + 1, stop)
-            if equal <= space + 1 or payload[stop - 1] != 0x0A:
-                raise self._corrupt(pos, "malformed PAX record")
-            keyword, value = payload[space + 1 : equal], payload[equal + 1 : stop - 1]
-            if keyword == b"path":
-                try:
-                    path = value.decode()
-                except UnicodeDecodeError:
-                    raise self._corrupt(pos, f"PAX path {value!r} is not valid UTF-8") from None
-            elif keyword == b"size":
-                if not value.isdigit() or len(value) > 20:
-                    raise self._corrupt(pos, f"bad PAX size {value!r}")
-                size = int(value)
-            i = stop
-        return path, size
+    def _named(self, name: str, start: int, size: int, after: int, group: int) -> _Entry:
+        """The entry of a regular member named ``name`` (:func:`._members.sample_member`)."""
+        member = sample_member(name)
+        if member is None:
+            return None, "", start, size, after, None
+        key, ext = member
+        if ext in ("__key__", "__url__"):
+            raise self._corrupt(group, f"member {name!r} is named like the sample's {ext}")
+        return key, ext, start, size, after, None
+
+    def _effects(self, chain: list[tuple[int, bytes]], group: int) -> ChainEffects:
+        try:
+            return chain_effects(chain)
+        except ValueError as exc:
+            raise self._corrupt(group, str(exc)) from None
+
+    def _expand(self, sparse: _Sparse, start: int, size: int, pos: int) -> bytes:
+        """A sparse member's contents from its stored bytes ``[start, start + size)``."""
+        stored = self._get(start, start + size)
+        try:
+            regions = sparse.regions
+            if regions is None:
+                regions, length = map_10(stored)
+                stored = stored[length:]
+            return expand(stored, regions, sparse.size)
+        except ValueError as exc:
+            raise self._corrupt(pos, f"sparse member {sparse.name!r}: {exc}") from None
 
     def _corrupt(self, offset: int, what: str) -> CorruptTarError:
         return CorruptTarError(
@@ -414,18 +470,22 @@ def check_not_empty(url: str, size: int) -> None:
 def count_samples(fileobj: IO[bytes], url: str, size: int, *, block: int = 8 << 20) -> int:
     """Count the samples of a shard read front to back, with the same reader as the stream.
 
+    A compressed shard (by its name, :mod:`._compressed`) is decompressed on the way.
+
     Args:
-        fileobj: the tar bytes, e.g. an S3 response body.
+        fileobj: the shard's bytes as stored, e.g. an S3 response body.
         url: the shard, named in errors.
-        size: the shard's size in bytes.
+        size: the shard's size in bytes, as stored.
         block: bytes read at a time.
 
     Raises:
         CorruptTarError: the bytes are not a well-formed tar (with the offset), the
             stream ends before ``size`` bytes, or the shard is empty (0 bytes).
     """
+    from ._compressed import open_reader
+
     check_not_empty(url, size)
-    reader = ShardReader(url, size)
+    reader = open_reader(url, size)
     count = offset = 0
     while offset < size:
         data = fileobj.read(min(block, size - offset))

@@ -5,9 +5,10 @@ Accepted forms, alone or in a list:
 * ``s3://bucket/path/shard.tar``: one object.
 * ``s3://bucket/train-{0000..0099}.tar``: a brace range; zero padding is kept, and
   ``{a,b}`` alternatives and several braces in one URL are allowed.
-* ``s3://bucket/prefix/``: every ``.tar`` under the prefix (recursively), sorted.
+* ``s3://bucket/prefix/``: every shard (``.tar``, or compressed: ``.tar.gz``, ``.tar.zst``,
+  ..., see :mod:`._compressed`) under the prefix (recursively), sorted.
 * ``file:///abs/path/shard.tar``, ``/abs/path/shard.tar``, ``relative/shard.tar``, or a
-  local folder: local shards (a folder means every ``.tar`` in it, sorted).
+  local folder: local shards (a folder means every shard in it, sorted).
 
 Everything is resolved once, when a stream or command is opened, so that a typo, a
 missing object or bad credentials fail before the first training step.

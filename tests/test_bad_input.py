@@ -122,7 +122,6 @@ BIG = tar_of(
         ("000001.cls", b"2"),
     ]
 )
-EMPTY_ARCHIVE = tar_of([])  # a valid tar: just its end marker
 NO_IMAGE = tar_of([("000000.jpg", b"x" * 10), ("000000.cls", b"0"), ("000001.cls", b"1")])
 
 
@@ -239,7 +238,7 @@ ROWS: dict[str, Row] = {
         "s3://{bucket}/train/",
         "open",
         NotFoundError,
-        ("{url}", "no .tar object under this prefix"),
+        ("{url}", "no shard (.tar/.tar.gz/.tgz/", "under this prefix"),
     ),
     # -- objects that are not tars (decided: a zero-byte object is refused) ----------------
     "zero-byte-object": Row(
@@ -262,13 +261,6 @@ ROWS: dict[str, Row] = {
         ("{url}", "byte 0"),
         culprit_url="s3://{bucket}/train/b.tar",
         offset=0,
-    ),
-    "only-empty-archives": Row(
-        {"train/a.tar": EMPTY_ARCHIVE, "train/b.tar": EMPTY_ARCHIVE},
-        "s3://{bucket}/train/",
-        "open",
-        DataError,
-        ("s3://{bucket}/train/a.tar, s3://{bucket}/train/b.tar", "no sample in any"),
     ),
     "not-a-tar": Row(
         {"shard.tar": random.Random(3).randbytes(5000)},
@@ -331,21 +323,16 @@ ROWS: dict[str, Row] = {
         kwargs=COUNTED,
     ),
     # -- members ---------------------------------------------------------------------------
+    # -- names that are not UTF-8: read with surrogate escapes, as webdataset reads them -----
     "non-utf8-member-name": Row(
-        {"shard.tar": NOT_UTF8},
-        SHARD,
-        "open",
-        CorruptTarError,
-        ("{url}", "byte 1024", "b'\\xff\\xfe.jpg'", "not valid UTF-8"),
-        offset=1024,
+        {"shard.tar": NOT_UTF8}, SHARD, "iterate", None, expected=reference(NOT_UTF8)
     ),
     "non-utf8-member-name-counted": Row(
         {"shard.tar": NOT_UTF8},
         SHARD,
         "iterate",
-        CorruptTarError,
-        ("{url}", "byte 1024", "not valid UTF-8"),
-        offset=1024,
+        None,
+        expected=reference(NOT_UTF8),
         kwargs={"samples_per_shard": 2},
     ),
     "member-larger-than-a-slot": Row(

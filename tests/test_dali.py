@@ -473,6 +473,38 @@ def test_a_sample_without_an_image_member_is_named_with_its_members(
         list(loader)
 
 
+def test_imagenet_style_upper_case_jpeg_members_decode(dataset: Dataset, tmp_path: Path) -> None:
+    """A shard made with plain tar from ImageNet's folders: n01440764_10026.JPEG beside its
+    label. The reader lower-cases the extension, as webdataset does, so the loader's
+    default image keys (``jpeg`` among them) find the image."""
+    folder = tmp_path / "imagenet"
+    folder.mkdir()
+    originals = sorted(dataset.members.items())[:12]
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w", format=tarfile.GNU_FORMAT) as archive:
+        for i, (_, (_, jpg, label)) in enumerate(originals):
+            for name, data in (
+                (f"n01440764_{i:05d}.JPEG", jpg),
+                (f"n01440764_{i:05d}.CLS", b"%d" % label),
+            ):
+                info = tarfile.TarInfo(name)
+                info.size = len(data)
+                archive.addfile(info, io.BytesIO(data))
+    (folder / "train-0000.tar").write_bytes(buf.getvalue())
+    assert "jpeg" in IMAGE_KEYS
+    with make_loader(folder, batch_size=4, train=False) as loader:
+        batches = take(loader)
+    assert sum(len(keys) for keys, _, _ in batches) == 12
+    expected = {f"n01440764_{i:05d}": label for i, (_, (_, _, label)) in enumerate(originals)}
+    got = {
+        key: label for keys, labels, _ in batches for key, label in zip(keys, labels, strict=True)
+    }
+    assert got == expected
+    for keys, _, images in batches:
+        assert images.shape == (len(keys), 3, 64, 64)
+        assert images.abs().sum() > 0
+
+
 # -- lifetime and arguments -----------------------------------------------------------------
 
 

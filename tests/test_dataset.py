@@ -8,10 +8,12 @@ with ``tarfile`` and ``webdataset.TarWriter`` (tests/_foreign.py), never by ``pa
 
 from __future__ import annotations
 
+import io
 import json
 import os
 import subprocess
 import sys
+import tarfile
 import textwrap
 from pathlib import Path
 from typing import Any
@@ -324,7 +326,7 @@ def test_stale_shards_are_warned_about_and_never_read(
         assert sorted(keys(stream)) == all_keys(kept)
         assert stream.stats()["index"]["stale"] == 2
     assert {p.rsplit("/", 1)[1] for p in shard_gets(proxy)} == set(NAMES[:3])
-    with pytest.raises(DataError, match=r"00003\.tar, s3://.*00004\.tar: 2 \.tar not listed"):
+    with pytest.raises(DataError, match=r"00003\.tar, s3://.*00004\.tar: 2 shards not listed"):
         open_stream(f"s3://{bucket}/ds/", options, strict=True)
 
 
@@ -339,3 +341,37 @@ def test_a_local_folder_with_an_index(tmp_path: Path) -> None:
             (tmp_path / "ds" / "sizes.json").as_uri(),
         )
         assert sorted(keys(stream)) == all_keys(shards)
+
+
+def test_valid_tars_with_no_member_or_only_folders_are_zero_samples_not_an_error(
+    tmp_path: Path,
+) -> None:
+    """As webdataset, which yields nothing for them and goes on."""
+
+    def tar_of(entries: list[tuple[str, bytes | None]]) -> bytes:
+        buf = io.BytesIO()
+        with tarfile.open(fileobj=buf, mode="w") as archive:
+            for name, data in entries:
+                info = tarfile.TarInfo(name)
+                if data is None:
+                    info.type = tarfile.DIRTYPE
+                else:
+                    info.size = len(data)
+                archive.addfile(info, None if data is None else io.BytesIO(data))
+        return buf.getvalue()
+
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    (empty / "a.tar").write_bytes(tar_of([]))
+    (empty / "b.tar").write_bytes(tar_of([("train/", None), ("train/sub/", None)]))
+    (empty / "c.tar").write_bytes(tar_of([("README", b"no extension: no member")]))
+    with ShardStream(str(empty) + "/", index_cache=False) as stream:
+        assert stream.num_samples == 0
+        assert len(stream) == 0
+        assert list(stream) == []
+    mixed = tmp_path / "mixed"
+    mixed.mkdir()
+    (mixed / "a.tar").write_bytes(tar_of([]))
+    (mixed / "b.tar").write_bytes(tar_of([("x/1.jpg", b"1"), ("x/1.cls", b"0")]))
+    with ShardStream(str(mixed) + "/", index_cache=False) as stream:
+        assert [s["__key__"] for s in stream] == ["x/1"]

@@ -322,6 +322,13 @@ def test_a_destination_that_holds_shards_is_refused(tmp_path: Path) -> None:
     (manifest_only / "asyncstream.json").write_text("{}")
     with pytest.raises(ValueError, match="already holds a dataset"):
         pack(tmp_path / "src", str(manifest_only), shard_samples=2, shard_bytes=None)
+    compressed = tmp_path / "compressed"  # compressed shards are shards of a dataset too
+    compressed.mkdir()
+    (compressed / "old-0000.tar.gz").write_bytes(b"\x1f\x8b")
+    with pytest.raises(ValueError, match=r"old-0000\.tar\.gz"):
+        pack(tmp_path / "src", str(compressed), shard_samples=2, shard_bytes=None)
+    pack(tmp_path / "src", str(compressed), shard_samples=2, shard_bytes=None, overwrite=True)
+    assert not (compressed / "old-0000.tar.gz").exists()
 
 
 def test_overwrite_removes_the_shards_it_does_not_write(tmp_path: Path) -> None:

@@ -29,11 +29,12 @@ from itertools import pairwise
 from typing import Any
 
 import pytest
+from _wds import wds_member
 from hypothesis import HealthCheck, assume, event, given, settings
 from hypothesis import strategies as st
 
 from asyncstream._exceptions import CorruptTarError, DataError
-from asyncstream._tar import ShardReader, count_samples, split_member_name
+from asyncstream._tar import ShardReader, count_samples
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -144,7 +145,8 @@ def entries(draw: Any) -> list[tuple[str, bytes, bytes]]:
     out: list[tuple[str, bytes, bytes]] = []
     for _ in range(draw(st.integers(0, 10))):
         name = draw(_NAME)
-        key, _ = split_member_name(name)
+        key = name.rpartition("/")[0] + "/" if "/" in name else ""
+        key += name.rpartition("/")[2].partition(".")[0] or "k"
         for ext in draw(st.lists(st.sampled_from(["jpg", "cls", "seg.png", "json"]), unique=True)):
             size = draw(_SIZE)
             out.append(
@@ -180,9 +182,10 @@ def reference(tar: bytes) -> list[Plain] | None:
     out: list[tuple[str, dict[str, bytes], int]] = []
     with tarfile.open(fileobj=io.BytesIO(tar), mode="r:") as archive:
         for member in archive:
-            if not member.isfile():
+            named = wds_member(member.name) if member.isfile() else None
+            if named is None:
                 continue
-            key, ext = split_member_name(member.name)
+            key, ext = named
             reader = archive.extractfile(member)
             assert reader is not None
             if out and out[-1][0] == key:

@@ -157,7 +157,7 @@ def test_empty_prefix_is_not_found(s3_server: LocalS3, s3_client: Any, bucket: s
     with pytest.raises(NotFoundError) as info:
         resolve_shards(url, options)
     assert url in str(info.value)
-    assert "no .tar" in str(info.value)
+    assert "no shard (.tar/" in str(info.value)
 
 
 def test_duplicate_shards_are_refused(s3_server: LocalS3, s3_client: Any, bucket: str) -> None:
@@ -213,7 +213,7 @@ def test_local_missing_file_and_empty_folder(tmp_path: Path) -> None:
     with pytest.raises(NotFoundError) as info:
         resolve_shards(missing)
     assert missing in str(info.value)
-    with pytest.raises(NotFoundError, match=r"no \.tar"):
+    with pytest.raises(NotFoundError, match=r"no shard \(\.tar/"):
         resolve_shards(str(tmp_path))
     with pytest.raises(ShardURLError, match="local path"):
         resolve_shards("file://remotehost/x.tar")
