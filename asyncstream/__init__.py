@@ -1,7 +1,8 @@
 """asyncstream: stream webdataset-style tar shards from S3 into training.
 
 The public API is what this module exports; every other module is private.
-:class:`ShardStream` is loaded on first use, because it imports PyTorch and the fetch
+:class:`ShardStream` (and :class:`ShardLoader`, :class:`MappedStream`,
+:func:`decode_image`) is loaded on first use, because it imports PyTorch and the fetch
 engine's process, which imports this package too, has no use for it; so is
 :func:`index_dataset`, which imports the fetch engine's client side.
 """
@@ -36,6 +37,8 @@ from .testing import LocalS3
 
 if TYPE_CHECKING:
     from ._indexer import IndexResult, index_dataset
+    from ._loader import ShardLoader
+    from ._mapped import MappedStream, decode_image
     from ._stream import ShardStream
 
 __version__ = "0.1.0"
@@ -50,6 +53,7 @@ __all__ = [
     "FetchError",
     "IndexResult",
     "LocalS3",
+    "MappedStream",
     "MixingQuality",
     "NotFoundError",
     "PackResult",
@@ -59,6 +63,7 @@ __all__ = [
     "S3Credentials",
     "S3Options",
     "Shard",
+    "ShardLoader",
     "ShardStream",
     "ShardURLError",
     "ShuffleQuality",
@@ -70,6 +75,7 @@ __all__ = [
     "Timeouts",
     "TransientFetchError",
     "__version__",
+    "decode_image",
     "expand_braces",
     "index_dataset",
     "mixing_quality",
@@ -84,6 +90,14 @@ def __getattr__(name: str) -> Any:
         from ._stream import ShardStream
 
         return ShardStream
+    if name == "ShardLoader":
+        from ._loader import ShardLoader
+
+        return ShardLoader
+    if name in ("MappedStream", "decode_image"):
+        from . import _mapped
+
+        return getattr(_mapped, name)
     if name in ("IndexResult", "index_dataset"):
         from . import _indexer
 

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 from ._exceptions import StateError
@@ -22,10 +22,15 @@ class Iteration(Iterator[dict[str, Any]]):
     then raises :class:`StateError` if used again, instead of silently stopping. A new
     ``iter()`` from *another* thread while the live one is being read, or two threads
     calling ``next()`` at once, raise :class:`StateError` at once.
+
+    ``on_begin`` is called once, after the first sample is drawn: only then does the
+    iteration count as its epoch begun (an iterator made and dropped unread, as
+    StatefulDataLoader does when it loads a finished state, leaves the epochs alone).
     """
 
-    def __init__(self, run: EpochRun) -> None:
+    def __init__(self, run: EpochRun, on_begin: Callable[[], None] | None = None) -> None:
         self.run = run
+        self._on_begin = on_begin
         self.thread = threading.get_ident()
         self.started = False
         self.replaced = False
@@ -45,7 +50,11 @@ class Iteration(Iterator[dict[str, Any]]):
                     "iterator at a time"
                 )
             self.started = True
-            return next(self.run)
+            sample = next(self.run)
+            if self._on_begin is not None:
+                on_begin, self._on_begin = self._on_begin, None
+                on_begin()
+            return sample
         finally:
             self._lock.release()
 

@@ -6,12 +6,14 @@ the engine process, which imports the package too, never pays for torch.
 
 from __future__ import annotations
 
+import functools
 import os
 import threading
+import warnings
 import weakref
-from collections.abc import Iterator, Sequence
-from dataclasses import replace
-from typing import Any, Literal
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, replace
+from typing import Any, Literal, TypeVar
 
 from torch.utils.data import IterableDataset, get_worker_info
 
@@ -21,16 +23,33 @@ from ._dataset import open_dataset
 from ._engine import Engine
 from ._exceptions import StateError
 from ._iteration import Iteration
+from ._mapped import MappedStream
 from ._plan import Topology, reader_samples
 from ._retry import RetryPolicy, Timeouts
 from ._ring import check_room
 from ._run import EpochRun, StreamSettings, default_topology, worker_topology
 from ._s3 import S3Options
 from ._sources import Source, open_sources, split_sources
-from ._state import Identity, Position, ReaderState, Start, find_states, fresh, resume
+from ._state import (
+    Identity,
+    Position,
+    ReaderState,
+    Start,
+    find_states,
+    finished,
+    fresh,
+    left_in,
+    resume,
+)
 from ._workers import LOCAL, Refused, SharedEpoch
 
 __all__ = ["ShardStream"]
+
+T = TypeVar("T")
+
+# torchdata 0.11's StatefulDataLoader calls torch.set_vital, which torch 2.13 deprecates:
+# one UserWarning per loader, about torchdata's code, that no user can act on.
+warnings.filterwarnings("ignore", "'set_vital' is deprecated", UserWarning, "torchdata")
 
 _PLAIN_DATALOADER = (
     "ShardStream.state_dict() was called in the main process while DataLoader workers "
@@ -40,6 +59,19 @@ _PLAIN_DATALOADER = (
     "see the README's checkpointing section. (Between epochs, set_epoch() makes this "
     "stream's own state valid again.)"
 )
+
+
+@dataclass(frozen=True)
+class _Claim:
+    """What an iteration commits when it begins (its first sample): the epoch its reader
+    slot began, and the loaded state it spent (``"own"``: the stream's own, ``"shared"``:
+    the main process's, seen by a worker's copy; ``None``: none)."""
+
+    slot: int
+    width: int
+    epoch: int
+    rebased: bool = False
+    spends: Literal["own", "shared"] | None = None
 
 
 class ShardStream(IterableDataset[dict[str, Any]]):
@@ -289,10 +321,15 @@ class ShardStream(IterableDataset[dict[str, Any]]):
 
     @property
     def epoch(self) -> int:
-        """The epoch the next iteration reads."""
-        if self._pending is not None and self._pending_mark == LOCAL:
-            return self._pending[0].epoch
-        return self._shared.epoch
+        """The epoch being read, while an iteration of this process is open; else the
+        epoch the next iteration reads (the loaded state's, the one :meth:`set_epoch`
+        chose, or the one after the latest begun)."""
+        if self._run is not None and not self._run.closed:
+            return self._run.epoch
+        states = self._unspent()
+        if states is not None:
+            return states[0].epoch
+        return self._shared.upcoming
 
     @property
     def rank(self) -> int:
@@ -328,21 +365,60 @@ class ShardStream(IterableDataset[dict[str, Any]]):
 
     def __len__(self) -> int:
         """Samples this reader yields in a full epoch: this rank's share (the remainder
-        policy applied), or in a DataLoader worker that worker's share of it. So
-        ``len(DataLoader(stream, batch_size=B))`` is this rank's number of batches."""
+        policy applied), or in a DataLoader worker that worker's share of it. A
+        DataLoader's ``len()`` divides it by the batch size, which with workers is short
+        of the batches they make; :meth:`batches` (and :class:`~asyncstream.ShardLoader`)
+        count those."""
         topology = worker_topology(self._rank, self._world_size)
         return reader_samples(self.epoch_samples, topology, self._settings.remainder)
 
+    def batches(self, batch_size: int, *, num_workers: int = 0, drop_last: bool = False) -> int:
+        """Batches of ``batch_size`` that a DataLoader with ``num_workers`` workers makes of
+        this rank's epoch: each worker batches its own share (:meth:`__len__` in the
+        worker), so each ends with its own short batch, or drops it with ``drop_last``.
+        :class:`~asyncstream.ShardLoader`'s ``len()``; a plain DataLoader's is
+        ``ceil(len(stream) / batch_size)``, short of the truth with workers.
+
+        Raises:
+            ValueError: ``batch_size`` below 1 or ``num_workers`` below 0.
+        """
+        if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
+            raise ValueError(f"batch_size must be an integer >= 1, got {batch_size!r}")
+        if isinstance(num_workers, bool) or not isinstance(num_workers, int) or num_workers < 0:
+            raise ValueError(f"num_workers must be an integer >= 0, got {num_workers!r}")
+        readers = max(1, num_workers)
+        total = 0
+        for worker in range(readers):
+            topology = Topology(self._rank, self._world_size, worker, readers)
+            share = reader_samples(self.epoch_samples, topology, self._settings.remainder)
+            total += share // batch_size if drop_last else -(-share // batch_size)
+        return total
+
+    def map(self, fn: Callable[[dict[str, Any]], T]) -> MappedStream[T]:
+        """A stage that yields ``fn(sample)`` for each sample, where the samples are read
+        (in DataLoader workers: CPU decode and transforms), keeping this stream's exact
+        resume: its ``state_dict`` is this stream's, so StatefulDataLoader restores the
+        position instead of fast-forwarding (see :class:`~asyncstream.MappedStream`)."""
+        return MappedStream(self, fn)
+
     def set_epoch(self, epoch: int) -> None:
-        """Choose the epoch (and so the order) of the next iteration."""
+        """Choose the epoch (and so the order) of the next iteration.
+
+        Without it, every iteration reads the epoch after the one before (the first reads
+        epoch 0), in the main process and in DataLoader workers alike; call it with the
+        same epoch again to read that epoch twice. A state loaded by
+        :meth:`load_state_dict` (or by a StatefulDataLoader) is kept when ``epoch`` is
+        its epoch; for another epoch the next iteration raises :class:`StateError`
+        naming both, unless the state has nothing left (it was saved at the end of its
+        epoch), which then counts as that epoch read.
+        """
         if not isinstance(epoch, int) or epoch < 0:
             raise ValueError(f"epoch must be an integer >= 0, got {epoch!r}")
         self._check_open()
         self._stop_run()
         if not self._shared.owned:
             self._shared = SharedEpoch()  # a worker's copy choosing its own epoch keeps it
-        self._shared.publish(epoch, 0)
-        self._pending = None
+        self._shared.publish(epoch)
 
     def __iter__(self) -> Iterator[dict[str, Any]]:
         self._check_open()
@@ -355,7 +431,7 @@ class ShardStream(IterableDataset[dict[str, Any]]):
         self._stop_run()
         topology = worker_topology(self._rank, self._world_size)
         try:
-            start = self._next_start(topology)
+            start, claim = self._next_start(topology)
         except StateError as exc:
             if get_worker_info() is None:
                 raise
@@ -364,43 +440,85 @@ class ShardStream(IterableDataset[dict[str, Any]]):
             self._shared.worker_started()
         engine, self._engine = self._engine, None
         self._run = EpochRun(self._settings, start=start, topology=topology, engine=engine)
-        iteration = Iteration(self._run)
+        begin = None if claim is None else functools.partial(self._begin, claim)
+        iteration = Iteration(self._run, on_begin=begin)
         self._live = weakref.ref(iteration)
         return iteration
 
-    def _next_start(self, topology: Topology) -> Start:
-        """Where the next iteration starts: the epoch's plan, or the loaded state(s).
+    def _unspent(self, topology: Topology | None = None) -> list[ReaderState] | None:
+        """The loaded states the next iteration resumes, if any: the stream's own (or its
+        worker copy's), or the main process's as a DataLoader worker's copy sees them
+        (``topology``: the worker's)."""
+        shared, states, mark = self._shared, self._pending, self._pending_mark
+        if states is None or mark == LOCAL:
+            return states
+        if shared.owned or topology is None:
+            return None if shared.used_by_any(mark) else states
+        if mark != shared.mark or shared.spent(topology.worker, topology.num_workers, mark):
+            return None
+        return states
 
-        The owner of the shared epoch, or a copy that loaded a state itself, uses its
-        pending state once. A DataLoader worker's copy follows the main process: its epoch,
-        and the state pending there, which the copy holds if it was made after
-        load_state_dict (as every epoch's workers are without ``persistent_workers``).
+    def _next_start(self, topology: Topology) -> tuple[Start, _Claim | None]:
+        """Where the next iteration starts, and what it commits when it begins.
+
+        A loaded state is resumed unless :meth:`set_epoch` chose another epoch for this
+        iteration (then :class:`StateError`, or, when the state has nothing left, that
+        epoch counts as read). Otherwise the epoch is the chosen one, or the one after the
+        epoch this reader slot began last (:class:`._workers.SharedEpoch`).
 
         Raises:
             StateError: the state does not fit this reader (see :func:`._state.resume`),
-                or the main process loaded a state after this worker was started.
+                set_epoch chose another epoch than the loaded state's, or the main process
+                loaded a state after this worker was started.
         """
-        shared, states = self._shared, self._pending
-        own = states is not None and (shared.owned or self._pending_mark == LOCAL)
-        if not own:
-            mark = 0 if shared.owned else shared.mark
-            if mark == 0:
-                states = self._pending = None  # the main process holds none (any more)
-            elif states is None or mark != self._pending_mark:
+        shared, slot, width = self._shared, topology.worker, topology.num_workers
+        mark = shared.mark
+        if (
+            not (shared.owned or self._pending_mark == LOCAL or mark == 0)
+            and self._pending_mark != mark
+            and not shared.used_by_any(mark)
+        ):
+            raise StateError(
+                "load_state_dict() was called after this DataLoader's persistent workers "
+                "had started, and a state cannot reach them: create the DataLoader after "
+                "load_state_dict(), or use persistent_workers=False"
+            )
+        states = self._unspent(topology)
+        spends: Literal["own", "shared"] = (
+            "own" if shared.owned or self._pending_mark == LOCAL else "shared"
+        )
+        epoch, pinned, rebased = shared.next_epoch(slot, width)
+        if states is not None:
+            start = resume(states, self._settings, topology)
+            left = left_in(start)
+            if left == 0:  # saved at the end of its epoch: that epoch is read
+                self._spend(spends, slot)
+                shared.finished(slot, width, start.epoch)
+                if not pinned or epoch == start.epoch:
+                    return start, None  # an empty pass, as torchdata's own ended state
+            elif pinned and epoch != start.epoch:
                 raise StateError(
-                    "load_state_dict() was called after this DataLoader's persistent workers "
-                    "had started, and a state cannot reach them: create the DataLoader after "
-                    "load_state_dict(), or use persistent_workers=False"
+                    f"a state of epoch {start.epoch} was loaded ({left} samples of it left "
+                    f"to this reader) and set_epoch({epoch}) asks for epoch {epoch}: call "
+                    f"set_epoch({start.epoch}), or none, to resume it; to start epoch "
+                    f"{epoch} instead, use a stream that did not load the state"
                 )
-        if states is None:
-            return fresh(self._settings, shared.epoch, topology)
-        start = resume(states, self._settings, topology)
-        if own:
+            else:
+                return start, _Claim(slot, width, start.epoch, spends=spends)
+        elif pinned and shared.last(slot) == epoch:
+            return finished(self._settings, epoch, topology), None  # the loaded end, kept
+        return fresh(self._settings, epoch, topology), _Claim(slot, width, epoch, rebased)
+
+    def _spend(self, spends: Literal["own", "shared"] | None, slot: int) -> None:
+        if spends == "own" and self._pending_mark == LOCAL:
             self._pending = None
-            if shared.owned:
-                shared.publish(start.epoch, 0)
-        # else: kept, as the main process keeps it until its next set_epoch
-        return start
+        elif spends is not None:
+            self._shared.use(slot, self._pending_mark)
+
+    def _begin(self, claim: _Claim) -> None:
+        """The iteration made by :meth:`_next_start` drew its first sample."""
+        self._shared.begin(claim.slot, claim.width, claim.epoch, rebased=claim.rebased)
+        self._spend(claim.spends, claim.slot)
 
     def state_dict(self) -> dict[str, Any]:
         """This reader's exact position: plain JSON-able data.
@@ -419,8 +537,9 @@ class ShardStream(IterableDataset[dict[str, Any]]):
         if self._shared.owned and self._shared.worker_iterations:
             raise StateError(_PLAIN_DATALOADER)
         topology = worker_topology(self._rank, self._world_size)
-        if self._pending is not None:
-            start = resume(self._pending, self._settings, topology)
+        states = self._unspent()
+        if states is not None:
+            start = resume(states, self._settings, topology)
         else:
             start = fresh(self._settings, self.epoch, topology)
         state = ReaderState(
@@ -467,7 +586,7 @@ class ShardStream(IterableDataset[dict[str, Any]]):
         self._stop_run()
         if self._shared.owned:
             self._loads += 1
-            self._shared.publish(states[0].epoch, self._loads)  # workers started before refuse
+            self._shared.loaded(self._loads)  # workers started before refuse
             self._pending, self._pending_mark = states, self._loads
         else:  # a DataLoader worker's copy: its state, then the main process's epochs again
             self._pending, self._pending_mark = states, LOCAL
