@@ -12,7 +12,7 @@ import threading
 import warnings
 import weakref
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from typing import Any, Literal, TypeVar
 
 from torch.utils.data import IterableDataset, get_worker_info
@@ -21,6 +21,7 @@ from ._cache import cache_options
 from ._count import CountSettings
 from ._dataset import open_dataset
 from ._engine import Engine
+from ._epochs import Pending
 from ._exceptions import StateError
 from ._iteration import Iteration
 from ._mapped import MappedStream
@@ -30,17 +31,7 @@ from ._ring import check_room
 from ._run import EpochRun, StreamSettings, default_topology, worker_topology
 from ._s3 import S3Options
 from ._sources import Source, open_sources, split_sources
-from ._state import (
-    Identity,
-    Position,
-    ReaderState,
-    Start,
-    find_states,
-    finished,
-    fresh,
-    left_in,
-    resume,
-)
+from ._state import Identity, Position, ReaderState, find_states, fresh, resume
 from ._workers import LOCAL, Refused, SharedEpoch
 
 __all__ = ["ShardStream"]
@@ -59,19 +50,6 @@ _PLAIN_DATALOADER = (
     "see the README's checkpointing section. (Between epochs, set_epoch() makes this "
     "stream's own state valid again.)"
 )
-
-
-@dataclass(frozen=True)
-class _Claim:
-    """What an iteration commits when it begins (its first sample): the epoch its reader
-    slot began, and the loaded state it spent (``"own"``: the stream's own, ``"shared"``:
-    the main process's, seen by a worker's copy; ``None``: none)."""
-
-    slot: int
-    width: int
-    epoch: int
-    rebased: bool = False
-    spends: Literal["own", "shared"] | None = None
 
 
 class ShardStream(IterableDataset[dict[str, Any]]):
@@ -296,8 +274,7 @@ class ShardStream(IterableDataset[dict[str, Any]]):
         self._run: EpochRun | None = None
         self._live: weakref.ref[Iteration] | None = None  # the iterator last handed out
         self._engine: Engine | None = None  # kept from one epoch to the next when idle
-        self._pending: list[ReaderState] | None = None  # from load_state_dict, for next epoch
-        self._pending_mark = 0  # the shared mark it was published with, or LOCAL
+        self._loaded = Pending()  # from load_state_dict, for the next iteration
         self._loads = 0  # load_state_dict calls, numbering the marks
         self._closed = False
 
@@ -326,7 +303,7 @@ class ShardStream(IterableDataset[dict[str, Any]]):
         chose, or the one after the latest begun)."""
         if self._run is not None and not self._run.closed:
             return self._run.epoch
-        states = self._unspent()
+        states = self._loaded.unspent(self._shared)
         if states is not None:
             return states[0].epoch
         return self._shared.upcoming
@@ -431,7 +408,7 @@ class ShardStream(IterableDataset[dict[str, Any]]):
         self._stop_run()
         topology = worker_topology(self._rank, self._world_size)
         try:
-            start, claim = self._next_start(topology)
+            start, claim = self._loaded.next_start(self._shared, self._settings, topology)
         except StateError as exc:
             if get_worker_info() is None:
                 raise
@@ -440,85 +417,12 @@ class ShardStream(IterableDataset[dict[str, Any]]):
             self._shared.worker_started()
         engine, self._engine = self._engine, None
         self._run = EpochRun(self._settings, start=start, topology=topology, engine=engine)
-        begin = None if claim is None else functools.partial(self._begin, claim)
+        begin = (
+            None if claim is None else functools.partial(self._loaded.begin, self._shared, claim)
+        )
         iteration = Iteration(self._run, on_begin=begin)
         self._live = weakref.ref(iteration)
         return iteration
-
-    def _unspent(self, topology: Topology | None = None) -> list[ReaderState] | None:
-        """The loaded states the next iteration resumes, if any: the stream's own (or its
-        worker copy's), or the main process's as a DataLoader worker's copy sees them
-        (``topology``: the worker's)."""
-        shared, states, mark = self._shared, self._pending, self._pending_mark
-        if states is None or mark == LOCAL:
-            return states
-        if shared.owned or topology is None:
-            return None if shared.used_by_any(mark) else states
-        if mark != shared.mark or shared.spent(topology.worker, topology.num_workers, mark):
-            return None
-        return states
-
-    def _next_start(self, topology: Topology) -> tuple[Start, _Claim | None]:
-        """Where the next iteration starts, and what it commits when it begins.
-
-        A loaded state is resumed unless :meth:`set_epoch` chose another epoch for this
-        iteration (then :class:`StateError`, or, when the state has nothing left, that
-        epoch counts as read). Otherwise the epoch is the chosen one, or the one after the
-        epoch this reader slot began last (:class:`._workers.SharedEpoch`).
-
-        Raises:
-            StateError: the state does not fit this reader (see :func:`._state.resume`),
-                set_epoch chose another epoch than the loaded state's, or the main process
-                loaded a state after this worker was started.
-        """
-        shared, slot, width = self._shared, topology.worker, topology.num_workers
-        mark = shared.mark
-        if (
-            not (shared.owned or self._pending_mark == LOCAL or mark == 0)
-            and self._pending_mark != mark
-            and not shared.used_by_any(mark)
-        ):
-            raise StateError(
-                "load_state_dict() was called after this DataLoader's persistent workers "
-                "had started, and a state cannot reach them: create the DataLoader after "
-                "load_state_dict(), or use persistent_workers=False"
-            )
-        states = self._unspent(topology)
-        spends: Literal["own", "shared"] = (
-            "own" if shared.owned or self._pending_mark == LOCAL else "shared"
-        )
-        epoch, pinned, rebased = shared.next_epoch(slot, width)
-        if states is not None:
-            start = resume(states, self._settings, topology)
-            left = left_in(start)
-            if left == 0:  # saved at the end of its epoch: that epoch is read
-                self._spend(spends, slot)
-                shared.finished(slot, width, start.epoch)
-                if not pinned or epoch == start.epoch:
-                    return start, None  # an empty pass, as torchdata's own ended state
-            elif pinned and epoch != start.epoch:
-                raise StateError(
-                    f"a state of epoch {start.epoch} was loaded ({left} samples of it left "
-                    f"to this reader) and set_epoch({epoch}) asks for epoch {epoch}: call "
-                    f"set_epoch({start.epoch}), or none, to resume it; to start epoch "
-                    f"{epoch} instead, use a stream that did not load the state"
-                )
-            else:
-                return start, _Claim(slot, width, start.epoch, spends=spends)
-        elif pinned and shared.last(slot) == epoch:
-            return finished(self._settings, epoch, topology), None  # the loaded end, kept
-        return fresh(self._settings, epoch, topology), _Claim(slot, width, epoch, rebased)
-
-    def _spend(self, spends: Literal["own", "shared"] | None, slot: int) -> None:
-        if spends == "own" and self._pending_mark == LOCAL:
-            self._pending = None
-        elif spends is not None:
-            self._shared.use(slot, self._pending_mark)
-
-    def _begin(self, claim: _Claim) -> None:
-        """The iteration made by :meth:`_next_start` drew its first sample."""
-        self._shared.begin(claim.slot, claim.width, claim.epoch, rebased=claim.rebased)
-        self._spend(claim.spends, claim.slot)
 
     def state_dict(self) -> dict[str, Any]:
         """This reader's exact position: plain JSON-able data.
@@ -537,7 +441,7 @@ class ShardStream(IterableDataset[dict[str, Any]]):
         if self._shared.owned and self._shared.worker_iterations:
             raise StateError(_PLAIN_DATALOADER)
         topology = worker_topology(self._rank, self._world_size)
-        states = self._unspent()
+        states = self._loaded.unspent(self._shared)
         if states is not None:
             start = resume(states, self._settings, topology)
         else:
@@ -587,9 +491,9 @@ class ShardStream(IterableDataset[dict[str, Any]]):
         if self._shared.owned:
             self._loads += 1
             self._shared.loaded(self._loads)  # workers started before refuse
-            self._pending, self._pending_mark = states, self._loads
+            self._loaded.load(states, self._loads)
         else:  # a DataLoader worker's copy: its state, then the main process's epochs again
-            self._pending, self._pending_mark = states, LOCAL
+            self._loaded.load(states, LOCAL)
 
     def stats(self) -> dict[str, Any]:
         """Statistics: samples, shuffle radius and remainder of the current epoch, and
