@@ -302,7 +302,7 @@ class DALIImageLoader:
         self._stream.load_state_dict([entry.get("stream") for entry in entries])
         self._resume = None
         self._loaded = True
-        self._loaded_epoch = entries[0]["stream"]["epoch"]
+        self._loaded_epoch = self._stream.epoch  # the state's: the next pass resumes it
         mine = [
             e["batches"]
             for e in entries
