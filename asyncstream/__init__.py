@@ -1,11 +1,13 @@
 """asyncstream: stream webdataset-style tar shards from S3 into training.
 
 The public API is what this module exports; every other module is private.
-:class:`ShardStream` is loaded on first use, because it imports PyTorch and the fetch
-engine's process, which imports this package too, has no use for it; so is
-:func:`index_dataset`, which imports the fetch engine's client side.
+Every name but the exceptions is loaded on first use: :class:`ShardStream` (and
+:class:`ShardLoader`, :class:`MappedStream`, :func:`decode_image`) import PyTorch, which
+the fetch engine's process, importing this package too, has no use for; the others
+import botocore, numpy or moto, which ``asyncstream --version`` has no use for.
 """
 
+import importlib
 from typing import TYPE_CHECKING, Any
 
 from ._exceptions import (
@@ -25,20 +27,22 @@ from ._exceptions import (
     TransientFetchError,
     UnreadShardWarning,
 )
-from ._mixquality import MixingQuality, mixing_quality
-from ._pack import PackedShard, PackResult, SkippedImage, pack
-from ._resolve import resolve_shards
-from ._retry import RetryPolicy, Timeouts
-from ._s3 import S3Credentials, S3Options
-from ._shuffle import ShuffleQuality, shuffle_quality
-from ._sources import Source
-from ._stall import StallMeter
-from ._urls import Shard, expand_braces
-from .testing import LocalS3
 
 if TYPE_CHECKING:
     from ._indexer import IndexResult, index_dataset
+    from ._loader import ShardLoader
+    from ._mapped import MappedStream, decode_image
+    from ._mixquality import MixingQuality, mixing_quality
+    from ._pack import PackedShard, PackResult, SkippedImage, pack
+    from ._resolve import resolve_shards
+    from ._retry import RetryPolicy, Timeouts
+    from ._s3 import S3Credentials, S3Options
+    from ._shuffle import ShuffleQuality, shuffle_quality
+    from ._sources import Source
+    from ._stall import StallMeter
     from ._stream import ShardStream
+    from ._urls import Shard, expand_braces
+    from .testing import LocalS3
 
 __version__ = "0.1.0"
 
@@ -52,6 +56,7 @@ __all__ = [
     "FetchError",
     "IndexResult",
     "LocalS3",
+    "MappedStream",
     "MixingQuality",
     "NotFoundError",
     "PackResult",
@@ -61,6 +66,7 @@ __all__ = [
     "S3Credentials",
     "S3Options",
     "Shard",
+    "ShardLoader",
     "ShardStream",
     "ShardURLError",
     "ShuffleQuality",
@@ -74,6 +80,7 @@ __all__ = [
     "TransientFetchError",
     "UnreadShardWarning",
     "__version__",
+    "decode_image",
     "expand_braces",
     "index_dataset",
     "mixing_quality",
@@ -83,13 +90,43 @@ __all__ = [
 ]
 
 
+# Where each name lives: loaded on first use (see the module docstring).
+_LAZY = {
+    "IndexResult": "_indexer",
+    "index_dataset": "_indexer",
+    "ShardLoader": "_loader",
+    "MappedStream": "_mapped",
+    "decode_image": "_mapped",
+    "MixingQuality": "_mixquality",
+    "mixing_quality": "_mixquality",
+    "PackedShard": "_pack",
+    "PackResult": "_pack",
+    "SkippedImage": "_pack",
+    "pack": "_pack",
+    "resolve_shards": "_resolve",
+    "RetryPolicy": "_retry",
+    "Timeouts": "_retry",
+    "S3Credentials": "_s3",
+    "S3Options": "_s3",
+    "ShuffleQuality": "_shuffle",
+    "shuffle_quality": "_shuffle",
+    "Source": "_sources",
+    "StallMeter": "_stall",
+    "ShardStream": "_stream",
+    "Shard": "_urls",
+    "expand_braces": "_urls",
+    "LocalS3": "testing",
+}
+
+
 def __getattr__(name: str) -> Any:
-    if name == "ShardStream":
-        from ._stream import ShardStream
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module 'asyncstream' has no attribute {name!r}")
+    value = getattr(importlib.import_module(f".{module}", __name__), name)
+    globals()[name] = value  # once
+    return value
 
-        return ShardStream
-    if name in ("IndexResult", "index_dataset"):
-        from . import _indexer
 
-        return getattr(_indexer, name)
-    raise AttributeError(f"module 'asyncstream' has no attribute {name!r}")
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(__all__))

@@ -17,15 +17,14 @@ import sys
 import time
 import warnings
 from collections.abc import Callable, Iterator, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from tqdm import tqdm
-
-from ._count import CountProgress, CountSettings
-from ._dataset import IndexInfo, open_dataset, plan_dataset
 from ._exceptions import AsyncStreamError
-from ._index_cache import IndexCache
-from ._s3 import S3Options
+
+if TYPE_CHECKING:  # imported where used: `asyncstream --version` loads none of them
+    from ._count import CountProgress
+    from ._dataset import IndexInfo
+    from ._s3 import S3Options
 
 __all__ = ["main"]
 
@@ -80,6 +79,8 @@ def _version() -> str:
 
 
 def _options(args: argparse.Namespace) -> S3Options:
+    from ._s3 import S3Options
+
     return S3Options(
         endpoint_url=args.endpoint_url,
         profile=args.profile,
@@ -91,6 +92,8 @@ def _options(args: argparse.Namespace) -> S3Options:
 @contextlib.contextmanager
 def _count_bar(enabled: bool, desc: str) -> Iterator[Callable[[CountProgress], None]]:
     """A progress bar for reading shards: MB/s and ETA, shards, samples and retries."""
+    from tqdm import tqdm
+
     bar = tqdm(unit="B", unit_scale=True, desc=desc, disable=not enabled)
     try:
 
@@ -128,6 +131,10 @@ def describe_shards(
     Counts come from the index or the local index cache; with ``samples``, shards with no
     count are read and counted (through the fetch engine) too.
     """
+    from ._count import CountSettings
+    from ._dataset import open_dataset, plan_dataset
+    from ._index_cache import IndexCache
+
     if samples:
         with _count_bar(show_progress, "counting") as update:
             dataset = open_dataset(
@@ -191,6 +198,7 @@ def _cmd_ls(args: argparse.Namespace) -> int:
 
 
 def _cmd_index(args: argparse.Namespace) -> int:
+    from ._count import CountSettings
     from ._indexer import index_dataset
 
     options = _options(args)
@@ -217,6 +225,8 @@ def _cmd_index(args: argparse.Namespace) -> int:
 
 @contextlib.contextmanager
 def _pack_bar(enabled: bool, desc: str = "packing") -> Iterator[Any]:
+    from tqdm import tqdm
+
     bar = tqdm(unit="img", desc=desc, disable=not enabled)
     try:
 
@@ -233,6 +243,8 @@ def _pack_bar(enabled: bool, desc: str = "packing") -> Iterator[Any]:
 
 @contextlib.contextmanager
 def _check_bar(enabled: bool) -> Iterator[Callable[[int, int], None]]:
+    from tqdm import tqdm
+
     bar = tqdm(unit="img", desc="checking", disable=not enabled, miniters=64)
     try:
 
@@ -292,6 +304,8 @@ def _cmd_pack(args: argparse.Namespace) -> int:
 
 
 def _cmd_generate(args: argparse.Namespace) -> int:
+    from tqdm import tqdm
+
     from .testing import generate_imagefolder
 
     start = time.perf_counter()
@@ -313,7 +327,10 @@ def _cmd_generate(args: argparse.Namespace) -> int:
     return 0
 
 
-def _parser() -> argparse.ArgumentParser:
+_BUILT_IN = ("ls", "index", "pack", "generate", "serve")
+
+
+def _parser(plugins: bool = True) -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="asyncstream",
         description="Stream tar shards of images from S3 into training.",
@@ -461,7 +478,8 @@ def _parser() -> argparse.ArgumentParser:
     from ._serve import register as register_serve
 
     register_serve(sub)
-    _plugins(sub)
+    if plugins:
+        _plugins(sub)
     for command in sub.choices.values():  # those the plugins added too
         command.formatter_class = DefaultsHelpFormatter
     return parser
@@ -475,8 +493,13 @@ def _plugins(sub: Any) -> None:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``asyncstream`` command."""
-    parser = _parser()
-    args = parser.parse_args(argv)
+    words = list(sys.argv[1:] if argv is None else argv)
+    command = next((word for word in words if not word.startswith("-")), None)
+    # Other packages' commands load only when one may be asked for or listed: dali_ops's
+    # demo imports torch and DALI, seconds that `--version` or `ls` have no use for.
+    wanted = command not in _BUILT_IN if command is not None else not words or "-h" in words
+    parser = _parser(plugins=wanted or "--help" in words)
+    args = parser.parse_args(words)
     try:
         return int(args.func(args))
     except (AsyncStreamError, ValueError, OSError, ImportError) as exc:

@@ -263,22 +263,30 @@ def count_shared(
     import torch.distributed as dist
 
     rank, world = dist.get_rank(), dist.get_world_size()
-    wanted: list[Any] = [None] * world
-    dist.all_gather_object(wanted, list(missing))
-    union = sorted({int(i) for part in wanted for i in part})
-    mine = union[rank::world]
-    error: BaseException | None = None
-    result: dict[int, int] | str
+    # A group of its own, destroyed before returning: a gloo group that has run a
+    # collective and is still alive when the interpreter exits can abort the process
+    # there ("terminate called without an active exception", SIGABRT), so the exchange
+    # must not leave the training script's default group in that state.
+    group = dist.new_group(backend="gloo")
     try:
-        part = [shards[i] for i in mine]
-        have = known(part)
-        todo = [s for s in part if s.url not in have]
-        counted = dict(zip((s.url for s in todo), count(todo), strict=True))
-        result = {i: have.get(shards[i].url, counted.get(shards[i].url, 0)) for i in mine}
-    except Exception as exc:
-        error, result = exc, f"{type(exc).__name__}: {exc}"
-    gathered: list[Any] = [None] * world
-    dist.all_gather_object(gathered, result)
+        wanted: list[Any] = [None] * world
+        dist.all_gather_object(wanted, list(missing), group=group)
+        union = sorted({int(i) for part in wanted for i in part})
+        mine = union[rank::world]
+        error: BaseException | None = None
+        result: dict[int, int] | str
+        try:
+            part = [shards[i] for i in mine]
+            have = known(part)
+            todo = [s for s in part if s.url not in have]
+            counted = dict(zip((s.url for s in todo), count(todo), strict=True))
+            result = {i: have.get(shards[i].url, counted.get(shards[i].url, 0)) for i in mine}
+        except Exception as exc:
+            error, result = exc, f"{type(exc).__name__}: {exc}"
+        gathered: list[Any] = [None] * world
+        dist.all_gather_object(gathered, result, group=group)
+    finally:
+        dist.destroy_process_group(group)
     if error is not None:
         raise error
     failed = [(r, g) for r, g in enumerate(gathered) if isinstance(g, str)]

@@ -1070,9 +1070,13 @@ def _close_on_sigterm() -> None:
     exit hook SIGTERMs daemonic children, so their finalizers never run: each worker's
     ring would stay registered with the resource tracker, which then removes it and warns
     of a leak that is none. The handler closes the live engines (unlinking their rings),
-    then hands the signal to the handler there was before, or (the default) ends the
-    worker with status 0: it was being shut down, and a worker dead of a signal makes
-    torch's watchdog in the main process raise ``RuntimeError`` during its exit.
+    then hands the signal to the handler there was before, and ends the worker with
+    status 0 (unless SIGTERM was ignored): it was being shut down, and a worker dead of a
+    signal makes torch's watchdog in the main process raise ``RuntimeError`` during its
+    exit. It ends the worker even when that handler returns: a handler inherited from the
+    main process, such as PyTorch Lightning's (which records the signal for the training
+    loop and returns), would otherwise leave the worker alive, and the main process's exit
+    (multiprocessing joins its daemonic children after SIGTERMing them) waiting forever.
     """
     if threading.current_thread() is not threading.main_thread() or not _in_loader_worker():
         return  # other daemonic processes (a Pool's workers) keep their own SIGTERM
@@ -1085,8 +1089,8 @@ def _close_on_sigterm() -> None:
         if callable(previous):
             signal.signal(signal.SIGTERM, previous)
             previous(signum, frame)
-        elif previous != signal.SIG_IGN:
-            os._exit(0)
+        if previous != signal.SIG_IGN:
+            os._exit(0)  # also after a handler that returned (see the docstring)
 
     on_sigterm.asyncstream = True  # type: ignore[attr-defined]
     signal.signal(signal.SIGTERM, on_sigterm)

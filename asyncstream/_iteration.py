@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any
 
 from ._exceptions import StateError
@@ -31,13 +31,23 @@ class Iteration(Iterator[dict[str, Any]]):
     stream used in place (``for sample in ShardStream(url):``, ``list(ShardStream(url))``)
     reads its whole epoch instead of being collected, and closed, under it; the stream
     closes once nothing else holds it.
+
+    ``on_begin`` is called once, after the first sample is drawn: only then does the
+    iteration count as its epoch begun (an iterator made and dropped unread, as
+    StatefulDataLoader does when it loads a finished state, leaves the epochs alone).
+    ``meter`` times each ``next()`` against the loop's work between calls.
     """
 
     def __init__(
-        self, run: EpochRun, owner: ShardStream | None = None, meter: StallMeter | None = None
+        self,
+        run: EpochRun,
+        owner: ShardStream | None = None,
+        meter: StallMeter | None = None,
+        on_begin: Callable[[], None] | None = None,
     ) -> None:
         self.run = run
         self.meter = meter
+        self._on_begin = on_begin
         self.thread = threading.get_ident()
         self.started = False
         self.replaced = False
@@ -64,7 +74,11 @@ class Iteration(Iterator[dict[str, Any]]):
             meter = self.meter
             began = meter.begin() if meter is not None else 0.0
             try:
-                return next(self.run)
+                sample = next(self.run)
+                if self._on_begin is not None:
+                    on_begin, self._on_begin = self._on_begin, None
+                    on_begin()
+                return sample
             except BaseException:
                 self._owner = None  # the run is over: the stream may go
                 raise

@@ -86,8 +86,24 @@ class S3Objects:
         except NotFoundError:
             # HEAD has no body to tell a missing bucket from a missing key: ask the bucket.
             self._check_bucket(bucket, url)
-            raise NotFoundError(f"{url}: no such key in bucket {bucket!r}", url=url) from None
+            raise NotFoundError(
+                f"{url}: no such key in bucket {bucket!r}{self._prefix_hint(bucket, key)}",
+                url=url,
+            ) from None
         return Shard(url, int(head["ContentLength"]), head.get("ETag"))
+
+    def _prefix_hint(self, bucket: str, key: str) -> str:
+        """Where a missing key names a folder: say that a prefix ends with ``/``."""
+        if not key or key.endswith("/"):
+            return ""
+        prefix = f"s3://{bucket}/{key}/"
+        listed = self.call(
+            prefix,
+            lambda: self.client.list_objects_v2(Bucket=bucket, Prefix=f"{key}/", MaxKeys=1),
+        )
+        if listed.get("KeyCount", 0):
+            return f"; objects are under {prefix}: a prefix needs its trailing '/'"
+        return ""
 
     def read(self, url: str) -> bytes | None:
         bucket, key = parse_s3_url(url)

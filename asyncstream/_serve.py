@@ -72,8 +72,16 @@ def exports(endpoint_url: str, ca_bundle: str | None) -> dict[str, str]:
 
 def run(args: argparse.Namespace) -> int:
     """Serve until SIGINT or SIGTERM; returns the exit code."""
+    from ._exceptions import ShardURLError
+    from ._urls import check_bucket
     from .testing import LocalS3, make_test_certificates
 
+    for bucket in args.bucket or ():
+        try:
+            check_bucket(bucket)
+        except ShardURLError as exc:  # before the server starts, as `pack` says it
+            print(f"asyncstream: error: --bucket {exc}", file=sys.stderr)
+            return 1
     # Signals held through the clean-up too, so that a second Ctrl-C cannot cut it short.
     with _signals_held() as wait, contextlib.ExitStack() as stack:
         tls = ca_bundle = None

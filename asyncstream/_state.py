@@ -53,7 +53,7 @@ import hashlib
 import json
 import re
 from collections.abc import Iterator, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
 from ._exceptions import StateError
@@ -88,7 +88,9 @@ __all__ = [
     "base_assignment",
     "epoch_sequence",
     "find_states",
+    "finished",
     "fresh",
+    "left_in",
     "resume",
 ]
 
@@ -346,6 +348,20 @@ def fresh(settings: StreamSettings, epoch: int, topology: Topology) -> Start:
     total = settings.epoch_samples
     segments, extra = assign([Span(0, total)], topology, settings.remainder)
     return Start(epoch, BASE, tuple(segments), None, extra)
+
+
+def finished(settings: StreamSettings, epoch: int, topology: Topology) -> Start:
+    """A reader at the end of its share of ``epoch``: nothing left to draw."""
+    start = fresh(settings, epoch, topology)
+    pieces = epoch_sequence(settings, epoch).pieces(start.assignment)
+    total = sum(segment.count for segment in start.assignment)
+    return replace(start, position=Position(total, len(pieces), total))
+
+
+def left_in(start: Start) -> int:
+    """Samples a reader starting at ``start`` has left to draw."""
+    drawn = start.position.draws if start.position is not None else 0
+    return sum(segment.count for segment in start.assignment) - drawn
 
 
 def resume(states: Sequence[ReaderState], settings: StreamSettings, topology: Topology) -> Start:

@@ -6,12 +6,14 @@ the engine process, which imports the package too, never pays for torch.
 
 from __future__ import annotations
 
+import functools
 import os
 import threading
+import warnings
 import weakref
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import replace
-from typing import Any, Literal
+from typing import Any, Literal, TypeVar
 
 from torch.utils.data import IterableDataset, get_worker_info
 
@@ -19,8 +21,10 @@ from ._cache import cache_options
 from ._count import CountSettings
 from ._dataset import open_dataset
 from ._engine import Engine
+from ._epochs import Pending
 from ._exceptions import StateError
 from ._iteration import Iteration
+from ._mapped import MappedStream
 from ._plan import Topology, reader_samples
 from ._retry import RetryPolicy, Timeouts
 from ._ring import check_node_room, local_ranks
@@ -28,10 +32,16 @@ from ._run import EpochRun, StreamSettings, default_topology, worker_topology
 from ._s3 import S3Options
 from ._sources import Source, open_sources, split_sources
 from ._stall import StallMeter
-from ._state import Identity, Position, ReaderState, Start, find_states, fresh, resume
+from ._state import Identity, Position, ReaderState, find_states, fresh, resume
 from ._workers import LOCAL, Refused, SharedEpoch
 
 __all__ = ["ShardStream"]
+
+T = TypeVar("T")
+
+# torchdata 0.11's StatefulDataLoader calls torch.set_vital, which torch 2.13 deprecates:
+# one UserWarning per loader, about torchdata's code, that no user can act on.
+warnings.filterwarnings("ignore", "'set_vital' is deprecated", UserWarning, "torchdata")
 
 _PLAIN_DATALOADER = (
     "ShardStream.state_dict() was called in the main process while DataLoader workers "
@@ -266,8 +276,7 @@ class ShardStream(IterableDataset[dict[str, Any]]):
         self._live: weakref.ref[Iteration] | None = None  # the iterator last handed out
         self._meter = StallMeter()  # how long the loop waits in next()
         self._engine: Engine | None = None  # kept from one epoch to the next when idle
-        self._pending: list[ReaderState] | None = None  # from load_state_dict, for next epoch
-        self._pending_mark = 0  # the shared mark it was published with, or LOCAL
+        self._loaded = Pending()  # from load_state_dict, for the next iteration
         self._loads = 0  # load_state_dict calls, numbering the marks
         self._closed = False
 
@@ -291,10 +300,15 @@ class ShardStream(IterableDataset[dict[str, Any]]):
 
     @property
     def epoch(self) -> int:
-        """The epoch the next iteration reads."""
-        if self._pending is not None and self._pending_mark == LOCAL:
-            return self._pending[0].epoch
-        return self._shared.epoch
+        """The epoch being read, while an iteration of this process is open; else the
+        epoch the next iteration reads (the loaded state's, the one :meth:`set_epoch`
+        chose, or the one after the latest begun)."""
+        if self._run is not None and not self._run.closed:
+            return self._run.epoch
+        states = self._loaded.unspent(self._shared)
+        if states is not None:
+            return states[0].epoch
+        return self._shared.upcoming
 
     @property
     def rank(self) -> int:
@@ -330,8 +344,10 @@ class ShardStream(IterableDataset[dict[str, Any]]):
 
     def __len__(self) -> int:
         """Samples this reader yields in a full epoch: this rank's share (the remainder
-        policy applied), or in a DataLoader worker that worker's share of it. So
-        ``len(DataLoader(stream, batch_size=B))`` is this rank's number of batches."""
+        policy applied), or in a DataLoader worker that worker's share of it. A
+        DataLoader's ``len()`` divides it by the batch size, which with workers is short
+        of the batches they make; :meth:`batches` (and :class:`~asyncstream.ShardLoader`)
+        count those."""
         topology = worker_topology(self._rank, self._world_size)
         return reader_samples(self.epoch_samples, topology, self._settings.remainder)
 
@@ -382,16 +398,53 @@ class ShardStream(IterableDataset[dict[str, Any]]):
             for worker in range(num_workers)
         ]
 
+    def batches(self, batch_size: int, *, num_workers: int = 0, drop_last: bool = False) -> int:
+        """Batches of ``batch_size`` that a DataLoader with ``num_workers`` workers makes of
+        this rank's epoch: each worker batches its own share (:meth:`__len__` in the
+        worker), so each ends with its own short batch, or drops it with ``drop_last``.
+        :class:`~asyncstream.ShardLoader`'s ``len()``; a plain DataLoader's is
+        ``ceil(len(stream) / batch_size)``, short of the truth with workers.
+
+        Raises:
+            ValueError: ``batch_size`` below 1 or ``num_workers`` below 0.
+        """
+        if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
+            raise ValueError(f"batch_size must be an integer >= 1, got {batch_size!r}")
+        if isinstance(num_workers, bool) or not isinstance(num_workers, int) or num_workers < 0:
+            raise ValueError(f"num_workers must be an integer >= 0, got {num_workers!r}")
+        readers = max(1, num_workers)
+        total = 0
+        for worker in range(readers):
+            topology = Topology(self._rank, self._world_size, worker, readers)
+            share = reader_samples(self.epoch_samples, topology, self._settings.remainder)
+            total += share // batch_size if drop_last else -(-share // batch_size)
+        return total
+
+    def map(self, fn: Callable[[dict[str, Any]], T]) -> MappedStream[T]:
+        """A stage that yields ``fn(sample)`` for each sample, where the samples are read
+        (in DataLoader workers: CPU decode and transforms), keeping this stream's exact
+        resume: its ``state_dict`` is this stream's, so StatefulDataLoader restores the
+        position instead of fast-forwarding (see :class:`~asyncstream.MappedStream`)."""
+        return MappedStream(self, fn)
+
     def set_epoch(self, epoch: int) -> None:
-        """Choose the epoch (and so the order) of the next iteration."""
+        """Choose the epoch (and so the order) of the next iteration.
+
+        Without it, every iteration reads the epoch after the one before (the first reads
+        epoch 0), in the main process and in DataLoader workers alike; call it with the
+        same epoch again to read that epoch twice. A state loaded by
+        :meth:`load_state_dict` (or by a StatefulDataLoader) is kept when ``epoch`` is
+        its epoch; for another epoch the next iteration raises :class:`StateError`
+        naming both, unless the state has nothing left (it was saved at the end of its
+        epoch), which then counts as that epoch read.
+        """
         if not isinstance(epoch, int) or epoch < 0:
             raise ValueError(f"epoch must be an integer >= 0, got {epoch!r}")
         self._check_open()
         self._stop_run()
         if not self._shared.owned:
             self._shared = SharedEpoch()  # a worker's copy choosing its own epoch keeps it
-        self._shared.publish(epoch, 0)
-        self._pending = None
+        self._shared.publish(epoch)
 
     def __iter__(self) -> Iterator[dict[str, Any]]:
         self._check_open()
@@ -404,7 +457,7 @@ class ShardStream(IterableDataset[dict[str, Any]]):
         self._stop_run()
         topology = worker_topology(self._rank, self._world_size)
         try:
-            start = self._next_start(topology)
+            start, claim = self._loaded.next_start(self._shared, self._settings, topology)
         except StateError as exc:
             if get_worker_info() is None:
                 raise
@@ -413,8 +466,11 @@ class ShardStream(IterableDataset[dict[str, Any]]):
             self._shared.worker_started()
         engine, self._engine = self._engine, None
         self._run = EpochRun(self._settings, start=start, topology=topology, engine=engine)
+        begin = (
+            None if claim is None else functools.partial(self._loaded.begin, self._shared, claim)
+        )
         self._meter.new_epoch()
-        iteration = Iteration(self._run, owner=self, meter=self._meter)
+        iteration = Iteration(self._run, owner=self, meter=self._meter, on_begin=begin)
         self._live = weakref.ref(iteration)
         return iteration
 
@@ -422,40 +478,6 @@ class ShardStream(IterableDataset[dict[str, Any]]):
         """``iteration.close()``: stop its run if it is still this stream's live one."""
         if self._live is not None and self._live() is iteration:
             self._stop_run()
-
-    def _next_start(self, topology: Topology) -> Start:
-        """Where the next iteration starts: the epoch's plan, or the loaded state(s).
-
-        The owner of the shared epoch, or a copy that loaded a state itself, uses its
-        pending state once. A DataLoader worker's copy follows the main process: its epoch,
-        and the state pending there, which the copy holds if it was made after
-        load_state_dict (as every epoch's workers are without ``persistent_workers``).
-
-        Raises:
-            StateError: the state does not fit this reader (see :func:`._state.resume`),
-                or the main process loaded a state after this worker was started.
-        """
-        shared, states = self._shared, self._pending
-        own = states is not None and (shared.owned or self._pending_mark == LOCAL)
-        if not own:
-            mark = 0 if shared.owned else shared.mark
-            if mark == 0:
-                states = self._pending = None  # the main process holds none (any more)
-            elif states is None or mark != self._pending_mark:
-                raise StateError(
-                    "load_state_dict() was called after this DataLoader's persistent workers "
-                    "had started, and a state cannot reach them: create the DataLoader after "
-                    "load_state_dict(), or use persistent_workers=False"
-                )
-        if states is None:
-            return fresh(self._settings, shared.epoch, topology)
-        start = resume(states, self._settings, topology)
-        if own:
-            self._pending = None
-            if shared.owned:
-                shared.publish(start.epoch, 0)
-        # else: kept, as the main process keeps it until its next set_epoch
-        return start
 
     def state_dict(self) -> dict[str, Any]:
         """This reader's exact position: plain JSON-able data.
@@ -474,8 +496,9 @@ class ShardStream(IterableDataset[dict[str, Any]]):
         if self._shared.owned and self._shared.worker_iterations:
             raise StateError(_PLAIN_DATALOADER)
         topology = worker_topology(self._rank, self._world_size)
-        if self._pending is not None:
-            start = resume(self._pending, self._settings, topology)
+        states = self._loaded.unspent(self._shared)
+        if states is not None:
+            start = resume(states, self._settings, topology)
         else:
             start = fresh(self._settings, self.epoch, topology)
         state = ReaderState(
@@ -522,10 +545,10 @@ class ShardStream(IterableDataset[dict[str, Any]]):
         self._stop_run()
         if self._shared.owned:
             self._loads += 1
-            self._shared.publish(states[0].epoch, self._loads)  # workers started before refuse
-            self._pending, self._pending_mark = states, self._loads
+            self._shared.loaded(self._loads)  # workers started before refuse
+            self._loaded.load(states, self._loads)
         else:  # a DataLoader worker's copy: its state, then the main process's epochs again
-            self._pending, self._pending_mark = states, LOCAL
+            self._loaded.load(states, LOCAL)
 
     def stats(self) -> dict[str, Any]:
         """Statistics: samples, shuffle radius and remainder of the current epoch, and

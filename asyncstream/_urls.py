@@ -162,12 +162,18 @@ def parse_s3_url(url: str) -> tuple[str, str]:
     bucket, _, key = rest.partition("/")
     if not bucket:
         raise ShardURLError(f"{url!r}: no bucket name after s3://")
-    if not _BUCKET_RE.match(bucket) or ".." in bucket:
-        raise ShardURLError(
-            f"{url!r}: {bucket!r} is not a valid bucket name "
-            "(3 to 63 lowercase letters, digits, '.' and '-')"
-        )
+    try:
+        check_bucket(bucket)
+    except ShardURLError as exc:
+        raise ShardURLError(f"{url!r}: {exc}") from None
     return bucket, key
+
+
+def check_bucket(name: str) -> None:
+    """Raise :class:`ShardURLError` unless ``name`` is a valid S3 bucket name."""
+    if not _BUCKET_RE.match(name) or ".." in name:
+        rule = "3 to 63 lowercase letters, digits, '.' and '-'"
+        raise ShardURLError(f"{name!r} is not a valid bucket name ({rule})")
 
 
 def local_path(url: str) -> Path:

@@ -55,6 +55,12 @@ Scenarios (``--scenarios`` picks some; all by default):
     its weight (mean absolute deviation over batches of 64, worst window of 640) and
     throughput, for asyncstream's ``Source`` against webdataset's ``RandomMix`` and
     LitData's ``CombinedStreamingDataset`` (:mod:`bench.mixing`).
+``cpu_decode``
+    Pillow decode and a resize in DataLoader workers (one per core, up to 4):
+    asyncstream's ``stream.map`` stage against webdataset's ``decode("pil")`` pipeline
+    and a user's own wrapper that forwards no state: images/s, time to first batch, and
+    the time to the first batch of a resume from halfway in a fresh process
+    (:mod:`bench.cpudecode`).
 
 Output: JSON with every figure and the environment (``--json``, default
 ``bench/out/bench.json``), the Markdown tables written into ``bench/RESULTS.md`` between
@@ -512,6 +518,12 @@ def ring(b: Bench) -> dict[str, Any]:
     return {"settings": defaults, "results": out}
 
 
+def cpu_decode(b: Bench) -> dict[str, Any]:
+    from .cpudecode import run as run_cpu_decode
+
+    return run_cpu_decode(b)
+
+
 def mixing(b: Bench) -> dict[str, Any]:
     from .mixing import run as run_mixing
 
@@ -531,6 +543,7 @@ SCENARIOS: dict[str, Callable[[Bench], dict[str, Any]]] = {
     "tls": tls,
     "mixing": mixing,
     "ring": ring,
+    "cpu_decode": cpu_decode,
 }
 
 

@@ -295,6 +295,32 @@ def tables(out: dict[str, Any], base: Path | None = None) -> str:
                     f"{f['convert_s']:.1f} s (not counted above)."
                 )
         lines.append("")
+    if "cpu_decode" in sc:
+        r = sc["cpu_decode"]
+        lines += [
+            "### CPU decode in DataLoader workers, and its resume",
+            "",
+            f"Pillow decode and a resize to {r['side']} x {r['side']} in {r['workers']} "
+            f"DataLoader workers, batches of {r['batch']}, from the loader's construction; "
+            "then a fresh process loads the state saved halfway and reads one batch "
+            "(images decoded: by all workers until that batch came, prefetch included).",
+            "",
+            "| system | images/s | first batch s | resume: first batch s | resume: images "
+            "decoded |",
+            "|---|---:|---:|---:|---:|",
+        ]
+        names = {
+            "asyncstream": "asyncstream `stream.map(decode)`",
+            "webdataset": 'webdataset `decode("pil")`',
+            "asyncstream-wrapped": "asyncstream in a wrapper that forwards no state",
+        }
+        for name, f in r["systems"].items():
+            lines.append(
+                f"| {names.get(name, name)} | {f['images_per_s']:.0f} "
+                f"| {f['first_batch_s']:.2f} | {f['resume_first_batch_s']:.2f} "
+                f"| {f['resume_decoded']:,} |"
+            )
+        lines.append("")
     for name, path in out.get("plots", {}).items():
         shown = os.path.relpath(path, base or ".")
         lines.append(f"![{name}]({shown})")

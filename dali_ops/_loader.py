@@ -72,9 +72,10 @@ _STATE_VERSION = 2
 class DALIImageLoader:
     """Decoded, augmented ``(images, labels)`` batches from a :class:`~asyncstream.ShardStream`.
 
-    ``for images, labels in loader`` reads one pass over the stream's current epoch:
-    images NCHW (float32 or float16) and labels int64 ``[B]``, both on the pipeline's
-    device. Call :meth:`set_epoch` before each epoch. Last batch: with ``drop_last=False``
+    ``for images, labels in loader`` reads one pass over an epoch of the stream: images
+    NCHW (float32 or float16) and labels int64 ``[B]``, both on the pipeline's device.
+    Each pass reads the next epoch; :meth:`set_epoch` chooses one. Last batch: with
+    ``drop_last=False``
     a final short batch comes with its true size; with ``True`` it is dropped (with
     workers, each worker's last batch is short or dropped: every worker ends its share of
     the epoch on its own). With ``on_error="skip"`` a batch in which DALI itself failed on
@@ -96,9 +97,9 @@ class DALIImageLoader:
             shard, key and, where the sample records it (``asyncstream pack`` does), its
             source file (``"raise"``), or is dropped and counted (``"skip"``). A raised
             error comes after every earlier batch, the pass ends, and
-            :meth:`state_dict` points at the failed batch (``iter`` again restarts the
-            epoch; load that state to continue). A missing or non-integer label always
-            raises :class:`~asyncstream.DataError`.
+            :meth:`state_dict` points at the failed batch (``iter`` again reads the next
+            epoch, ``set_epoch`` restarts one; load that state to continue). A missing
+            or non-integer label always raises :class:`~asyncstream.DataError`.
         precheck: ``"markers"`` (default: the format's signature and the JPEG end marker,
             under 1 us/image), ``"header"`` (adds Pillow's header parse, ~90 us/image) or
             ``"none"``. Whatever slips past is still caught: a batch DALI cannot decode is
@@ -194,6 +195,7 @@ class DALIImageLoader:
         self._feed: Feed | None = None
         self._resume: Any = None  # saved position while no pass runs
         self._loaded = False  # load_state_dict since the last pass started
+        self._loaded_epoch = -1  # the epoch of the state loaded
         self._epoch_batches = 0  # batches handed out this epoch, while no pass runs
         self._last: EncodedBatch | None = None
         self._closed = False
@@ -233,18 +235,21 @@ class DALIImageLoader:
     # -- iteration ----------------------------------------------------------------------
 
     def __iter__(self) -> DALIImageLoader:
-        """Start a pass: the current epoch from its start, or from a loaded state."""
+        """Start a pass: the next epoch (the one :meth:`set_epoch` chose, or a loaded
+        state's, from where it was)."""
         self._check_open()
         self._stop()
-        batches = self._epoch_batches if self._loaded else 0
-        self._loaded = False
         self._resume = None
+        # The epoch the next iteration reads, in this process or in the workers alike.
+        epoch = self._stream.epoch
+        batches = self._epoch_batches if self._loaded and epoch == self._loaded_epoch else 0
+        self._loaded = False
         feed = self._make_feed()
         self._feeder.start(feed)
         feed.start()
         self._feed = feed
         self._meter.new_epoch()
-        self._driver.begin(self._stream.epoch, batches)
+        self._driver.begin(epoch, batches)
         return self
 
     def _make_feed(self) -> Feed:
@@ -300,14 +305,20 @@ class DALIImageLoader:
     # -- epochs and state ---------------------------------------------------------------
 
     def set_epoch(self, epoch: int) -> None:
-        """Choose the epoch of the next pass (forwarded to the stream)."""
+        """Choose the epoch of the next pass (forwarded to the stream).
+
+        Without it each pass reads the epoch after the one before, as the stream does. A
+        loaded state is kept when ``epoch`` is its epoch; for another epoch the next pass
+        raises :class:`~asyncstream.StateError` (see :meth:`ShardStream.set_epoch`).
+        """
         self._check_open()
         self._stop()
         self._stream.set_epoch(epoch)
         self._resume = None
-        self._loaded = False
-        self._epoch_batches = 0
-        self._workers_state = None
+        if not (self._loaded and epoch == self._loaded_epoch):
+            self._loaded = False
+            self._epoch_batches = 0
+            self._workers_state = None
 
     def state_dict(self) -> dict[str, Any]:
         """Plain JSON data: the position before the first batch not yet handed out."""
@@ -359,6 +370,7 @@ class DALIImageLoader:
             self._close_workers()  # workers started before the load could not receive it
         self._resume = None
         self._loaded = True
+        self._loaded_epoch = self._stream.epoch  # the state's: the next pass resumes it
         self._epoch_batches = mine["batches"] if mine is not None else 0
 
     def _position_of_rank(self) -> tuple[int, int]:

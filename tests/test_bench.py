@@ -110,6 +110,12 @@ def test_every_scenario_runs_and_the_json_is_complete(quick_run: dict[str, Any])
     assert abs(ours["share_a"] - 0.75) < 1 / mixing["samples"]  # its quota, to a sample
     assert 0 <= ours["batch_mad"] < 0.02
     assert ours["samples_per_s"] > 0
+    decode = data["scenarios"]["cpu_decode"]
+    assert set(decode["systems"]) == {"asyncstream", "webdataset", "asyncstream-wrapped"}
+    for figures in decode["systems"].values():
+        assert figures["images"] == 160  # the whole epoch, decoded
+        assert figures["resume_first_batch_s"] > 0
+        assert figures["resume_decoded"] >= decode["batch"]  # at least the batch it made
 
 
 @pytest.mark.timeout(700)

@@ -213,3 +213,30 @@ def test_pack_help_states_every_default(capsys: pytest.CaptureFixture[str]) -> N
     for action in pack_parser._actions:
         if action.option_strings and action.dest not in shared:
             assert "default" in (action.help or ""), action.option_strings
+
+
+def test_version_loads_neither_torch_nor_botocore_nor_plugins() -> None:
+    import subprocess
+    import sys
+
+    code = (
+        "import sys; from asyncstream._cli import main; main(['--version']); "
+        "heavy = [m for m in ('torch', 'botocore', 'dali_ops', 'moto', 'numpy') "
+        "if m in sys.modules]; assert not heavy, heavy"
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=False
+    )
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.startswith("asyncstream ")
+
+
+def test_serve_refuses_an_invalid_bucket_name_as_pack_does(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    assert main(["serve", "--bucket", "b2"]) == 1
+    err = capsys.readouterr().err
+    assert err.strip() == (
+        "asyncstream: error: --bucket 'b2' is not a valid bucket name "
+        "(3 to 63 lowercase letters, digits, '.' and '-')"
+    )

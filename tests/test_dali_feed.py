@@ -301,3 +301,24 @@ def test_stage_limit_names_the_slow_stage(
     decode: float, feed: float, starved: float, limit: str
 ) -> None:
     assert stage_limit(decode, feed, starved) == limit
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_after_a_resumed_pass_the_next_pass_is_the_next_epoch(
+    folder: Path, all_keys: Counter[tuple[str, str]], workers: int
+) -> None:
+    """A loaded state is spent by the pass that resumes it: the pass after reads the next
+    epoch whole, with or without set_epoch, never the loaded state again."""
+    with make(folder, workers) as loader:
+        head = read_pass(loader, 2)
+        state = json.loads(json.dumps(loader.state_dict()))
+    with make(folder, workers) as loader:
+        whole = read_pass(loader)
+        following = read_pass(loader)  # epoch 1, by itself
+    with make(folder, workers) as loader:
+        loader.load_state_dict(state)
+        rest = read_pass(loader)
+        after = read_pass(loader)  # no set_epoch: the next epoch
+    assert head + rest == whole
+    assert Counter(flat(after)) == all_keys
+    assert after == following

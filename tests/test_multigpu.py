@@ -11,6 +11,7 @@ from _torchrun import torchrun
 
 from asyncstream import pack
 from asyncstream.testing import generate_imagefolder
+from tests._foreign import write_foreign_shards
 
 # What a training script does under torchrun: the stream takes its rank and world size from
 # torch.distributed, and every rank takes the same number of steps.
@@ -57,3 +58,43 @@ def test_torchrun_world_size_2_partitions_the_shards(tmp_path: Path) -> None:
     assert len(keys[0]) == len(keys[1]) == 32  # 64 samples, 32 per rank: 4 steps of 8
     assert keys[0] | keys[1] == {f"{i:06d}" for i in range(64)}
     assert ranks[0]["steps"] == ranks[1]["steps"] == [4, 4]
+
+
+# A rank's job as users write it: a stream (no index: the ranks share the counting, a
+# collective), 2 DataLoader workers, one epoch, then another stream made just before the
+# script ends, and no destroy_process_group(). Before asyncstream ran that collective on a
+# group of its own, a gloo worker thread could still be releasing its work (a Python
+# object) while the interpreter finalized: pthread_exit through a C++ destructor, and
+# "terminate called without an active exception" (SIGABRT) after all the work was done.
+JOB = textwrap.dedent(
+    """
+    import json, sys
+    import torch.distributed as dist
+    from asyncstream import ShardLoader, ShardStream
+
+    if __name__ == "__main__":
+        shards, out = sys.argv[1], sys.argv[2]
+        dist.init_process_group("gloo")
+        stream = ShardStream(shards, window=3, inflight=2, seed=1)
+        loader = ShardLoader(stream, batch_size=4, num_workers=2, collate_fn=lambda b: b)
+        keys = [sample["__key__"] for batch in loader for sample in batch]
+        with open(f"{out}/rank{dist.get_rank()}.json", "w") as f:
+            json.dump({"keys": keys, "len": len(loader)}, f)
+        ShardStream(shards, window=3, inflight=2, seed=2)  # the next stream, then the end
+    """
+)
+
+
+@pytest.mark.slow
+def test_torchrun_2_ranks_2_workers_exits_cleanly_20_times_in_a_row(tmp_path: Path) -> None:
+    data = write_foreign_shards(tmp_path / "shards", 0, counts=[5, 7, 6, 6], jpg_bytes=(50, 200))
+    script = tmp_path / "job.py"
+    script.write_text(JOB)
+    for run in range(20):
+        result = torchrun(script, str(data.folder), str(tmp_path), timeout=120)
+        assert result.returncode == 0, f"run {run}: {result.stderr[-3000:]}"
+        ranks = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(2)]
+        keys = [set(r["keys"]) for r in ranks]
+        assert keys[0].isdisjoint(keys[1])
+        assert keys[0] | keys[1] == set(data.keys)
+        assert [r["len"] for r in ranks] == [4, 4]  # 12 per rank: 6 + 6 per worker, 2 + 2

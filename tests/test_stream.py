@@ -481,7 +481,7 @@ def test_state_loaded_before_persistent_workers_start(dataset: dict[str, Any]) -
             s.load_state_dict(state)
             loader = DataLoader(s, batch_size=None, num_workers=1, persistent_workers=persistent)
             assert keys_of(loader) == reference[10:]
-            assert keys_of(loader) == reference[10:]  # kept until set_epoch, as ever
+            assert keys_of(loader) == second  # the next epoch: the state was used
             s.set_epoch(1)
             assert keys_of(loader) == second
 
@@ -501,9 +501,10 @@ def test_state_loaded_after_persistent_workers_start_is_refused(dataset: dict[st
         for _ in range(2):
             with pytest.raises(StateError, match="persistent workers"):
                 keys_of(loader)
-        s.set_epoch(0)  # drops the state: the same worker goes on
-        assert keys_of(loader) == reference
-        s.load_state_dict(state)  # a DataLoader started afterwards receives it
+        s.set_epoch(0)  # the state's epoch: kept, so still refused, never a silent epoch
+        with pytest.raises(StateError, match="persistent workers"):
+            keys_of(loader)
+        # A DataLoader started afterwards receives it
         fresh = DataLoader(s, batch_size=None, num_workers=1, persistent_workers=True)
         assert keys_of(fresh) == reference[10:]
 

@@ -11,6 +11,7 @@ import hashlib
 import http.client
 import io
 import os
+import pathlib
 import socket
 import sys
 import threading
@@ -694,3 +695,9 @@ def test_capacity_refuses_gets_beyond_it_with_slowdown(
     assert stats["slowdown"] == 1
     with pytest.raises(ValueError, match="capacity"):
         FaultProxy(s3_server.endpoint_url, capacity=0)
+
+
+def test_s3rver_takes_a_folder_as_a_string(tmp_path: pathlib.Path) -> None:
+    from asyncstream.testing import S3rver
+
+    assert S3rver(str(tmp_path)).directory == tmp_path

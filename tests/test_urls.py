@@ -132,6 +132,21 @@ def test_missing_key_names_the_url(s3_server: LocalS3, s3_client: Any, bucket: s
     assert info.value.url == url
 
 
+def test_a_prefix_without_its_slash_says_so(
+    s3_server: LocalS3, s3_client: Any, bucket: str
+) -> None:
+    _put(s3_client, bucket, ["train/a.tar", "train/b.tar"])
+    options = S3Options(endpoint_url=s3_server.endpoint_url)
+    with pytest.raises(NotFoundError) as info:
+        resolve_shards(f"s3://{bucket}/train", options)
+    assert f"objects are under s3://{bucket}/train/: a prefix needs its trailing '/'" in str(
+        info.value
+    )
+    with pytest.raises(NotFoundError) as info:  # no folder of that name: no hint
+        resolve_shards(f"s3://{bucket}/tra", options)
+    assert "trailing" not in str(info.value)
+
+
 def test_missing_key_among_many_names_it(s3_server: LocalS3, s3_client: Any, bucket: str) -> None:
     _put(s3_client, bucket, [f"t-{i:02d}.tar" for i in range(20) if i != 13])
     options = S3Options(endpoint_url=s3_server.endpoint_url)

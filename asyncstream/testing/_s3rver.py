@@ -130,12 +130,12 @@ class S3rver:
 
     def __init__(
         self,
-        directory: Path,
+        directory: str | os.PathLike[str],
         *,
         tls: tuple[str, str] | None = None,
         ca_bundle: str | None = None,
     ) -> None:
-        self.directory = directory
+        self.directory = Path(directory)
         self.tls = tls
         self.ca_bundle = ca_bundle
         self.endpoint_url = ""
