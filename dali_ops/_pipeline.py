@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import hashlib
 import math
+import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
@@ -282,13 +283,38 @@ def release_pipeline(pipe: Any) -> None:
         shutdown()
 
 
-def dali_reason(error: BaseException) -> str:
-    """The informative part of a DALI error message (it repeats the graph's traceback)."""
+def dali_reason(error: BaseException, image: bytes | None = None) -> str:
+    """The informative part of a DALI error message (it repeats the graph's traceback).
+
+    DALI's decoder often says no more than ``nvImageCodec failure: '#3'`` (a status code);
+    given the ``image``, Pillow's own reading of it is added, which names the problem
+    (``broken data stream``, ``image file is truncated``, ``cannot identify image file``).
+    """
     lines = [line.strip() for line in str(error).splitlines()]
     lines = [line for line in lines if line and "no longer valid" not in line]
     if "encountered:" in lines:
         lines = lines[lines.index("encountered:") + 1 :]
-    return " ".join(lines)[-300:] or type(error).__name__
+    reason = " ".join(lines)[-300:] or type(error).__name__
+    if "nvImageCodec failure" in reason:
+        reason += " (DALI's decoder rejected the image data)"
+    if image is not None:
+        reason += f"; Pillow: {_pillow_reason(image)}"
+    return reason
+
+
+def _pillow_reason(image: bytes) -> str:
+    """What Pillow says of an image DALI could not decode."""
+    import io
+
+    from PIL import Image
+
+    try:
+        with Image.open(io.BytesIO(image)) as opened:
+            opened.load()
+    except Exception as exc:  # Pillow raises many types for bad data
+        message = re.sub(r" <_io\.BytesIO object at 0x[0-9a-f]+>", "", str(exc))
+        return f"{type(exc).__name__}: {message}"[:200]
+    return "it decodes, leniently (the data may be damaged in a way DALI's decoder refuses)"
 
 
 def find_undecodable(
@@ -321,7 +347,7 @@ def find_undecodable(
             try:
                 pipe.run(data=[image])
             except Exception as exc:  # DALI reports decode failures as RuntimeError
-                bad[index] = dali_reason(exc)
+                bad[index] = dali_reason(exc, image.tobytes())
                 release_pipeline(pipe)
                 pipe = None
     finally:
