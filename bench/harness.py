@@ -21,6 +21,10 @@ Scenarios (``--scenarios`` picks some; all by default):
 ``dali``
     End to end with DALI decode (CPU, or ``mixed`` where CUDA is) against DALI decoding the
     same bytes preloaded in memory, the decode-only ceiling.
+``feed``
+    ``DALIImageLoader``'s own cost: the feed proxy (tiny JPEGs, decode nearly free) at
+    batch 64 and 256 against DALI over the same bytes preloaded, and the feed in 0 to 4
+    DataLoader workers (:mod:`bench.feed`; its realistic run: ``python -m bench.feed``).
 ``shuffle``
     Shuffle quality against memory, window against sample buffer (simulated, 100 sorted
     shards of 1,000).
@@ -321,6 +325,31 @@ def dali(b: Bench) -> dict[str, Any]:
     }
 
 
+def feed(b: Bench) -> dict[str, Any]:
+    """The feed proxy and the feed in workers (:mod:`bench.feed`), on local shards."""
+    from . import feed as feed_bench
+
+    device = "mixed" if _cuda() else "cpu"
+    quick = b.sizes is QUICK
+    argv = [
+        "--parts",
+        "proxy,workers",
+        "--device",
+        device,
+        "--tiny",
+        "2000" if quick else "20000",
+        "--batches",
+        "256" if quick else "64,256",
+        "--workers",
+        "0,2" if quick else "0,1,2,4",
+        "--repeat",
+        str(b.sizes.repeat),
+        "--data",
+        str(b.workdir / "feed"),
+    ]
+    return feed_bench.main(argv)
+
+
 def shuffle(b: Bench) -> dict[str, Any]:
     from .shuffle import run
 
@@ -534,6 +563,7 @@ SCENARIOS: dict[str, Callable[[Bench], dict[str, Any]]] = {
     "raw_fetch": raw_fetch,
     "loader": loader,
     "dali": dali,
+    "feed": feed,
     "shuffle": shuffle,
     "faults": faults,
     "scaling": scaling,

@@ -234,6 +234,15 @@ def tables(out: dict[str, Any], base: Path | None = None) -> str:
             *table(r["s3_like"]),
             "",
         ]
+    if "feed" in sc:
+        from .feed import render as render_feed
+
+        lines += [
+            "### DALIImageLoader's feed against DALI preloaded",
+            "",
+            render_feed(sc["feed"]),
+            "",
+        ]
     if "ring" in sc:
         r = sc["ring"]["results"]
         lines += [

@@ -110,6 +110,17 @@ def test_every_scenario_runs_and_the_json_is_complete(quick_run: dict[str, Any])
     assert abs(ours["share_a"] - 0.75) < 1 / mixing["samples"]  # its quota, to a sample
     assert 0 <= ours["batch_mad"] < 0.02
     assert ours["samples_per_s"] > 0
+    feed = data["scenarios"]["feed"]
+    proxy = feed["proxy"]["batches"]["256"]["after"]
+    assert proxy["ceiling"] > 0 and proxy["loader"] > 0
+    assert 0 <= proxy["overlap"] <= 1
+    assert set(feed["workers"]) == {"0", "2"}
+    assert all(r["loader"] > 0 for r in feed["workers"].values())
+    ring = data["scenarios"]["ring"]["results"]
+    assert len(ring) == 2
+    small, default = sorted(ring.values(), key=lambda r: r["ring_bytes"])
+    assert small["ring_bytes"] < default["ring_bytes"]
+    assert small["requests"] > 0 and default["requests"] > 0
     decode = data["scenarios"]["cpu_decode"]
     assert set(decode["systems"]) == {"asyncstream", "webdataset", "asyncstream-wrapped"}
     for figures in decode["systems"].values():
