@@ -47,7 +47,6 @@ from ._retry import RetryPolicy, Timeouts
 from ._s3 import S3Options
 from ._shuffle import Lane, WindowShuffle, mix_key
 from ._state import BASE, Identity, Position, ReaderState, Start, epoch_sequence
-from ._tar import Sample
 from ._urls import Shard
 
 __all__ = ["EpochRun", "StreamSettings", "default_topology", "worker_topology"]
@@ -346,10 +345,10 @@ class EpochRun(Iterator[dict[str, Any]]):
         while True:
             need = shuffle.need()
             if need.kind == "draw":
-                index, (_, sample) = shuffle.draw()
+                index, sample = shuffle.draw()
                 self.emitted += 1
                 drawn = shuffle.lanes[index]
-                out = self._emit(sample, self._lane(drawn).shard.url)
+                out = self._emit(sample, self._lane(drawn))
                 if self.settings.sources:
                     out["__source__"] = self.settings.sources[drawn.group].name
                 return out
@@ -367,10 +366,12 @@ class EpochRun(Iterator[dict[str, Any]]):
             self._prefetch()
 
     @staticmethod
-    def _emit(sample: Sample, url: str) -> dict[str, Any]:
-        out: dict[str, Any] = {"__key__": sample.key, "__url__": url}
-        for ext, data in sample.fields.items():
-            out[ext] = bytes(data)  # the one copy out of the ring
+    def _emit(index: int, lane: LaneReader) -> dict[str, Any]:
+        record = lane.records[index - lane.first]
+        out: dict[str, Any] = {"__key__": record[0], "__url__": lane.shard.url}
+        view = lane.view
+        for ext, start, stop, owned in record[2:]:  # the one copy out of the ring
+            out[ext] = view[start:stop].tobytes() if owned is None else owned
         return out
 
     # -- state --------------------------------------------------------------------------
@@ -380,8 +381,7 @@ class EpochRun(Iterator[dict[str, Any]]):
         if self._restore_pending is not None:
             return self._restore_pending
         lanes = tuple(
-            self._lane(lane).state([index for index, _ in lane.items[lane.cursor :]])
-            for lane in self.shuffle.lanes
+            self._lane(lane).state(lane.items[lane.cursor :]) for lane in self.shuffle.lanes
         )
         draws, next_piece = self.shuffle.state()
         blend = self.blend.state() if self.blend is not None else None
@@ -404,15 +404,14 @@ class EpochRun(Iterator[dict[str, Any]]):
             raise StateError("state_dict position is corrupted: next_piece is past the plan")
         lanes = []
         for saved in position.lanes:
-            lane, items = self.reader.restore(saved)
-            try:
-                chosen = [(i, items[i]) for i in saved.remaining]
-            except KeyError as exc:
+            lane, held = self.reader.restore(saved)
+            missing = [i for i in saved.remaining if i not in held]
+            if missing:
                 raise StateError(
-                    f"state_dict names sample {exc} that the resident chunk of "
+                    f"state_dict names sample {missing[0]} that the resident chunk of "
                     f"{lane.shard.url} does not hold"
-                ) from None
-            lanes.append((saved.piece, chosen, {"reader": lane}))
+                )
+            lanes.append((saved.piece, list(saved.remaining), {"reader": lane}))
         self.shuffle.reset(position.draws, position.next_piece, lanes)
         if self.blend is not None and position.blend is not None:
             try:
