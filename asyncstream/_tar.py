@@ -50,7 +50,7 @@ from typing import IO
 
 from ._exceptions import CorruptTarError
 from ._tarentry import BLOCK, EMPTY, EntryParser, looks_compressed
-from ._tarfast import Field, Record, first_bad, walk
+from ._tarfast import Field, Names, Record, first_bad, walk
 
 __all__ = [
     "Record",
@@ -128,7 +128,7 @@ class ShardReader(EntryParser):
         self._next = start  # offset the next feed must start at
         self._pos = start  # next header not yet parsed (may lie ahead when skipping data)
         self._pending: _Pending | None = None  # sample in progress, fields owned
-        self._extensions: dict[bytes, str] = {}  # the fast path's field names (._tarfast)
+        self._names = Names()  # what the fast path remembers of names (._tarfast)
         self._skipped = start  # header of the entry whose data _pos skips to
         self._done = False
         self._error: tuple[str, int] | None = None  # (message, offset) once corrupt
@@ -291,17 +291,15 @@ class ShardReader(EntryParser):
         after a header the bulk check refused: the rest of the range is read entry by
         entry, so a shard of unusual checksums costs at most one wasted walk per range)."""
         data, doff = self._data, self._doff
-        stop, extensions = self.size - doff, self._extensions
-        rel, walked, records, heads = walk(
-            data, pos - doff, end - doff, stop, doff, pending, extensions
-        )
+        stop, names = self.size - doff, self._names
+        rel, walked, records, heads = walk(data, pos - doff, end - doff, stop, doff, pending, names)
         if not heads:
             return pos, pending, True
         bad = first_bad(data, heads)
         clean = bad == len(heads)
         if not clean:  # walk again up to the refused header, which the general parser reads
             limit = heads[bad]
-            rel, walked, records, _ = walk(data, pos - doff, limit, stop, doff, pending, extensions)
+            rel, walked, records, _ = walk(data, pos - doff, limit, stop, doff, pending, names)
         out += records
         return rel + doff, walked, clean
 

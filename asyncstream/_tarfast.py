@@ -23,12 +23,13 @@ extension are the general parser's.
 
 from __future__ import annotations
 
+import re
 import struct
 import zlib
 
 import numpy as np
 
-__all__ = ["BULK_MIN", "Field", "Record", "first_bad", "walk"]
+__all__ = ["BULK_MIN", "Field", "Names", "Record", "first_bad", "walk"]
 
 # A sample field: (extension, start, stop, None) for the bytes [start, stop) of the range
 # fed, or (extension, 0, 0, data) for bytes the reader owns (carried or sparse).
@@ -43,8 +44,12 @@ Record = tuple[str, int, *tuple[Field, ...]]
 # name, size digits, type flag, first byte of the ustar prefix
 _HEAD = struct.Struct("100s24x11s13x8xB188xB")
 _PLAIN = frozenset(b"07\0")
-_SLASH, _DOT, _UNDERSCORE, _NEWLINE = 0x2F, 0x2E, 0x5F, 0x0A
-_MAX_EXTENSIONS = 64  # extensions remembered per reader: a hostile shard cannot grow it
+# A name field webdataset splits at the first dot after its last slash, as _members does
+# (no newline, no leading underscore), then up to its first NUL: the key and extension.
+_NAME = re.compile(rb"(?!_)((?:[^\0\n]*/)?[^\0\n/.]+)\.([^\0\n/]*)(?:\0|\Z)")
+_NEVER = b"/" * 101  # a prefix no 100-byte name field starts with
+_SLASH, _NEWLINE = 0x2F, 0x0A
+_REMEMBERED = 64  # names remembered per reader and kind: a hostile shard cannot grow them
 BULK_MIN = 24  # runs this long are checked by numpy; shorter ones header by header
 _OCTAL_WEIGHTS = np.array([8**5, 8**4, 8**3, 8**2, 8, 1], dtype=np.int64)
 
@@ -55,6 +60,30 @@ def _extension(raw: bytes) -> str | None:
     return None if ext[:1] == "_" else ext
 
 
+def _sibling(tail: bytes) -> str | None:
+    """The field name of a member whose name field is the current sample's key, a dot and
+    ``tail`` (NUL-padded), or None if the name does not split there (a ``/`` or a newline
+    after the dot) or is the general parser's to name."""
+    cut = tail.find(0)
+    raw = tail if cut < 0 else tail[:cut]
+    if _SLASH in raw or _NEWLINE in raw:
+        return None
+    return _extension(raw)
+
+
+class Names:
+    """What a reader's walks remember of names: extensions by their bytes, and by the
+    NUL-padded rest of a name field after the current key and its dot (the other members
+    of a sample are then named with one comparison and one look-up). Bounded: a shard of
+    ever new extensions or key lengths only misses."""
+
+    __slots__ = ("extensions", "siblings")
+
+    def __init__(self) -> None:
+        self.extensions: dict[bytes, str | None] = {}
+        self.siblings: dict[bytes, str | None] = {}
+
+
 def walk(
     data: memoryview,
     rel: int,
@@ -62,7 +91,7 @@ def walk(
     stop: int,
     doff: int,
     pending: tuple[str, int, list[Field]] | None,
-    extensions: dict[bytes, str],
+    names: Names,
 ) -> tuple[int, tuple[str, int, list[Field]] | None, list[Record], list[int]]:
     """Read the plain members from ``data[rel:]`` on, as far as they go.
 
@@ -72,7 +101,7 @@ def walk(
         limit: bytes of ``data`` to use: a header or member data past it is not read.
         stop: the shard's end, relative to ``data``.
         pending: the sample in progress (key, first header, fields), or None.
-        extensions: extension bytes to field names, filled as they are met.
+        names: the reader's memory of names, filled as they are met.
 
     Returns:
         ``(rel, pending, records, heads)``: the header the walk stopped at, the sample then
@@ -82,14 +111,15 @@ def walk(
     records: list[Record] = []
     heads: list[int] = []
     if pending is None:
-        key, offset, fields = "", -1, []
-        current = None
+        key, offset, fields, current, dotted = "", -1, [], None, _NEVER
     else:
         key, offset, fields = pending[0], pending[1], list(pending[2])  # unchanged if rejected
         current = key.encode("utf-8", "surrogateescape")
+        dotted = current + b"."
     owned = offset < doff  # a sample carried into this range keeps owning its bytes
     seen = [f[0] for f in fields]
-    unpack = _HEAD.unpack_from
+    extensions, siblings = names.extensions, names.siblings
+    unpack, match, cut = _HEAD.unpack_from, _NAME.match, len(dotted)
     try:
         while rel + 512 <= limit:
             name, digits, flag, prefix = unpack(data, rel)
@@ -97,46 +127,60 @@ def walk(
                 break
             size = int(digits, 8)  # anything but digits: ValueError, the walk ends
             start = rel + 512
-            if start + size > limit or start + ((size + 511) & -512) > stop:
+            after = start + ((size + 511) & -512)
+            if start + size > limit or after > stop:
                 break
-            cut = name.find(0)
-            if cut >= 0:
-                name = name[:cut]
             if prefix:  # ustar's name prefix, joined as tarfile joins it
-                head = data[rel + 345 : rel + 500].tobytes()
-                cut = head.find(0)
-                name = (head if cut < 0 else head[:cut]) + b"/" + name
-            slash = name.rfind(_SLASH)
-            dot = name.find(_DOT, slash + 1)
-            if dot <= slash + 1 or name[0] == _UNDERSCORE or _NEWLINE in name:
-                break
-            tail = name[dot + 1 :]
-            ext = extensions.get(tail)
-            if ext is None:
-                ext = _extension(tail)
-                if ext is None:
+                name = _joined(data[rel + 345 : rel + 500].tobytes(), name)
+            ext = None
+            if name.startswith(dotted):  # the next member of the current sample, likely
+                tail = name[cut:]
+                ext = siblings.get(tail)
+                if ext is None and tail not in siblings and len(siblings) < _REMEMBERED:
+                    ext = siblings[tail] = _sibling(tail)
+            if ext is not None:
+                if ext in seen:
+                    break  # a duplicate: the general parser names it
+            else:
+                parts = match(name)
+                if parts is None:
                     break
-                if len(extensions) < _MAX_EXTENSIONS:
-                    extensions[tail] = ext
-            head = name[:dot]
-            if head != current:
-                if current is not None:
-                    records.append((key, offset, *fields))
-                current, key, offset, fields, seen = head, "", doff + rel, [], []
-                key = head.decode("utf-8", "surrogateescape")
-                owned = False
-            elif ext in seen:
-                break  # a duplicate: the general parser names it
+                head, tail = parts.groups()
+                ext = extensions.get(tail)
+                if ext is None:
+                    if tail in extensions:
+                        break
+                    ext = _extension(tail)
+                    if len(extensions) < _REMEMBERED:
+                        extensions[tail] = ext
+                    if ext is None:
+                        break
+                if head != current:
+                    if current is not None:
+                        records.append((key, offset, *fields))
+                    key = head.decode("utf-8", "surrogateescape")
+                    current, dotted, offset, fields, seen = head, head + b".", doff + rel, [], []
+                    cut, owned = len(dotted), False
+                elif ext in seen:
+                    break
             seen.append(ext)
             if owned:
                 fields.append((ext, 0, 0, data[start : start + size].tobytes()))
             else:
                 fields.append((ext, start, start + size, None))
             heads.append(rel)
-            rel = start + ((size + 511) & -512)
+            rel = after
     except ValueError:
         pass
     return rel, (None if current is None else (key, offset, fields)), records, heads
+
+
+def _joined(prefix: bytes, name: bytes) -> bytes:
+    """A ustar name field after its prefix field, each up to its first NUL."""
+    cut = prefix.find(0)
+    head = prefix if cut < 0 else prefix[:cut]
+    cut = name.find(0)
+    return head + b"/" + (name if cut < 0 else name[:cut])
 
 
 def first_bad(data: memoryview, heads: list[int]) -> int:
