@@ -37,7 +37,7 @@ if TYPE_CHECKING:
 
 __all__ = ["ChunkReader", "Item", "LaneReader", "chunk_count", "fetch_offset"]
 
-Item = int  # a sample, by its index in the shard (LaneReader.record gives its record)
+Item = int  # a sample by its index in the shard: its record is records[index - first]
 _EMPTY = memoryview(b"")
 
 
@@ -70,10 +70,6 @@ class LaneReader:
     view: memoryview = _EMPTY  # the resident chunk, which the records' fields lie in
     records: list[Record] = field(default_factory=list)  # what the resident chunk completed
     first: int = 0  # in-shard index of records[0]
-
-    def record(self, index: int) -> Record:
-        """The sample of in-shard index ``index``, completed by the resident chunk."""
-        return self.records[index - self.first]
 
     @property
     def n_chunks(self) -> int:

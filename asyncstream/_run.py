@@ -221,6 +221,7 @@ class EpochRun(Iterator[dict[str, Any]]):
         self.pieces = epoch_sequence(settings, start.epoch).pieces(start.assignment)
         self.groups = [settings.source_of(piece.shard) for piece in self.pieces]
         self.blend = _blend(settings, self.pieces, self.groups)
+        self._sources = settings.sources
         self.shuffle: WindowShuffle[Item] = WindowShuffle(
             len(self.pieces),
             window=settings.lanes,
@@ -308,12 +309,8 @@ class EpochRun(Iterator[dict[str, Any]]):
         if self.closed:
             raise StopIteration
         try:
-            if self._restore_pending is not None:
-                self.reset(self._restore_pending)
-                self._restore_pending = None
-            elif not self.primed:
-                self._prefetch()  # the first window's chunks, all at once
-            self.primed = True
+            if not self.primed:
+                self._prime()
             return self._next()
         except StopIteration:
             self.closed = True  # the engine is idle again: finish() hands it back
@@ -325,6 +322,16 @@ class EpochRun(Iterator[dict[str, Any]]):
         except BaseException:
             self.close()
             raise
+
+    def _prime(self) -> None:
+        """Before the first sample: restore the saved position, or ask for the first
+        window's chunks all at once."""
+        if self._restore_pending is not None:
+            self.reset(self._restore_pending)
+            self._restore_pending = None
+        else:
+            self._prefetch()
+        self.primed = True
 
     def _name_source(self, exc: AsyncStreamError) -> None:
         """Put the source of the shard an error names at the start of its message."""
@@ -348,9 +355,15 @@ class EpochRun(Iterator[dict[str, Any]]):
                 index, sample = shuffle.draw()
                 self.emitted += 1
                 drawn = shuffle.lanes[index]
-                out = self._emit(sample, self._lane(drawn))
-                if self.settings.sources:
-                    out["__source__"] = self.settings.sources[drawn.group].name
+                lane: LaneReader = drawn.meta["reader"]
+                # emit: the one copy out of the ring, into the dict the API promises
+                record = lane.records[sample - lane.first]
+                out: dict[str, Any] = {"__key__": record[0], "__url__": lane.shard.url}
+                view = lane.view
+                for ext, start, stop, owned in record[2:]:
+                    out[ext] = view[start:stop].tobytes() if owned is None else owned
+                if self._sources:
+                    out["__source__"] = self._sources[drawn.group].name
                 return out
             if need.kind == "done":
                 raise StopIteration
@@ -364,15 +377,6 @@ class EpochRun(Iterator[dict[str, Any]]):
                 else:
                     self._release(shuffle.close(need.lane))
             self._prefetch()
-
-    @staticmethod
-    def _emit(index: int, lane: LaneReader) -> dict[str, Any]:
-        record = lane.records[index - lane.first]
-        out: dict[str, Any] = {"__key__": record[0], "__url__": lane.shard.url}
-        view = lane.view
-        for ext, start, stop, owned in record[2:]:  # the one copy out of the ring
-            out[ext] = view[start:stop].tobytes() if owned is None else owned
-        return out
 
     # -- state --------------------------------------------------------------------------
 
