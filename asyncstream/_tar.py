@@ -50,7 +50,7 @@ from typing import IO
 
 from ._exceptions import CorruptTarError
 from ._tarentry import BLOCK, EMPTY, EntryParser, looks_compressed
-from ._tarfast import Field, Names, Record, first_bad, walk
+from ._tarfast import Names, Pending, RangeWalker, Record
 
 __all__ = [
     "Record",
@@ -80,10 +80,6 @@ class Sample:
     key: str
     fields: dict[str, memoryview | bytes]
     offset: int
-
-
-# The sample in progress: (key, offset of its first header, fields so far).
-_Pending = tuple[str, int, list[Field]]
 
 
 def byte_view(data: memoryview | bytes | bytearray) -> memoryview:
@@ -127,7 +123,7 @@ class ShardReader(EntryParser):
         self._open_ended = size is None
         self._next = start  # offset the next feed must start at
         self._pos = start  # next header not yet parsed (may lie ahead when skipping data)
-        self._pending: _Pending | None = None  # sample in progress, fields owned
+        self._pending: Pending | None = None  # sample in progress, fields owned
         self._names = Names()  # what the fast path remembers of names (._tarfast)
         self._skipped = start  # header of the entry whose data _pos skips to
         self._done = False
@@ -225,9 +221,12 @@ class ShardReader(EntryParser):
     def _run(self, out: list[Record], end: int, final: bool) -> None:
         data, doff, pos, pending = self._data, self._doff, self._pos, self._pending
         fast = self._fast_path
+        walker = RangeWalker(data, doff, end - doff, self.size - doff, self._names)
         while pos + BLOCK <= end:
             if fast and pos >= doff:
-                pos, pending, fast = self._walk(out, pos, end, pending)
+                rel, pending, records, fast = walker.walk(pos - doff, pending)
+                out += records
+                pos = rel + doff
                 if pos + BLOCK > end:
                     break
             entry = self._entry(pos, end)
@@ -282,26 +281,6 @@ class ShardReader(EntryParser):
                 del carry[: len(carry) - (doff - pos)]
                 carry += data
         self._pos, self._pending = pos, pending
-
-    def _walk(
-        self, out: list[Record], pos: int, end: int, pending: _Pending | None
-    ) -> tuple[int, _Pending | None, bool]:
-        """Read the run of plain members at ``pos`` (:mod:`._tarfast`); returns the next
-        header, the sample in progress, and whether to walk again in this range (not
-        after a header the bulk check refused: the rest of the range is read entry by
-        entry, so a shard of unusual checksums costs at most one wasted walk per range)."""
-        data, doff = self._data, self._doff
-        stop, names = self.size - doff, self._names
-        rel, walked, records, heads = walk(data, pos - doff, end - doff, stop, doff, pending, names)
-        if not heads:
-            return pos, pending, True
-        bad = first_bad(data, heads)
-        clean = bad == len(heads)
-        if not clean:  # walk again up to the refused header, which the general parser reads
-            limit = heads[bad]
-            rel, walked, records, _ = walk(data, pos - doff, limit, stop, doff, pending, names)
-        out += records
-        return rel + doff, walked, clean
 
 
 def check_not_empty(url: str, size: int) -> None:

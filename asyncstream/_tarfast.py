@@ -1,20 +1,27 @@
-"""Runs of plain tar members, read in one tight loop and checked in bulk.
+"""Runs of plain tar members, read in tight loops and checked in bulk.
 
 Nearly every header of a webdataset shard is the plain case: a regular file (type ``0``,
 ``\\0`` or ``7``) with no extended header before it, an 11-digit octal size, the checksum
 as ``tarfile`` and GNU tar spell it (``"%06o\\0 "``) and a name that webdataset splits
-at its first dot without the help of a regular expression. :class:`~._tar.ShardReader`
-spends about 3 µs on each header of that kind in its general parser; :func:`walk` reads
-a run of them for a fraction of that, and :func:`first_bad` checks the whole run at once.
+at its first dot. :class:`~._tar.ShardReader` spends about 3 µs on each header in its
+general parser (:mod:`._tarentry`); :class:`RangeWalker` reads a run of plain members for
+a fraction of that, in two steps:
 
-Exactness: the walk takes a header only when the general parser would read it the same
-way, and stops *before* the first one it cannot vouch for (another type, extended headers,
-an odd name, a member past the shard's end or whose data has not arrived): the general
-parser then reads that header, with its own errors. What the walk cannot see without
-reading all 512 bytes (the checksum, and whether the size is strictly octal) is checked by
-:func:`first_bad` over every header of the run in one numpy pass; if a header fails, the
-run is walked again up to it, and the general parser reads it, raising the same
-:class:`~asyncstream.CorruptTarError` at the same offset as without the fast path.
+1. **find**: the run's headers, their data and their name fields. From a table of the
+   whole range built by numpy (:mod:`._tarbulk`), or, where there is none (a small range,
+   v7 headers, a run the table cannot follow), header by header, checked afterwards by
+   :func:`~._tarbulk.first_bad` all at once;
+2. **group**: each member named (a sample's next member by one comparison with its key
+   and one look-up) and grouped into samples.
+
+Exactness: a header is taken only when the general parser would read it the same way;
+the walk stops *before* the first one it cannot vouch for (another type, extended
+headers, a name prefix or an odd name, an unusual spelling of a number, a bad checksum, a
+member past the shard's end or whose data has not arrived, a duplicate field), and the
+general parser reads that header, with its own errors: the same
+:class:`~asyncstream.CorruptTarError` at the same offset as without the fast path. After a
+header the check refused, the rest of the range is left to the general parser, so a shard
+of unusual headers costs at most one wasted walk per range.
 
 Names are split in bytes and decoded by parts; UTF-8 with surrogate escapes decodes a name
 split at an ASCII byte (``/`` or ``.``) into the decodings of its parts, so the key and the
@@ -25,11 +32,11 @@ from __future__ import annotations
 
 import re
 import struct
-import zlib
+from collections.abc import Iterable
 
-import numpy as np
+from ._tarbulk import HeaderTable, first_bad
 
-__all__ = ["BULK_MIN", "Field", "Names", "Record", "first_bad", "walk"]
+__all__ = ["Field", "Names", "RangeWalker", "Record"]
 
 # A sample field: (extension, start, stop, None) for the bytes [start, stop) of the range
 # fed, or (extension, 0, 0, data) for bytes the reader owns (carried or sparse).
@@ -40,6 +47,8 @@ Field = tuple[str, int, int, bytes | None]
 # samples a window holds never reach the oldest generation (a deeper nesting would, and
 # each full collection there costs about 100 ms with PyTorch loaded).
 Record = tuple[str, int, *tuple[Field, ...]]
+# The sample in progress: (key, offset of its first header, fields so far).
+Pending = tuple[str, int, list[Field]]
 
 # name, size digits, type flag, first byte of the ustar prefix
 _HEAD = struct.Struct("100s24x11s13x8xB188xB")
@@ -50,8 +59,9 @@ _NAME = re.compile(rb"(?!_)((?:[^\0\n]*/)?[^\0\n/.]+)\.([^\0\n/]*)(?:\0|\Z)")
 _NEVER = b"/" * 101  # a prefix no 100-byte name field starts with
 _SLASH, _NEWLINE = 0x2F, 0x0A
 _REMEMBERED = 64  # names remembered per reader and kind: a hostile shard cannot grow them
-BULK_MIN = 24  # runs this long are checked by numpy; shorter ones header by header
-_OCTAL_WEIGHTS = np.array([8**5, 8**4, 8**3, 8**2, 8, 1], dtype=np.int64)
+_PROBE = 32  # members read header by header before a range is judged
+_DENSE = 4096  # bytes per member, on average, under which a range gets a table
+_UNBOUNDED = 1 << 62
 
 
 def _extension(raw: bytes) -> str | None:
@@ -84,97 +94,6 @@ class Names:
         self.siblings: dict[bytes, str | None] = {}
 
 
-def walk(
-    data: memoryview,
-    rel: int,
-    limit: int,
-    stop: int,
-    doff: int,
-    pending: tuple[str, int, list[Field]] | None,
-    names: Names,
-) -> tuple[int, tuple[str, int, list[Field]] | None, list[Record], list[int]]:
-    """Read the plain members from ``data[rel:]`` on, as far as they go.
-
-    Args:
-        data: the range being fed; ``doff`` is its offset in the shard.
-        rel: the next header, relative to ``data``.
-        limit: bytes of ``data`` to use: a header or member data past it is not read.
-        stop: the shard's end, relative to ``data``.
-        pending: the sample in progress (key, first header, fields), or None.
-        names: the reader's memory of names, filled as they are met.
-
-    Returns:
-        ``(rel, pending, records, heads)``: the header the walk stopped at, the sample then
-        in progress, the samples completed and the offsets (relative) of the headers read,
-        which :func:`first_bad` must accept before any of it is used.
-    """
-    records: list[Record] = []
-    heads: list[int] = []
-    if pending is None:
-        key, offset, fields, current, dotted = "", -1, [], None, _NEVER
-    else:
-        key, offset, fields = pending[0], pending[1], list(pending[2])  # unchanged if rejected
-        current = key.encode("utf-8", "surrogateescape")
-        dotted = current + b"."
-    owned = offset < doff  # a sample carried into this range keeps owning its bytes
-    seen = [f[0] for f in fields]
-    extensions, siblings = names.extensions, names.siblings
-    unpack, match, cut = _HEAD.unpack_from, _NAME.match, len(dotted)
-    try:
-        while rel + 512 <= limit:
-            name, digits, flag, prefix = unpack(data, rel)
-            if flag not in _PLAIN:
-                break
-            size = int(digits, 8)  # anything but digits: ValueError, the walk ends
-            start = rel + 512
-            after = start + ((size + 511) & -512)
-            if start + size > limit or after > stop:
-                break
-            if prefix:  # ustar's name prefix, joined as tarfile joins it
-                name = _joined(data[rel + 345 : rel + 500].tobytes(), name)
-            ext = None
-            if name.startswith(dotted):  # the next member of the current sample, likely
-                tail = name[cut:]
-                ext = siblings.get(tail)
-                if ext is None and tail not in siblings and len(siblings) < _REMEMBERED:
-                    ext = siblings[tail] = _sibling(tail)
-            if ext is not None:
-                if ext in seen:
-                    break  # a duplicate: the general parser names it
-            else:
-                parts = match(name)
-                if parts is None:
-                    break
-                head, tail = parts.groups()
-                ext = extensions.get(tail)
-                if ext is None:
-                    if tail in extensions:
-                        break
-                    ext = _extension(tail)
-                    if len(extensions) < _REMEMBERED:
-                        extensions[tail] = ext
-                    if ext is None:
-                        break
-                if head != current:
-                    if current is not None:
-                        records.append((key, offset, *fields))
-                    key = head.decode("utf-8", "surrogateescape")
-                    current, dotted, offset, fields, seen = head, head + b".", doff + rel, [], []
-                    cut, owned = len(dotted), False
-                elif ext in seen:
-                    break
-            seen.append(ext)
-            if owned:
-                fields.append((ext, 0, 0, data[start : start + size].tobytes()))
-            else:
-                fields.append((ext, start, start + size, None))
-            heads.append(rel)
-            rel = after
-    except ValueError:
-        pass
-    return rel, (None if current is None else (key, offset, fields)), records, heads
-
-
 def _joined(prefix: bytes, name: bytes) -> bytes:
     """A ustar name field after its prefix field, each up to its first NUL."""
     cut = prefix.find(0)
@@ -183,47 +102,185 @@ def _joined(prefix: bytes, name: bytes) -> bytes:
     return head + b"/" + (name if cut < 0 else name[:cut])
 
 
-def first_bad(data: memoryview, heads: list[int]) -> int:
-    """The index in ``heads`` of the first header the general parser might read otherwise
-    than :func:`walk` did (checksum not ``"%06o\\0 "`` of the unsigned byte sum, size not
-    11 octal digits then NUL or space); ``len(heads)`` if there is none."""
-    if len(heads) < BULK_MIN:
-        return _first_bad_each(data, heads)
-    return _first_bad_bulk(data, heads)
+class RangeWalker:
+    """The walks of one range fed: :meth:`walk` from each header the general parser
+    leaves off at. Made per range; it holds the range only while the range is fed.
+
+    Args:
+        data: the range; ``doff`` is its offset in the shard.
+        limit: bytes of ``data`` to use (a header or member data past it is not read).
+        stop: the shard's end, relative to ``data``.
+        names: the reader's memory of names, filled as they are met.
+    """
+
+    def __init__(self, data: memoryview, doff: int, limit: int, stop: int, names: Names) -> None:
+        self.data, self.doff, self.limit, self.stop, self.names = data, doff, limit, stop, names
+        self._table: HeaderTable | None = None
+        self._judged = False  # whether the range was judged dense enough for a table
+
+    def walk(
+        self, rel: int, pending: Pending | None
+    ) -> tuple[int, Pending | None, list[Record], bool]:
+        """Read the run of plain members at ``rel`` (relative to the range).
+
+        Returns:
+            ``(rel, pending, records, again)``: the header the walk stopped at, the sample
+            then in progress, the samples completed, and whether to walk again in this
+            range (not after a header the check refused).
+        """
+        table = self._table
+        if table is None:
+            if self._judged:
+                return self._scanned(rel, pending, _UNBOUNDED)
+            return self._probe(rel, pending)
+        i, j, after = table.run(rel)
+        if i == j:
+            return self._scanned(rel, pending, _UNBOUNDED)
+        members = zip(table.names(i, j), table.starts[i:j], table.stops[i:j], strict=True)
+        return (*self._group(members, after, pending), True)
+
+    def _probe(
+        self, rel: int, pending: Pending | None
+    ) -> tuple[int, Pending | None, list[Record], bool]:
+        """The first members of the range header by header; then, if they show a range of
+        small members, the rest by the range's table (:mod:`._tarbulk`), whose cost goes
+        with the range's size: it pays where members average under 8 blocks."""
+        first = rel
+        scanned = self._scan(rel, _PROBE)
+        count, after = len(scanned[3]), scanned[4]
+        rel, pending, records, again = self._checked(*scanned, pending)
+        if count < _PROBE or not again:  # stopped early: judged by a later walk
+            return rel, pending, records, again
+        self._judged = True
+        if rel == after and after - first <= _PROBE * _DENSE and rel + 512 <= self.limit:
+            self._table = HeaderTable.of(self.data, rel, self.limit, self.stop)
+            if self._table is not None:
+                rel, pending, more, again = self.walk(rel, pending)
+                records += more
+        return rel, pending, records, again
+
+    def _scanned(
+        self, rel: int, pending: Pending | None, most: int
+    ) -> tuple[int, Pending | None, list[Record], bool]:
+        """:meth:`walk` header by header, for ``most`` members at most."""
+        return self._checked(*self._scan(rel, most), pending)
+
+    def _checked(
+        self,
+        names: list[bytes],
+        starts: list[int],
+        stops: list[int],
+        heads: list[int],
+        after: int,
+        pending: Pending | None,
+    ) -> tuple[int, Pending | None, list[Record], bool]:
+        """The members :meth:`_scan` found, up to the first that the check refuses,
+        grouped; returns as :meth:`walk` does."""
+        bad = first_bad(self.data, heads)
+        if bad < len(heads):
+            after = heads[bad]
+        members = zip(names[:bad], starts[:bad], stops[:bad], strict=True)
+        return (*self._group(members, after, pending), bad == len(heads))
+
+    def _scan(
+        self, rel: int, most: int
+    ) -> tuple[list[bytes], list[int], list[int], list[int], int]:
+        """The run of plain-looking headers from ``rel``, one by one and ``most`` at most:
+        name fields (with their prefix), data starts and stops, the headers (which
+        :func:`~._tarbulk.first_bad` must accept) and the header after the run."""
+        data, limit, stop = self.data, self.limit, self.stop
+        names: list[bytes] = []
+        starts: list[int] = []
+        stops: list[int] = []
+        heads: list[int] = []
+        unpack = _HEAD.unpack_from
+        try:
+            for _ in range(most):
+                if rel + 512 > limit:
+                    break
+                name, digits, flag, prefix = unpack(data, rel)
+                if flag not in _PLAIN:
+                    break
+                size = int(digits, 8)  # anything but digits: ValueError, the scan ends
+                start = rel + 512
+                after = start + ((size + 511) & -512)
+                if start + size > limit or after > stop:
+                    break
+                if prefix:  # ustar's name prefix, joined as tarfile joins it
+                    name = _joined(data[rel + 345 : rel + 500].tobytes(), name)
+                names.append(name)
+                starts.append(start)
+                stops.append(start + size)
+                heads.append(rel)
+                rel = after
+        except ValueError:
+            pass
+        return names, starts, stops, heads, rel
+
+    def _group(
+        self,
+        members: Iterable[tuple[bytes, int, int]],
+        after: int,
+        pending: Pending | None,
+    ) -> tuple[int, Pending | None, list[Record]]:
+        """Name and group ``members`` (name field, data start and stop; ``after``: the
+        header after the last) as far as they are plain; returns as :meth:`walk` does."""
+        data, doff = self.data, self.doff
+        records: list[Record] = []
+        if pending is None:
+            key, offset, fields, current, dotted = "", -1, [], None, _NEVER
+        else:
+            key, offset, fields = pending[0], pending[1], list(pending[2])  # kept if refused
+            current = key.encode("utf-8", "surrogateescape")
+            dotted = current + b"."
+        owned = offset < doff  # a sample carried into this range keeps owning its bytes
+        seen = [f[0] for f in fields]
+        extensions, siblings = self.names.extensions, self.names.siblings
+        match, cut = _NAME.match, len(dotted)
+        for name, start, end in members:
+            ext = None
+            if name.startswith(dotted):  # the next member of the current sample, likely
+                tail = name[cut:]
+                ext = siblings.get(tail)
+                if ext is None and tail not in siblings and len(siblings) < _REMEMBERED:
+                    ext = siblings[tail] = _sibling(tail)
+            if ext is not None:
+                if ext in seen:
+                    return start - 512, _pending(current, key, offset, fields), records
+            else:
+                parts = match(name)
+                if parts is None:
+                    return start - 512, _pending(current, key, offset, fields), records
+                head, tail = parts.groups()
+                ext = extensions.get(tail)
+                if ext is None:
+                    if tail not in extensions:
+                        ext = _extension(tail)
+                        if len(extensions) < _REMEMBERED:
+                            extensions[tail] = ext
+                    if ext is None:
+                        return start - 512, _pending(current, key, offset, fields), records
+                if head != current:
+                    if current is not None:
+                        records.append((key, offset, *fields))
+                    key = head.decode("utf-8", "surrogateescape")
+                    current, dotted, offset, fields, seen = (
+                        head,
+                        head + b".",
+                        doff + start - 512,
+                        [],
+                        [],
+                    )
+                    cut, owned = len(dotted), False
+                elif ext in seen:  # a duplicate: the general parser names it
+                    return start - 512, _pending(current, key, offset, fields), records
+            seen.append(ext)
+            if owned:
+                fields.append((ext, 0, 0, data[start:end].tobytes()))
+            else:
+                fields.append((ext, start, end, None))
+        return after, _pending(current, key, offset, fields), records
 
 
-def _first_bad_each(data: memoryview, heads: list[int]) -> int:
-    for i, rel in enumerate(heads):
-        h = data[rel : rel + 512].tobytes()
-        total = (zlib.adler32(h[:256]) & 0xFFFF) + (zlib.adler32(h[256:]) & 0xFFFF) - 2
-        field = h[148:156]
-        if field != b"%06o\0 " % (total - sum(field) + 256):
-            return i
-        if h[124:135].translate(None, b"01234567") or h[135] not in (0, 0x20):
-            return i
-    return len(heads)
-
-
-def _first_bad_bulk(data: memoryview, heads: list[int]) -> int:
-    """:func:`_first_bad_each` over all headers at once: their blocks are gathered (every
-    header of a range lies at the same offset modulo 512) and summed 256 bytes at a time,
-    which fits ``uint16``."""
-    flat = np.frombuffer(data, dtype=np.uint8)
-    skew = heads[0] & 511
-    blocks = flat[skew : skew + (len(flat) - skew) // 512 * 512].reshape(-1, 512)
-    rows = blocks[(np.array(heads, dtype=np.int64) - skew) >> 9]
-    halves = np.add.reduce(rows.reshape(-1, 256), axis=1, dtype=np.uint16)
-    total = halves[0::2].astype(np.int64) + halves[1::2]
-    field = rows[:, 148:156]
-    digits = field[:, :6].astype(np.int64) - 0x30
-    size = rows[:, 124:135]
-    good = (
-        ((digits >= 0) & (digits <= 7)).all(axis=1)
-        & (field[:, 6] == 0)
-        & (field[:, 7] == 0x20)
-        & (digits @ _OCTAL_WEIGHTS == total - field.sum(axis=1, dtype=np.int64) + 256)
-        & ((size >= 0x30) & (size <= 0x37)).all(axis=1)
-        & ((rows[:, 135] == 0) | (rows[:, 135] == 0x20))
-    )
-    bad = np.flatnonzero(~good)
-    return int(bad[0]) if len(bad) else len(heads)
+def _pending(current: bytes | None, key: str, offset: int, fields: list[Field]) -> Pending | None:
+    return None if current is None else (key, offset, fields)
