@@ -45,7 +45,7 @@ from ._plan import Piece, Topology
 from ._prefetch import soonest
 from ._retry import RetryPolicy, Timeouts
 from ._s3 import S3Options
-from ._shuffle import Lane, WindowShuffle, mix_key
+from ._shuffle import Lane, Need, WindowShuffle, mix_key
 from ._state import BASE, Identity, Position, ReaderState, Start, epoch_sequence
 from ._urls import Shard
 
@@ -311,7 +311,24 @@ class EpochRun(Iterator[dict[str, Any]]):
         try:
             if not self.primed:
                 self._prime()
-            return self._next()
+            shuffle = self.shuffle
+            need = shuffle.need()
+            while need.kind != "draw":
+                self._serve(need)
+                need = shuffle.need()
+            index, sample = shuffle.draw()
+            self.emitted += 1
+            drawn = shuffle.lanes[index]
+            lane: LaneReader = drawn.meta["reader"]
+            # emit: the one copy out of the ring, into the dict the API promises
+            record = lane.records[sample - lane.first]
+            out: dict[str, Any] = {"__key__": record[0], "__url__": lane.shard.url}
+            view = lane.view
+            for ext, start, stop, owned in record[2:]:
+                out[ext] = view[start:stop].tobytes() if owned is None else owned
+            if self._sources:
+                out["__source__"] = self._sources[drawn.group].name
+            return out
         except StopIteration:
             self.closed = True  # the engine is idle again: finish() hands it back
             raise
@@ -347,36 +364,23 @@ class EpochRun(Iterator[dict[str, Any]]):
             source = self.settings.sources[self.settings.source_of(max(named)[1])]
             exc.args = (f"source {source.name!r}: {message}", *exc.args[1:])
 
-    def _next(self) -> dict[str, Any]:
+    def _serve(self, need: Need) -> None:
+        """Do what the shuffle needs before its next draw: open the next piece, refill a
+        lane with its next chunk or close it; then top up the prefetch. Raises
+        StopIteration at the end of the epoch."""
         shuffle = self.shuffle
-        while True:
-            need = shuffle.need()
-            if need.kind == "draw":
-                index, sample = shuffle.draw()
-                self.emitted += 1
-                drawn = shuffle.lanes[index]
-                lane: LaneReader = drawn.meta["reader"]
-                # emit: the one copy out of the ring, into the dict the API promises
-                record = lane.records[sample - lane.first]
-                out: dict[str, Any] = {"__key__": record[0], "__url__": lane.shard.url}
-                view = lane.view
-                for ext, start, stop, owned in record[2:]:
-                    out[ext] = view[start:stop].tobytes() if owned is None else owned
-                if self._sources:
-                    out["__source__"] = self._sources[drawn.group].name
-                return out
-            if need.kind == "done":
-                raise StopIteration
-            if need.kind == "open":
-                lane = self.reader.lane(need.piece)
-                shuffle.open(self.reader.load(lane), {"reader": lane})
+        if need.kind == "done":
+            raise StopIteration
+        if need.kind == "open":
+            lane = self.reader.lane(need.piece)
+            shuffle.open(self.reader.load(lane), {"reader": lane})
+        else:
+            lane = self._lane(shuffle.lanes[need.lane])
+            if lane.wants_more:
+                shuffle.refill(need.lane, self.reader.load(lane))
             else:
-                lane = self._lane(shuffle.lanes[need.lane])
-                if lane.wants_more:
-                    shuffle.refill(need.lane, self.reader.load(lane))
-                else:
-                    self._release(shuffle.close(need.lane))
-            self._prefetch()
+                self._release(shuffle.close(need.lane))
+        self._prefetch()
 
     # -- state --------------------------------------------------------------------------
 
