@@ -144,20 +144,27 @@ class RangeWalker:
     ) -> tuple[int, Pending | None, list[Record], bool]:
         """The first members of the range header by header; then, if they show a range of
         small members, the rest by the range's table (:mod:`._tarbulk`), whose cost goes
-        with the range's size: it pays where members average under 8 blocks."""
-        first = rel
-        scanned = self._scan(rel, _PROBE)
-        count, after = len(scanned[3]), scanned[4]
-        rel, pending, records, again = self._checked(*scanned, pending)
-        if count < _PROBE or not again:  # stopped early: judged by a later walk
-            return rel, pending, records, again
-        self._judged = True
-        if rel == after and after - first <= _PROBE * _DENSE and rel + 512 <= self.limit:
-            self._table = HeaderTable.of(self.data, rel, self.limit, self.stop)
-            if self._table is not None:
-                rel, pending, more, again = self.walk(rel, pending)
-                records += more
-        return rel, pending, records, again
+        with the range's size: it pays where members average under 8 blocks. Otherwise
+        the scan goes on, and the whole run is checked at once."""
+        names, starts, stops, heads, after = self._scan(rel, _PROBE)
+        if len(heads) == _PROBE:  # else the scan stopped early: a later walk judges
+            self._judged = True
+            if after - rel > _PROBE * _DENSE:
+                more = self._scan(after, _UNBOUNDED)
+                names, starts, stops = names + more[0], starts + more[1], stops + more[2]
+                heads = heads + more[3]
+                after = more[4]
+            else:
+                rel, pending, records, again = self._checked(
+                    names, starts, stops, heads, after, pending
+                )
+                if again and rel == after and rel + 512 <= self.limit:
+                    self._table = HeaderTable.of(self.data, rel, self.limit, self.stop)
+                    if self._table is not None:
+                        rel, pending, more_records, again = self.walk(rel, pending)
+                        records += more_records
+                return rel, pending, records, again
+        return self._checked(names, starts, stops, heads, after, pending)
 
     def _scanned(
         self, rel: int, pending: Pending | None, most: int
