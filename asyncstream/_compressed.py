@@ -39,7 +39,7 @@ from typing import Any
 import zstandard
 
 from ._exceptions import CorruptTarError
-from ._tar import Sample, ShardReader
+from ._tar import Record, Sample, ShardReader, byte_view, samples
 
 __all__ = [
     "SHARD_SUFFIXES",
@@ -226,9 +226,33 @@ class CompressedReader:
             ValueError: the range is not the next one.
             CorruptTarError: a corrupt or truncated compressed stream, or a corrupt tar.
         """
-        view = data if isinstance(data, memoryview) else memoryview(data)
-        if view.format != "B" or view.ndim != 1:
-            view = view.cast("B")
+        return [
+            s for view, records in self._parts(data, offset, final) for s in samples(view, records)
+        ]
+
+    def records(
+        self, data: memoryview | bytes | bytearray, offset: int, *, final: bool = False
+    ) -> list[Record]:
+        """:meth:`feed` as :meth:`ShardReader.records` returns it, every field owned: the
+        decompressed pieces the fields lay in are not kept."""
+        return [
+            (
+                record[0],
+                record[1],
+                *[
+                    (e, 0, 0, view[a:b].tobytes()) if o is None else (e, a, b, o)
+                    for e, a, b, o in record[2:]
+                ],
+            )
+            for view, records in self._parts(data, offset, final)
+            for record in records
+        ]
+
+    def _parts(
+        self, data: memoryview | bytes | bytearray, offset: int, final: bool
+    ) -> list[tuple[memoryview, list[Record]]]:
+        """The records completed by ``data``, with the decompressed piece each lies in."""
+        view = byte_view(data)
         end = offset + len(view)
         final = final or end == self.size
         if offset != self._next or end > self.size or (final and end != self.size):
@@ -248,8 +272,10 @@ class CompressedReader:
         del view
         raise CorruptTarError(self._error[0], url=self.url, offset=self._error[1])
 
-    def _feed(self, view: memoryview, offset: int, final: bool) -> list[Sample]:
-        out: list[Sample] = []
+    def _feed(
+        self, view: memoryview, offset: int, final: bool
+    ) -> list[tuple[memoryview, list[Record]]]:
+        out: list[tuple[memoryview, list[Record]]] = []
         if self._streams is None and not self._plain:
             self._head += view.tobytes()
             if len(self._head) < _MAGIC_BYTES and not final:
@@ -291,7 +317,12 @@ class CompressedReader:
                 offset=offset,
             ) from None
 
-    def _to_tar(self, out: list[Sample], piece: bytes | memoryview, final: bool = False) -> None:
+    def _to_tar(
+        self,
+        out: list[tuple[memoryview, list[Record]]],
+        piece: bytes | memoryview,
+        final: bool = False,
+    ) -> None:
         """Hand decompressed bytes to the tar reader, dropping those before its start."""
         at, self._out = self._out, self._out + len(piece)
         if self._out < self._skip or (self._out == self._skip and not final):
@@ -306,4 +337,7 @@ class CompressedReader:
         if at < self._skip:
             piece, at = memoryview(piece)[self._skip - at :], self._skip
         if not self._tar.done:
-            out += self._tar.feed(piece, at, final=final)
+            view = byte_view(piece)
+            records = self._tar.records(view, at, final=final)
+            if records:
+                out.append((view, records))

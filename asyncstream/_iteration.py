@@ -54,6 +54,7 @@ class Iteration(Iterator[dict[str, Any]]):
         self.closed = False
         self._owner = owner  # the stream, kept alive while this iterator may run
         self._lock = threading.Lock()
+        self._next_sample = run.__next__
 
     def __next__(self) -> dict[str, Any]:
         if not self._lock.acquire(blocking=False):
@@ -62,31 +63,37 @@ class Iteration(Iterator[dict[str, Any]]):
                 "thread a stream of its own (or use DataLoader workers)"
             )
         try:
-            if self.closed:
-                raise StopIteration
-            if self.replaced:
-                raise StateError(
-                    "this ShardStream iterator was ended by a newer iter(), set_epoch(), "
-                    "load_state_dict() or close() on its stream: a stream serves one "
-                    "iterator at a time"
-                )
+            if self.closed or self.replaced:
+                self._refuse()
             self.started = True
-            meter = self.meter
-            began = meter.begin() if meter is not None else 0.0
             try:
-                sample = next(self.run)
                 if self._on_begin is not None:
-                    on_begin, self._on_begin = self._on_begin, None
-                    on_begin()
-                return sample
+                    return self._first()
+                if self.meter is None:
+                    return self._next_sample()
+                return self.meter.timed(self._next_sample)
             except BaseException:
                 self._owner = None  # the run is over: the stream may go
                 raise
-            finally:
-                if meter is not None:
-                    meter.end(began)
         finally:
             self._lock.release()
+
+    def _first(self) -> dict[str, Any]:
+        """The first sample: drawn, then the epoch counted as begun (``on_begin``)."""
+        sample = self._next_sample() if self.meter is None else self.meter.timed(self._next_sample)
+        on_begin, self._on_begin = self._on_begin, None
+        if on_begin is not None:
+            on_begin()
+        return sample
+
+    def _refuse(self) -> None:
+        if self.closed:
+            raise StopIteration
+        raise StateError(
+            "this ShardStream iterator was ended by a newer iter(), set_epoch(), "
+            "load_state_dict() or close() on its stream: a stream serves one "
+            "iterator at a time"
+        )
 
     def close(self) -> None:
         """End this iterator early (as a generator's ``close()``): its run stops and the

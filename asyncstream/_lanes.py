@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from ._compressed import CompressedReader, fetch_start, open_reader
@@ -29,7 +29,7 @@ from ._exceptions import DataError, StateError
 from ._plan import Piece
 from ._state import LaneState
 from ._store import ChunkRequest
-from ._tar import Sample, ShardReader
+from ._tar import Record, ShardReader
 from ._urls import Shard
 
 if TYPE_CHECKING:
@@ -37,7 +37,8 @@ if TYPE_CHECKING:
 
 __all__ = ["ChunkReader", "Item", "LaneReader", "chunk_count", "fetch_offset"]
 
-Item = tuple[int, Sample]  # (in-shard sample index, sample)
+Item = int  # a sample by its index in the shard: its record is records[index - first]
+_EMPTY = memoryview(b"")
 
 
 def fetch_offset(piece: Piece, shard: Shard) -> int:
@@ -66,6 +67,9 @@ class LaneReader:
     returned_before: int = 0  # ... before the resident chunk was fed
     reader_start: int = 0  # reader.pending_offset before the resident chunk was fed
     ready: Ready | None = None
+    view: memoryview = _EMPTY  # the resident chunk, which the records' fields lie in
+    records: list[Record] = field(default_factory=list)  # what the resident chunk completed
+    first: int = 0  # in-shard index of records[0]
 
     @property
     def n_chunks(self) -> int:
@@ -175,11 +179,10 @@ class ChunkReader:
         ready = self._take(lane.position, lane.chunk)
         lane.reader_start = lane.reader.pending_offset
         lane.returned_before = lane.returned
-        samples = lane.reader.feed(
-            engine.view(ready), ready.request.offset, final=ready.request.final
-        )
-        lane.ready = ready
+        view = engine.view(ready)
+        samples = lane.reader.records(view, ready.request.offset, final=ready.request.final)
         first = lane.returned
+        lane.ready, lane.view, lane.records, lane.first = ready, view, samples, first
         lane.returned += len(samples)
         if ready.request.final and lane.returned != lane.count:
             raise DataError(
@@ -188,14 +191,14 @@ class ChunkReader:
             )
         piece = lane.piece
         if not piece.take:
-            lo, hi = max(piece.first - first, 0), min(piece.stop - first, len(samples))
-            return [(first + i, samples[i]) for i in range(lo, hi)]
-        return [(first + i, s) for i, s in enumerate(samples) if piece.wants(first + i)]
+            lo, hi = max(piece.first, first), min(piece.stop, first + len(samples))
+            return list(range(lo, hi))
+        return [i for i in range(first, first + len(samples)) if piece.wants(i)]
 
-    def restore(self, saved: LaneState) -> tuple[LaneReader, dict[int, Sample]]:
+    def restore(self, saved: LaneState) -> tuple[LaneReader, set[int]]:
         """Reopen a saved lane exactly: its reader where it was, its chunk resident.
 
-        Returns the lane and the samples of its resident chunk by in-shard index.
+        Returns the lane and the in-shard indices of the samples of its resident chunk.
         """
         if saved.piece >= len(self.pieces):
             raise StateError("state_dict names a piece this reader does not have")
@@ -222,13 +225,13 @@ class ChunkReader:
             )
             ready = engine.wait(rid)
             try:
-                if lane.reader.feed(engine.view(ready), offset):
+                if lane.reader.records(engine.view(ready), offset):
                     raise StateError("state_dict does not match the shard's contents")
             finally:
                 engine.release(ready.slot)
             offset += length
         lane.chunk = saved.chunk - 1
-        items = dict(self.load(lane))
+        items = set(self.load(lane))
         if saved.returned is not None and lane.returned != saved.returned:
             raise StateError(
                 f"state_dict does not match {lane.shard.url}: its chunk {saved.chunk} ends "
@@ -239,5 +242,6 @@ class ChunkReader:
     def release(self, lane: LaneReader) -> None:
         """Hand the lane's resident chunk back to the engine."""
         if lane.ready is not None:
+            lane.view, lane.records = _EMPTY, []
             self.engine().release(lane.ready.slot)
             lane.ready = None

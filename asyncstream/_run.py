@@ -45,9 +45,8 @@ from ._plan import Piece, Topology
 from ._prefetch import soonest
 from ._retry import RetryPolicy, Timeouts
 from ._s3 import S3Options
-from ._shuffle import Lane, WindowShuffle, mix_key
+from ._shuffle import Lane, Need, WindowShuffle, mix_key
 from ._state import BASE, Identity, Position, ReaderState, Start, epoch_sequence
-from ._tar import Sample
 from ._urls import Shard
 
 __all__ = ["EpochRun", "StreamSettings", "default_topology", "worker_topology"]
@@ -222,6 +221,7 @@ class EpochRun(Iterator[dict[str, Any]]):
         self.pieces = epoch_sequence(settings, start.epoch).pieces(start.assignment)
         self.groups = [settings.source_of(piece.shard) for piece in self.pieces]
         self.blend = _blend(settings, self.pieces, self.groups)
+        self._sources = settings.sources
         self.shuffle: WindowShuffle[Item] = WindowShuffle(
             len(self.pieces),
             window=settings.lanes,
@@ -309,13 +309,26 @@ class EpochRun(Iterator[dict[str, Any]]):
         if self.closed:
             raise StopIteration
         try:
-            if self._restore_pending is not None:
-                self.reset(self._restore_pending)
-                self._restore_pending = None
-            elif not self.primed:
-                self._prefetch()  # the first window's chunks, all at once
-            self.primed = True
-            return self._next()
+            if not self.primed:
+                self._prime()
+            shuffle = self.shuffle
+            need = shuffle.need()
+            while need.kind != "draw":
+                self._serve(need)
+                need = shuffle.need()
+            index, sample = shuffle.draw()
+            self.emitted += 1
+            drawn = shuffle.lanes[index]
+            lane: LaneReader = drawn.meta["reader"]
+            # emit: the one copy out of the ring, into the dict the API promises
+            record = lane.records[sample - lane.first]
+            out: dict[str, Any] = {"__key__": record[0], "__url__": lane.shard.url}
+            view = lane.view
+            for ext, start, stop, owned in record[2:]:
+                out[ext] = view[start:stop].tobytes() if owned is None else owned
+            if self._sources:
+                out["__source__"] = self._sources[drawn.group].name
+            return out
         except StopIteration:
             self.closed = True  # the engine is idle again: finish() hands it back
             raise
@@ -326,6 +339,16 @@ class EpochRun(Iterator[dict[str, Any]]):
         except BaseException:
             self.close()
             raise
+
+    def _prime(self) -> None:
+        """Before the first sample: restore the saved position, or ask for the first
+        window's chunks all at once."""
+        if self._restore_pending is not None:
+            self.reset(self._restore_pending)
+            self._restore_pending = None
+        else:
+            self._prefetch()
+        self.primed = True
 
     def _name_source(self, exc: AsyncStreamError) -> None:
         """Put the source of the shard an error names at the start of its message."""
@@ -341,37 +364,23 @@ class EpochRun(Iterator[dict[str, Any]]):
             source = self.settings.sources[self.settings.source_of(max(named)[1])]
             exc.args = (f"source {source.name!r}: {message}", *exc.args[1:])
 
-    def _next(self) -> dict[str, Any]:
+    def _serve(self, need: Need) -> None:
+        """Do what the shuffle needs before its next draw: open the next piece, refill a
+        lane with its next chunk or close it; then top up the prefetch. Raises
+        StopIteration at the end of the epoch."""
         shuffle = self.shuffle
-        while True:
-            need = shuffle.need()
-            if need.kind == "draw":
-                index, (_, sample) = shuffle.draw()
-                self.emitted += 1
-                drawn = shuffle.lanes[index]
-                out = self._emit(sample, self._lane(drawn).shard.url)
-                if self.settings.sources:
-                    out["__source__"] = self.settings.sources[drawn.group].name
-                return out
-            if need.kind == "done":
-                raise StopIteration
-            if need.kind == "open":
-                lane = self.reader.lane(need.piece)
-                shuffle.open(self.reader.load(lane), {"reader": lane})
+        if need.kind == "done":
+            raise StopIteration
+        if need.kind == "open":
+            lane = self.reader.lane(need.piece)
+            shuffle.open(self.reader.load(lane), {"reader": lane})
+        else:
+            lane = self._lane(shuffle.lanes[need.lane])
+            if lane.wants_more:
+                shuffle.refill(need.lane, self.reader.load(lane))
             else:
-                lane = self._lane(shuffle.lanes[need.lane])
-                if lane.wants_more:
-                    shuffle.refill(need.lane, self.reader.load(lane))
-                else:
-                    self._release(shuffle.close(need.lane))
-            self._prefetch()
-
-    @staticmethod
-    def _emit(sample: Sample, url: str) -> dict[str, Any]:
-        out: dict[str, Any] = {"__key__": sample.key, "__url__": url}
-        for ext, data in sample.fields.items():
-            out[ext] = bytes(data)  # the one copy out of the ring
-        return out
+                self._release(shuffle.close(need.lane))
+        self._prefetch()
 
     # -- state --------------------------------------------------------------------------
 
@@ -380,8 +389,7 @@ class EpochRun(Iterator[dict[str, Any]]):
         if self._restore_pending is not None:
             return self._restore_pending
         lanes = tuple(
-            self._lane(lane).state([index for index, _ in lane.items[lane.cursor :]])
-            for lane in self.shuffle.lanes
+            self._lane(lane).state(lane.items[lane.cursor :]) for lane in self.shuffle.lanes
         )
         draws, next_piece = self.shuffle.state()
         blend = self.blend.state() if self.blend is not None else None
@@ -404,15 +412,14 @@ class EpochRun(Iterator[dict[str, Any]]):
             raise StateError("state_dict position is corrupted: next_piece is past the plan")
         lanes = []
         for saved in position.lanes:
-            lane, items = self.reader.restore(saved)
-            try:
-                chosen = [(i, items[i]) for i in saved.remaining]
-            except KeyError as exc:
+            lane, held = self.reader.restore(saved)
+            missing = [i for i in saved.remaining if i not in held]
+            if missing:
                 raise StateError(
-                    f"state_dict names sample {exc} that the resident chunk of "
+                    f"state_dict names sample {missing[0]} that the resident chunk of "
                     f"{lane.shard.url} does not hold"
-                ) from None
-            lanes.append((saved.piece, chosen, {"reader": lane}))
+                )
+            lanes.append((saved.piece, list(saved.remaining), {"reader": lane}))
         self.shuffle.reset(position.draws, position.next_piece, lanes)
         if self.blend is not None and position.blend is not None:
             try:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import math
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -223,3 +224,49 @@ def test_tarread_benchmark_reads_every_compression_of_the_same_samples(tmp_path:
         for source in ("local files", "S3, loopback"):
             assert row[source]["samples"] == 300
             assert all(math.isfinite(n) and n >= 0 for n in _numbers(row[source]))
+
+
+@pytest.mark.timeout(700)
+def test_samplecost_benchmark_measures_both_revisions_in_rounds(tmp_path: Path) -> None:
+    from asyncstream import pack
+    from asyncstream.testing import generate_imagefolder
+
+    generate_imagefolder(tmp_path / "images", 40, 2, seed=0, workers=1)
+    pack(tmp_path / "images", str(tmp_path / "shards"), shard_samples=10, shard_bytes=None)
+    out = tmp_path / "samplecost.json"
+    has_git = shutil.which("git") is not None and (
+        subprocess.run(
+            ["git", "-C", str(ROOT), "rev-parse", "HEAD"], capture_output=True
+        ).returncode
+        == 0
+    )
+    sides = ["before", "after"] if has_git else ["after"]  # no git checkout: no baseline
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "bench.samplecost",
+            "--url",
+            str(tmp_path / "shards"),
+            "--s3",
+            *(["--baseline", "HEAD"] if has_git else []),
+            "--rounds",
+            "2",
+            "--epochs",
+            "2",
+            "--json",
+            str(out),
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    data = json.loads(out.read_text())
+    for source in ("local files", "S3, loopback"):
+        assert list(data[source]) == sides
+        for side in data[source].values():
+            assert side["samples"] == 40
+            assert all(math.isfinite(n) and n >= 0 for n in _numbers(side))
+    assert "| S3, loopback | after |" in proc.stdout

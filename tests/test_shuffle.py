@@ -12,6 +12,9 @@ from hypothesis import strategies as st
 
 from asyncstream._shuffle import (
     WindowShuffle,
+    _below,
+    _splitmix,
+    _splitmix_batch,
     mix_key,
     shuffle_quality,
     simulate_buffer_order,
@@ -384,3 +387,69 @@ def test_window_beats_the_sample_buffer_at_equal_memory(mode: Mode) -> None:
     assert sum(corrs) / 5 < 0.1
     assert sum(distincts) / 5 > 23
     assert sum(distincts) / 5 > buffer_distinct
+
+
+def _reference_draw(state: WindowShuffle[int]) -> tuple[int, int]:
+    """The draw as first written, a random number made per draw: the order to keep."""
+    n = 2 * state.draws
+    lanes = state.lanes
+    if state.mode == "shards":
+        index = _below(state.key, n, len(lanes))
+    else:
+        r = _below(state.key, n, sum(len(lane.items) for lane in lanes))
+        for index, lane in enumerate(lanes):  # noqa: B007 - index is the result
+            if r < len(lane.items):
+                break
+            r -= len(lane.items)
+    items = lanes[index].items
+    pick = _below(state.key, n + 1, len(items))
+    return index, items[pick]
+
+
+@pytest.mark.parametrize("mode", MODES)
+@settings(max_examples=40, derandomize=True, database=None, deadline=None)
+@given(
+    sizes=st.lists(st.integers(0, 40), min_size=1, max_size=12),
+    window=st.integers(1, 5),
+    key=st.sampled_from([0, 1, 2**63, 2**64 - 1, 2**64 - 3, 0x243F6A8885A308D3]),
+    restore_at=st.integers(0, 300),
+)
+def test_draws_are_the_per_draw_formula(
+    mode: Mode, sizes: list[int], window: int, key: int, restore_at: int
+) -> None:
+    """Random numbers made 512 draws at a time (and a count of resident items kept as
+    they change) give the order of one random number made per draw, across refills,
+    closes and a restore."""
+    state: WindowShuffle[int] = WindowShuffle(len(sizes), window=window, key=key, mode=mode)
+    chunks = {
+        p: [list(range(p * 1000 + c, p * 1000 + c + 7)) for c in range(0, n, 7)]
+        for p, n in enumerate(sizes)
+    }
+    while True:
+        need = state.need()
+        if need.kind == "done":
+            break
+        if need.kind == "open":
+            state.open(chunks[need.piece].pop(0) if chunks[need.piece] else [])
+        elif need.kind == "refill":
+            rest = chunks[state.lanes[need.lane].piece]
+            if rest:
+                state.refill(need.lane, rest.pop(0))
+            else:
+                state.close(need.lane)
+        else:
+            expected = _reference_draw(state)
+            assert state.draw() == expected
+            if state.draws == restore_at:  # a fresh state from this one's
+                lanes = [(lane.piece, list(lane.items), {}) for lane in state.lanes]
+                draws, next_piece = state.state()
+                state = WindowShuffle(len(sizes), window=window, key=key, mode=mode)
+                state.reset(draws, next_piece, lanes)
+
+
+@given(key=st.integers(0, 2**64 - 1), n=st.integers(0, 2**40))
+@settings(max_examples=200, derandomize=True, database=None, deadline=None)
+def test_batched_random_numbers_are_splitmix(key: int, n: int) -> None:
+    batch = _splitmix_batch(key, n)
+    assert batch[0] == _splitmix(key + n)
+    assert batch[-1] == _splitmix(key + n + len(batch) - 1)

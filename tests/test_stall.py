@@ -49,3 +49,29 @@ def test_shard_stream_meters_its_loop(tmp_path: Path) -> None:
             assert stall["worked_s"] / (24 * 0.01) == pytest.approx(1.0, abs=0.3)
             if epoch:  # (the first epoch waits for the engine to start: that counts)
                 assert stall["waited_share"] < 0.5
+
+
+def test_timed_counts_as_begin_and_end(monkeypatch: pytest.MonkeyPatch) -> None:
+    clock = iter(float(t) for t in range(1000))
+    ticks: list[float] = []
+
+    def tick() -> float:
+        ticks.append(next(clock))
+        return ticks[-1]
+
+    monkeypatch.setattr(time, "perf_counter", tick)
+    paired, timed = StallMeter(window=3), StallMeter(window=3)
+    for call in range(6):
+        started = paired.begin()
+        paired.end(started)
+        if call == 3:
+            paired.pause()
+            timed.pause()
+        if call == 5:  # a call that raises (the end of an epoch) is counted too
+            with pytest.raises(StopIteration):
+                timed.timed(iter(()).__next__)
+        else:
+            assert timed.timed(lambda: "item") == "item"
+    # Each meter read the clock at the same points of its own calls: same figures.
+    assert timed.report() == paired.report()
+    assert timed.report()["epoch"]["calls"] == 6

@@ -1,0 +1,293 @@
+"""Runs of plain tar members, read in tight loops and checked in bulk.
+
+Nearly every header of a webdataset shard is the plain case: a regular file (type ``0``,
+``\\0`` or ``7``) with no extended header before it, an 11-digit octal size, the checksum
+as ``tarfile`` and GNU tar spell it (``"%06o\\0 "``) and a name that webdataset splits
+at its first dot. :class:`~._tar.ShardReader` spends about 3 µs on each header in its
+general parser (:mod:`._tarentry`); :class:`RangeWalker` reads a run of plain members for
+a fraction of that, in two steps:
+
+1. **find**: the run's headers, their data and their name fields. From a table of the
+   whole range built by numpy (:mod:`._tarbulk`), or, where there is none (a small range,
+   v7 headers, a run the table cannot follow), header by header, checked afterwards by
+   :func:`~._tarbulk.first_bad` all at once;
+2. **group**: each member named (a sample's next member by one comparison with its key
+   and one look-up) and grouped into samples.
+
+Exactness: a header is taken only when the general parser would read it the same way;
+the walk stops *before* the first one it cannot vouch for (another type, extended
+headers, a name prefix or an odd name, an unusual spelling of a number, a bad checksum, a
+member past the shard's end or whose data has not arrived, a duplicate field), and the
+general parser reads that header, with its own errors: the same
+:class:`~asyncstream.CorruptTarError` at the same offset as without the fast path. After a
+header the check refused, the rest of the range is left to the general parser, so a shard
+of unusual headers costs at most one wasted walk per range.
+
+Names are split in bytes and decoded by parts; UTF-8 with surrogate escapes decodes a name
+split at an ASCII byte (``/`` or ``.``) into the decodings of its parts, so the key and the
+extension are the general parser's.
+"""
+
+from __future__ import annotations
+
+import re
+import struct
+from collections.abc import Iterable
+
+from ._tarbulk import HeaderTable, first_bad
+
+__all__ = ["Field", "Names", "RangeWalker", "Record"]
+
+# A sample field: (extension, start, stop, None) for the bytes [start, stop) of the range
+# fed, or (extension, 0, 0, data) for bytes the reader owns (carried or sparse).
+Field = tuple[str, int, int, bytes | None]
+# A sample: key, offset of its first header, then its fields in tar order. Two levels of
+# tuples of str, int and bytes: the garbage collector stops tracking a field at its first
+# collection and the record at its second at the latest, so the tens of thousands of
+# samples a window holds never reach the oldest generation (a deeper nesting would, and
+# each full collection there costs about 100 ms with PyTorch loaded).
+Record = tuple[str, int, *tuple[Field, ...]]
+# The sample in progress: (key, offset of its first header, fields so far).
+Pending = tuple[str, int, list[Field]]
+
+# name, size digits, type flag, first byte of the ustar prefix
+_HEAD = struct.Struct("100s24x11s13x8xB188xB")
+_PLAIN = frozenset(b"07\0")
+# A name field webdataset splits at the first dot after its last slash, as _members does
+# (no newline, no leading underscore), then up to its first NUL: the key and extension.
+_NAME = re.compile(rb"(?!_)((?:[^\0\n]*/)?[^\0\n/.]+)\.([^\0\n/]*)(?:\0|\Z)")
+_NEVER = b"/" * 101  # a prefix no 100-byte name field starts with
+_SLASH, _NEWLINE = 0x2F, 0x0A
+_REMEMBERED = 64  # names remembered per reader and kind: a hostile shard cannot grow them
+_PROBE = 32  # members read header by header before a range is judged
+_DENSE = 4096  # bytes per member, on average, under which a range gets a table
+_UNBOUNDED = 1 << 62
+
+
+def _extension(raw: bytes) -> str | None:
+    """The field name of an extension's bytes, or None where the general parser decides."""
+    ext = raw.decode("utf-8", "surrogateescape").lower()
+    return None if ext[:1] == "_" else ext
+
+
+def _sibling(tail: bytes) -> str | None:
+    """The field name of a member whose name field is the current sample's key, a dot and
+    ``tail`` (NUL-padded), or None if the name does not split there (a ``/`` or a newline
+    after the dot) or is the general parser's to name."""
+    cut = tail.find(0)
+    raw = tail if cut < 0 else tail[:cut]
+    if _SLASH in raw or _NEWLINE in raw:
+        return None
+    return _extension(raw)
+
+
+class Names:
+    """What a reader's walks remember of names: extensions by their bytes, and by the
+    NUL-padded rest of a name field after the current key and its dot (the other members
+    of a sample are then named with one comparison and one look-up). Bounded: a shard of
+    ever new extensions or key lengths only misses."""
+
+    __slots__ = ("extensions", "siblings")
+
+    def __init__(self) -> None:
+        self.extensions: dict[bytes, str | None] = {}
+        self.siblings: dict[bytes, str | None] = {}
+
+
+def _joined(prefix: bytes, name: bytes) -> bytes:
+    """A ustar name field after its prefix field, each up to its first NUL."""
+    cut = prefix.find(0)
+    head = prefix if cut < 0 else prefix[:cut]
+    cut = name.find(0)
+    return head + b"/" + (name if cut < 0 else name[:cut])
+
+
+class RangeWalker:
+    """The walks of one range fed: :meth:`walk` from each header the general parser
+    leaves off at. Made per range; it holds the range only while the range is fed.
+
+    Args:
+        data: the range; ``doff`` is its offset in the shard.
+        limit: bytes of ``data`` to use (a header or member data past it is not read).
+        stop: the shard's end, relative to ``data``.
+        names: the reader's memory of names, filled as they are met.
+    """
+
+    def __init__(self, data: memoryview, doff: int, limit: int, stop: int, names: Names) -> None:
+        self.data, self.doff, self.limit, self.stop, self.names = data, doff, limit, stop, names
+        self._table: HeaderTable | None = None
+        self._judged = False  # whether the range was judged dense enough for a table
+
+    def walk(
+        self, rel: int, pending: Pending | None
+    ) -> tuple[int, Pending | None, list[Record], bool]:
+        """Read the run of plain members at ``rel`` (relative to the range).
+
+        Returns:
+            ``(rel, pending, records, again)``: the header the walk stopped at, the sample
+            then in progress, the samples completed, and whether to walk again in this
+            range (not after a header the check refused).
+        """
+        table = self._table
+        if table is None:
+            if self._judged:
+                return self._scanned(rel, pending, _UNBOUNDED)
+            return self._probe(rel, pending)
+        i, j, after = table.run(rel)
+        if i == j:
+            return self._scanned(rel, pending, _UNBOUNDED)
+        members = zip(table.names(i, j), table.starts[i:j], table.stops[i:j], strict=True)
+        return (*self._group(members, after, pending), True)
+
+    def _probe(
+        self, rel: int, pending: Pending | None
+    ) -> tuple[int, Pending | None, list[Record], bool]:
+        """The first members of the range header by header; then, if they show a range of
+        small members, the rest by the range's table (:mod:`._tarbulk`), whose cost goes
+        with the range's size: it pays where members average under 8 blocks. Otherwise
+        the scan goes on, and the whole run is checked at once."""
+        names, starts, stops, heads, after = self._scan(rel, _PROBE)
+        if len(heads) == _PROBE:  # else the scan stopped early: a later walk judges
+            self._judged = True
+            if after - rel > _PROBE * _DENSE:
+                more = self._scan(after, _UNBOUNDED)
+                names, starts, stops = names + more[0], starts + more[1], stops + more[2]
+                heads = heads + more[3]
+                after = more[4]
+            else:
+                rel, pending, records, again = self._checked(
+                    names, starts, stops, heads, after, pending
+                )
+                if again and rel == after and rel + 512 <= self.limit:
+                    self._table = HeaderTable.of(self.data, rel, self.limit, self.stop)
+                    if self._table is not None:
+                        rel, pending, more_records, again = self.walk(rel, pending)
+                        records += more_records
+                return rel, pending, records, again
+        return self._checked(names, starts, stops, heads, after, pending)
+
+    def _scanned(
+        self, rel: int, pending: Pending | None, most: int
+    ) -> tuple[int, Pending | None, list[Record], bool]:
+        """:meth:`walk` header by header, for ``most`` members at most."""
+        return self._checked(*self._scan(rel, most), pending)
+
+    def _checked(
+        self,
+        names: list[bytes],
+        starts: list[int],
+        stops: list[int],
+        heads: list[int],
+        after: int,
+        pending: Pending | None,
+    ) -> tuple[int, Pending | None, list[Record], bool]:
+        """The members :meth:`_scan` found, up to the first that the check refuses,
+        grouped; returns as :meth:`walk` does."""
+        bad = first_bad(self.data, heads)
+        if bad < len(heads):
+            after = heads[bad]
+        members = zip(names[:bad], starts[:bad], stops[:bad], strict=True)
+        return (*self._group(members, after, pending), bad == len(heads))
+
+    def _scan(
+        self, rel: int, most: int
+    ) -> tuple[list[bytes], list[int], list[int], list[int], int]:
+        """The run of plain-looking headers from ``rel``, one by one and ``most`` at most:
+        name fields (with their prefix), data starts and stops, the headers (which
+        :func:`~._tarbulk.first_bad` must accept) and the header after the run."""
+        data, limit, stop = self.data, self.limit, self.stop
+        names: list[bytes] = []
+        starts: list[int] = []
+        stops: list[int] = []
+        heads: list[int] = []
+        unpack = _HEAD.unpack_from
+        try:
+            for _ in range(most):
+                if rel + 512 > limit:
+                    break
+                name, digits, flag, prefix = unpack(data, rel)
+                if flag not in _PLAIN:
+                    break
+                size = int(digits, 8)  # anything but digits: ValueError, the scan ends
+                start = rel + 512
+                after = start + ((size + 511) & -512)
+                if start + size > limit or after > stop:
+                    break
+                if prefix:  # ustar's name prefix, joined as tarfile joins it
+                    name = _joined(data[rel + 345 : rel + 500].tobytes(), name)
+                names.append(name)
+                starts.append(start)
+                stops.append(start + size)
+                heads.append(rel)
+                rel = after
+        except ValueError:
+            pass
+        return names, starts, stops, heads, rel
+
+    def _group(
+        self,
+        members: Iterable[tuple[bytes, int, int]],
+        after: int,
+        pending: Pending | None,
+    ) -> tuple[int, Pending | None, list[Record]]:
+        """Name and group ``members`` (name field, data start and stop; ``after``: the
+        header after the last) as far as they are plain; returns as :meth:`walk` does."""
+        data, doff = self.data, self.doff
+        records: list[Record] = []
+        if pending is None:
+            key, offset, fields, current, dotted = "", -1, [], None, _NEVER
+        else:
+            key, offset, fields = pending[0], pending[1], list(pending[2])  # kept if refused
+            current = key.encode("utf-8", "surrogateescape")
+            dotted = current + b"."
+        owned = offset < doff  # a sample carried into this range keeps owning its bytes
+        seen = [f[0] for f in fields]
+        extensions, siblings = self.names.extensions, self.names.siblings
+        match, cut = _NAME.match, len(dotted)
+        for name, start, end in members:
+            ext = None
+            if name.startswith(dotted):  # the next member of the current sample, likely
+                tail = name[cut:]
+                ext = siblings.get(tail)
+                if ext is None and tail not in siblings and len(siblings) < _REMEMBERED:
+                    ext = siblings[tail] = _sibling(tail)
+            if ext is not None:
+                if ext in seen:
+                    return start - 512, _pending(current, key, offset, fields), records
+            else:
+                parts = match(name)
+                if parts is None:
+                    return start - 512, _pending(current, key, offset, fields), records
+                head, tail = parts.groups()
+                ext = extensions.get(tail)
+                if ext is None:
+                    if tail not in extensions:
+                        ext = _extension(tail)
+                        if len(extensions) < _REMEMBERED:
+                            extensions[tail] = ext
+                    if ext is None:
+                        return start - 512, _pending(current, key, offset, fields), records
+                if head != current:
+                    if current is not None:
+                        records.append((key, offset, *fields))
+                    key = head.decode("utf-8", "surrogateescape")
+                    current, dotted, offset, fields, seen = (
+                        head,
+                        head + b".",
+                        doff + start - 512,
+                        [],
+                        [],
+                    )
+                    cut, owned = len(dotted), False
+                elif ext in seen:  # a duplicate: the general parser names it
+                    return start - 512, _pending(current, key, offset, fields), records
+            seen.append(ext)
+            if owned:
+                fields.append((ext, 0, 0, data[start:end].tobytes()))
+            else:
+                fields.append((ext, start, end, None))
+        return after, _pending(current, key, offset, fields), records
+
+
+def _pending(current: bytes | None, key: str, offset: int, fields: list[Field]) -> Pending | None:
+    return None if current is None else (key, offset, fields)

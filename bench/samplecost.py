@@ -1,0 +1,194 @@
+"""``python -m bench.samplecost``: a ShardStream's CPU per sample in the consumer, before and after.
+
+Reads one dataset with ``ShardStream(url, window=16, inflight=8, chunk_bytes=8 MiB,
+seed=0)``, without decode, for ``--epochs`` epochs of one stream (the engine kept), and
+reports the epochs after the first: the consumer process's CPU per sample
+(``time.process_time``; the fetch engine runs in a process of its own and is reported
+apart), samples/s, and the time the garbage collector took. The default dataset is the feed
+proxy's (``python -m bench.feed --parts proxy`` makes it: 20,000 samples of a 32 x 32 JPEG,
+a class and a JSON line, in 8 MiB shards), where what the stream adds per sample shows.
+
+``--s3`` reads the same shards from the embedded S3 server too (moto in a child process,
+over loopback). ``--baseline REV`` runs git revision ``REV``'s ``asyncstream`` (``git
+archive`` into a temporary folder) in the same rounds, alternately with today's: each side
+is a fresh process per round, and each figure the median over ``--rounds`` rounds.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+HERE = Path(__file__).resolve()
+ROOT = HERE.parent.parent
+DEFAULT = Path(os.environ.get("ASYNCSTREAM_BENCH_DATA", Path.home() / ".cache/asyncstream-bench"))
+SETTINGS = {"window": 16, "inflight": 8, "chunk_bytes": 8 << 20, "seed": 0}
+
+
+def measure(url: str, endpoint: str | None, epochs: int) -> dict[str, Any]:
+    """Run in the child: the stream's figures over ``epochs`` epochs, first one apart."""
+    import gc
+
+    from asyncstream import S3Options, ShardStream
+
+    kwargs: dict[str, Any] = dict(SETTINGS)
+    if endpoint is not None:
+        from asyncstream.testing._local import LOCAL_CREDENTIALS
+
+        kwargs["s3"] = S3Options(endpoint_url=endpoint, credentials=LOCAL_CREDENTIALS)
+    collecting = [0.0, 0.0]  # when the running collection began, seconds collecting
+
+    def timer(phase: str, _info: dict[str, Any]) -> None:
+        if phase == "start":
+            collecting[0] = time.process_time()
+        else:
+            collecting[1] += time.process_time() - collecting[0]
+
+    gc.callbacks.append(timer)
+    rows = []
+    with ShardStream(url, index_cache=False, **kwargs) as stream:
+        for epoch in range(epochs):
+            stream.set_epoch(epoch)
+            engine0 = stream.stats().get("fetch", {}).get("cpu_s", 0.0)
+            collecting[1] = 0.0
+            cpu0, wall0 = time.process_time(), time.perf_counter()
+            samples = sum(1 for _ in stream)
+            cpu, wall = time.process_time() - cpu0, time.perf_counter() - wall0
+            engine = stream.stats()["fetch"]["cpu_s"] - engine0
+            rows.append(
+                {
+                    "samples": samples,
+                    "consumer_us_per_sample": cpu / samples * 1e6,
+                    "gc_us_per_sample": collecting[1] / samples * 1e6,
+                    "engine_us_per_sample": engine / samples * 1e6,
+                    "samples/s": samples / wall,
+                }
+            )
+    steady = rows[1:] or rows
+    return {key: statistics.median(r[key] for r in steady) for key in steady[0]}
+
+
+def _side(source: Path, url: str, endpoint: str | None, epochs: int) -> dict[str, Any]:
+    """One fresh process reading with the ``asyncstream`` found in ``source``."""
+    env = {**os.environ, "PYTHONPATH": str(source)}
+    config = json.dumps({"url": url, "endpoint": endpoint, "epochs": epochs})
+    done = subprocess.run(
+        [sys.executable, str(HERE), "--child", config],
+        env=env,
+        cwd=source,
+        check=True,
+        capture_output=True,
+        text=True,
+    )
+    result: dict[str, Any] = json.loads(done.stdout.strip().splitlines()[-1])
+    return result
+
+
+def _baseline(rev: str, folder: Path) -> Path:
+    archive = subprocess.run(
+        ["git", "-C", str(ROOT), "archive", rev, "asyncstream"], check=True, capture_output=True
+    ).stdout
+    subprocess.run(["tar", "-x", "-C", str(folder)], input=archive, check=True)
+    return folder
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--url", default=str(DEFAULT / "tiny-20000"), help="a local folder")
+    parser.add_argument("--s3", action="store_true", help="also from the embedded S3 server")
+    parser.add_argument("--baseline", help="a git revision to compare with, in the same rounds")
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--epochs", type=int, default=3)
+    parser.add_argument("--json", help="write the figures to this file")
+    parser.add_argument("--child", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.child:
+        config = json.loads(args.child)
+        print(json.dumps(measure(config["url"], config["endpoint"], config["epochs"])))
+        return
+    out: dict[str, Any] = {
+        "date": time.strftime("%Y-%m-%d"),
+        "machine": f"{platform.machine()}, {os.cpu_count()} cores, "
+        f"Python {platform.python_version()}",
+        "settings": SETTINGS,
+        "url": args.url,
+    }
+    with tempfile.TemporaryDirectory() as tmp, _server(args.s3) as server:
+        sides = {"after": ROOT}
+        if args.baseline:
+            sides = {"before": _baseline(args.baseline, Path(tmp)), **sides}
+        sources = [("local files", args.url, None)]
+        if server is not None:
+            sources.append(("S3, loopback", _upload(server, Path(args.url)), server.endpoint_url))
+        for name, url, endpoint in sources:
+            runs: dict[str, list[dict[str, Any]]] = {side: [] for side in sides}
+            for round_ in range(args.rounds):
+                order = list(sides) if round_ % 2 == 0 else list(reversed(sides))
+                for side in order:
+                    runs[side].append(_side(sides[side], url, endpoint, args.epochs))
+                    print(f"{name}, round {round_}, {side}: {runs[side][-1]}", flush=True)
+            out[name] = {
+                side: {key: statistics.median(r[key] for r in rows) for key in rows[0]}
+                for side, rows in runs.items()
+            }
+    print(render(out))
+    if args.json:
+        Path(args.json).write_text(json.dumps(out, indent=1))
+
+
+class _server:
+    """The embedded S3 server while the rounds run, or nothing."""
+
+    def __init__(self, wanted: bool) -> None:
+        self.wanted = wanted
+        self.server: Any = None
+
+    def __enter__(self) -> Any:
+        if self.wanted:
+            from asyncstream import LocalS3
+
+            self.server = LocalS3(mode="process").__enter__()
+        return self.server
+
+    def __exit__(self, *exc: object) -> None:
+        if self.server is not None:
+            self.server.__exit__(*exc)
+
+
+def _upload(server: Any, folder: Path) -> str:
+    client = server.client()
+    client.create_bucket(Bucket="samplecost")
+    for path in sorted(folder.iterdir()):
+        if path.suffix in (".tar", ".json"):
+            client.put_object(Bucket="samplecost", Key=f"d/{path.name}", Body=path.read_bytes())
+    return "s3://samplecost/d/"
+
+
+def render(out: dict[str, Any]) -> str:
+    lines = [
+        f"{out['machine']}; {out['url']}; {out['date']}.",
+        "",
+        "| from | side | consumer µs/sample | of it, GC | engine µs/sample | samples/s |",
+        "|---|---|---:|---:|---:|---:|",
+    ]
+    for name in ("local files", "S3, loopback"):
+        for side, r in out.get(name, {}).items():
+            lines.append(
+                f"| {name} | {side} | {r['consumer_us_per_sample']:.1f} | "
+                f"{r['gc_us_per_sample']:.1f} | {r['engine_us_per_sample']:.1f} | "
+                f"{r['samples/s']:,.0f} |"
+            )
+    return "\n".join(lines)
+
+
+if __name__ == "__main__":
+    main()
