@@ -112,7 +112,8 @@ def test_every_scenario_runs_and_the_json_is_complete(quick_run: dict[str, Any])
     assert ours["samples_per_s"] > 0
     feed = data["scenarios"]["feed"]
     proxy = feed["proxy"]["batches"]["256"]["after"]
-    assert proxy["ceiling"] > 0 and proxy["loader"] > 0
+    assert proxy["ceiling"] > 0
+    assert proxy["loader"] > 0
     assert 0 <= proxy["overlap"] <= 1
     assert set(feed["workers"]) == {"0", "2"}
     assert all(r["loader"] > 0 for r in feed["workers"].values())
@@ -120,7 +121,8 @@ def test_every_scenario_runs_and_the_json_is_complete(quick_run: dict[str, Any])
     assert len(ring) == 2
     small, default = sorted(ring.values(), key=lambda r: r["ring_bytes"])
     assert small["ring_bytes"] < default["ring_bytes"]
-    assert small["requests"] > 0 and default["requests"] > 0
+    assert small["requests"] > 0
+    assert default["requests"] > 0
     decode = data["scenarios"]["cpu_decode"]
     assert set(decode["systems"]) == {"asyncstream", "webdataset", "asyncstream-wrapped"}
     for figures in decode["systems"].values():
