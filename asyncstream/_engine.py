@@ -81,11 +81,13 @@ from typing import Any, Literal
 
 from ._cache import CachedStore
 from ._exceptions import AsyncStreamError, EngineError
+from ._localstore import LocalStore
 from ._retry import RetryPolicy, Timeouts, retrying
 from ._ring import Ring
 from ._s3 import S3Options
 from ._s3store import S3Store
-from ._store import ChunkRequest, LocalStore, Store, Timing, scheme_of
+from ._store import ChunkRequest, Store, Timing
+from ._urls import scheme_of
 
 __all__ = ["Engine", "EngineConfig", "Ready"]
 

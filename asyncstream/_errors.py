@@ -37,6 +37,7 @@ from ._exceptions import (
     PermanentFetchError,
     TransientFetchError,
 )
+from ._origin import Origin, TLSMismatch, tls_failure
 
 __all__ = ["ChunkFailure", "S3ErrorResponse", "Verdict", "verdict"]
 
@@ -124,8 +125,6 @@ def _changed(url: str, how: str) -> Verdict:
 
 def _tls(exc: BaseException, url: str) -> Verdict:
     """A TLS failure met by botocore's clients, said as the store's own client says it."""
-    from ._http import tls_failure
-
     cause, origin = _ssl_cause(exc)
     message = f"TLS failed: {exc}"
     if cause is not None and origin is not None:
@@ -136,8 +135,6 @@ def _tls(exc: BaseException, url: str) -> Verdict:
 def _ssl_cause(exc: BaseException) -> tuple[ssl.SSLError | None, object | None]:
     """The ``ssl`` module's own error behind a wrapped TLS failure (aiohttp's and urllib3's
     subclass it but carry no reason), and the endpoint's origin where the wrappers say."""
-    from ._http import Origin
-
     cause: ssl.SSLError | None = None
     origin: object | None = None
     todo: list[object] = [exc]
@@ -174,8 +171,6 @@ def verdict(exc: BaseException, url: str) -> Verdict:
         exc: what the attempt or call raised.
         url: the shard or prefix it was for, named in the error.
     """
-    from ._http import TLSMismatch
-
     if isinstance(exc, FetchError):
         return Verdict("error", exc, isinstance(exc, TransientFetchError))
     if isinstance(exc, ChunkFailure):

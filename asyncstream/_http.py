@@ -38,67 +38,17 @@ from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from urllib.parse import urlsplit
 
-from ._retry import ChunkFailure, Timeouts
+from ._errors import ChunkFailure
+from ._origin import Origin, TLSMismatch, tls_failure
+from ._retry import Timeouts
 
-__all__ = [
-    "PROBE_AFTER",
-    "ConnectionPool",
-    "Origin",
-    "Reply",
-    "Scatter",
-    "TLSMismatch",
-    "tls_failure",
-]
+__all__ = ["PROBE_AFTER", "ConnectionPool", "Reply", "Scatter", "receive"]
 
 _HEAD_LIMIT = 64 << 10  # response headers larger than this are refused
 _ERROR_BODY_LIMIT = 64 << 10  # an error document is read up to this
 _TLS_RECORD = b"\x16\x03"  # a TLS handshake record: a TLS server's first bytes
 _TLS_ALERT = b"\x15\x03"  # a TLS alert record
 PROBE_AFTER = 1.0  # seconds of silence before asking whether a port speaks the other protocol
-
-
-class TLSMismatch(Exception):
-    """TLS cannot work with this endpoint: a certificate that does not verify, or one
-    side speaking TLS to a plain-HTTP peer. Permanent."""
-
-
-def tls_failure(origin: object, exc: ssl.SSLError) -> TLSMismatch:
-    """What a failed TLS handshake with ``origin`` means, in the same words whichever
-    client met it (this one, aiohttp's, urllib3's)."""
-    if isinstance(exc, ssl.SSLCertVerificationError):
-        return TLSMismatch(
-            f"{origin}: the server's certificate does not verify ({exc.verify_message}):"
-            " give the CA bundle that signed it (S3Options(ca_bundle=...) or "
-            "AWS_CA_BUNDLE), or verify=False for a test server"
-        )
-    return TLSMismatch(
-        f"{origin}: the TLS handshake failed ({exc.reason or exc}): is this a "
-        "plain-HTTP port? Use http:// for it"
-    )
-
-
-@dataclass(frozen=True)
-class Origin:
-    """Where requests go: scheme, host and port."""
-
-    scheme: str
-    host: str
-    port: int
-
-    @classmethod
-    def of(cls, url: str) -> Origin:
-        parts = urlsplit(url)
-        if parts.scheme not in ("http", "https") or not parts.hostname:
-            raise ValueError(f"not an http:// or https:// URL: {url!r}")
-        port = parts.port or (443 if parts.scheme == "https" else 80)
-        return cls(parts.scheme, parts.hostname, port)
-
-    @property
-    def tls(self) -> bool:
-        return self.scheme == "https"
-
-    def __str__(self) -> str:
-        return f"{self.scheme}://{self.host}:{self.port}"
 
 
 @dataclass(frozen=True)

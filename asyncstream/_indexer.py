@@ -42,7 +42,7 @@ from ._index_cache import IndexCache
 from ._opener import governed, report_stale
 from ._resolve import resolve_shards, resolve_urls
 from ._s3 import S3Options
-from ._store import Stores
+from ._stores import Stores
 from ._tar import check_not_empty
 from ._urls import (
     Shard,

@@ -28,7 +28,7 @@ from ._exceptions import DataError, NotFoundError, StaleShardWarning
 from ._index import Entry, Index, find_index, folder_of, parse_index
 from ._resolve import Resolved, caller_outside, resolve_shards
 from ._s3 import S3Options
-from ._store import Stores
+from ._stores import Stores
 from ._tar import check_not_empty
 from ._urls import (
     Shard,

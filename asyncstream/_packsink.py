@@ -17,7 +17,7 @@ from ._compressed import is_shard_name
 from ._index import MANIFEST_NAME
 from ._s3 import S3Options
 from ._s3store import S3Store
-from ._store import Stores
+from ._stores import Stores
 from ._urls import local_path, parse_s3_url, scheme_of
 
 __all__ = ["MULTIPART_THRESHOLD", "PackSink"]

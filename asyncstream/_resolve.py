@@ -20,7 +20,8 @@ from dataclasses import dataclass
 from ._compressed import SHARD_SUFFIXES, is_shard_name, unread_format
 from ._exceptions import NotFoundError, UnreadShardWarning
 from ._s3 import S3Options
-from ._store import Store, Stores
+from ._store import Store
+from ._stores import Stores
 from ._urls import (
     Shard,
     expand_braces,

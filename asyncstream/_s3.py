@@ -15,6 +15,7 @@ Which layer retries what:
 from __future__ import annotations
 
 import os
+import ssl
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any, Literal
@@ -25,7 +26,7 @@ import botocore.session
 from ._errors import verdict
 from ._exceptions import FetchError
 
-__all__ = ["S3Credentials", "S3Options", "fetch_error_from", "sync_client"]
+__all__ = ["S3Credentials", "S3Options", "fetch_error_from", "ssl_context", "sync_client"]
 
 
 @dataclass(frozen=True)
@@ -176,3 +177,14 @@ def fetch_error_from(exc: BaseException, url: str) -> FetchError:
         url: the shard or prefix the request was for.
     """
     return verdict(exc, url).error
+
+
+def ssl_context(options: S3Options) -> ssl.SSLContext:
+    """The TLS context of ``options``: its CA bundle (else ``AWS_CA_BUNDLE``, else the
+    system's), or no verification with ``verify=False``."""
+    cafile = options.ca_bundle or os.environ.get("AWS_CA_BUNDLE") or None
+    context = ssl.create_default_context(cafile=cafile)
+    if not options.verify:
+        context.check_hostname = False
+        context.verify_mode = ssl.CERT_NONE
+    return context

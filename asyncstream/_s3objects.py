@@ -27,9 +27,10 @@ import botocore.exceptions
 
 from ._errors import verdict
 from ._exceptions import FetchError, NotFoundError
-from ._http import ConnectionPool, Origin
+from ._http import ConnectionPool
+from ._origin import Origin
 from ._retry import RetryPolicy, Timeouts, retrying_sync
-from ._s3 import S3Options, fetch_error_from, sync_client
+from ._s3 import S3Options, fetch_error_from, ssl_context, sync_client
 from ._urls import Shard, parse_s3_url
 
 __all__ = ["S3Objects"]
@@ -172,8 +173,6 @@ class S3Objects:
             if origin in self._checked:
                 return
             self._checked.add(origin)
-        from ._s3store import ssl_context
-
         pool = ConnectionPool(origin, ssl_context=ssl_context(self.options) if origin.tls else None)
         quick = Timeouts(connect=2.0, first_byte=2.0, stall=2.0, chunk=4.0)
 

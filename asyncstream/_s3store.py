@@ -29,7 +29,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
-import os
 import ssl
 import time
 import urllib.request
@@ -44,28 +43,18 @@ from botocore.credentials import ReadOnlyCredentials
 from botocore.exceptions import NoCredentialsError
 
 from ._errors import ChunkFailure, S3ErrorResponse
-from ._http import PROBE_AFTER, ConnectionPool, Origin, Reply, Scatter, receive
+from ._http import PROBE_AFTER, ConnectionPool, Reply, Scatter, receive
+from ._origin import Origin
 from ._retry import Timeouts
-from ._s3 import S3Options
+from ._s3 import S3Options, ssl_context
 from ._s3objects import S3Objects
 from ._store import ChunkRequest, Store, Timing
 from ._urls import Shard
 
-__all__ = ["S3Store", "ssl_context"]
+__all__ = ["S3Store"]
 
 T = TypeVar("T")
 _CREDENTIALS_REUSE = 60.0  # seconds frozen credentials are reused before asking again
-
-
-def ssl_context(options: S3Options) -> ssl.SSLContext:
-    """The TLS context of ``options``: its CA bundle (else ``AWS_CA_BUNDLE``, else the
-    system's), or no verification with ``verify=False``."""
-    cafile = options.ca_bundle or os.environ.get("AWS_CA_BUNDLE") or None
-    context = ssl.create_default_context(cafile=cafile)
-    if not options.verify:
-        context.check_hostname = False
-        context.verify_mode = ssl.CERT_NONE
-    return context
 
 
 def _proxied(origin: Origin) -> bool:

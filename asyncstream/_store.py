@@ -6,33 +6,24 @@ the objects under a prefix, HEAD one, and read, write or delete a whole small ob
 into a caller's buffer (a ring slot). Whatever fails is mapped by the one table of
 :mod:`._errors`. Two implementations: the S3 store (:mod:`._s3store`, its blocking half
 in :mod:`._s3objects`: any S3-compatible endpoint, HTTP or HTTPS) and
-:class:`LocalStore` (files). :class:`Stores` picks one by the URL's scheme, parsed in one
-place (:func:`~._urls.scheme_of`), so no other module looks at a scheme or builds a
-client. With a
-cache folder, the engine wraps the S3 store in a :class:`~._cache.CachedStore`, a store
-too.
+:class:`~._localstore.LocalStore` (files). :class:`~._stores.Stores` picks one by the
+URL's scheme, parsed in one place (:func:`~._urls.scheme_of`), so no other module looks at
+a scheme or builds a client. With a cache folder, the engine wraps the S3 store in a
+:class:`~._cache.CachedStore`, a store too. This module holds the interface alone, so that
+every store, and what picks one, stand on it.
 """
 
 from __future__ import annotations
 
 import abc
 import asyncio
-import contextlib
-import os
-import tempfile
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, replace
-from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-from ._errors import ChunkFailure
-from ._exceptions import NotFoundError, ShardURLError
-from ._urls import Shard, local_path, scheme_of
+from ._urls import Shard
 
-if TYPE_CHECKING:
-    from ._s3 import S3Options
-
-__all__ = ["ChunkRequest", "LocalStore", "Store", "Stores", "Timing", "scheme_of"]
+__all__ = ["ChunkRequest", "Store", "Timing"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -152,118 +143,3 @@ class Store(abc.ABC):
 
     async def aclose(self) -> None:  # noqa: B027 - stores without resources need nothing
         """Release connections and clients."""
-
-
-class LocalStore(Store):
-    """Local files; ranges read with ``preadv`` straight into the buffer (in a thread)."""
-
-    def list(self, url: str) -> list[Shard]:
-        folder = _path(url)
-        if not folder.is_dir():
-            raise NotFoundError(f"{url}: no such folder {folder}", url=url)
-        files = (p for p in folder.rglob("*") if p.is_file())
-        return sorted((Shard(p.as_uri(), p.stat().st_size) for p in files), key=lambda s: s.url)
-
-    def head(self, url: str) -> Shard:
-        path = _path(url)
-        if not path.exists():
-            raise NotFoundError(f"{url}: no such file {path}", url=url)
-        if not path.is_file():
-            raise ShardURLError(f"{url!r}: {path} is neither a file nor a folder")
-        return Shard(path.as_uri(), path.stat().st_size)
-
-    def read(self, url: str) -> bytes | None:
-        try:
-            return _path(url).read_bytes()
-        except (FileNotFoundError, NotADirectoryError, IsADirectoryError):
-            return None
-
-    def write(self, url: str, data: bytes) -> None:
-        path = _path(url)
-        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
-        try:
-            with os.fdopen(fd, "wb") as f:
-                f.write(data)
-            os.replace(tmp, path)
-        except BaseException:
-            with contextlib.suppress(OSError):
-                os.unlink(tmp)
-            raise
-
-    def delete(self, urls: Iterable[str]) -> None:
-        for url in urls:
-            _path(url).unlink(missing_ok=True)
-
-    async def read_into(self, request: ChunkRequest, out: memoryview) -> Timing:
-        loop = asyncio.get_running_loop()
-        start = loop.time()
-        path = _path(request.url)
-
-        def read() -> int:
-            fd = os.open(path, os.O_RDONLY)
-            try:
-                if request.size is not None and os.fstat(fd).st_size != request.size:
-                    raise ChunkFailure(
-                        "changed", f"its size is {os.fstat(fd).st_size}, not {request.size}"
-                    )
-                return os.preadv(fd, [out[: request.length]], request.offset)
-            finally:
-                os.close(fd)
-
-        n = await loop.run_in_executor(None, read)
-        if n != request.length:
-            raise ChunkFailure("truncated", f"read {n} of {request.length} bytes from {path}")
-        elapsed = loop.time() - start
-        return Timing(elapsed, elapsed)
-
-
-def _path(url: str) -> Path:
-    return local_path(url).expanduser().absolute()
-
-
-class Stores:
-    """One store per scheme, made on first use: the consumer's way to every object.
-
-    Args:
-        options: how to reach S3.
-    """
-
-    def __init__(self, options: S3Options | None = None) -> None:
-        self.options = options
-        self._stores: dict[str, Store] = {}
-
-    def for_url(self, url: str) -> Store:
-        """The store of ``url`` (``s3://`` or local)."""
-        scheme = scheme_of(url)
-        store = self._stores.get(scheme)
-        if store is None:
-            if scheme == "s3":
-                from ._s3 import S3Options
-                from ._s3store import S3Store
-
-                store = S3Store((self.options or S3Options()).resolve())
-            else:
-                store = LocalStore()
-            self._stores[scheme] = store
-        return store
-
-    def read(self, url: str) -> bytes | None:
-        """A whole (small) object, or ``None`` where there is none (see :meth:`Store.read`)."""
-        return self.for_url(url).read(url)
-
-    def write(self, url: str, data: bytes) -> None:
-        """Write a whole object atomically (see :meth:`Store.write`)."""
-        self.for_url(url).write(url, data)
-
-    def delete(self, urls: Iterable[str]) -> None:
-        """Remove objects; missing ones are fine (see :meth:`Store.delete`)."""
-        for url in urls:
-            self.for_url(url).delete([url])
-
-    def s3_client(self) -> Any:
-        """The S3 store's blocking botocore client (for what only S3 has: multipart)."""
-        from ._s3store import S3Store
-
-        store = self.for_url("s3://bucket/")
-        assert isinstance(store, S3Store)
-        return store.objects.client

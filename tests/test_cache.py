@@ -29,7 +29,8 @@ from asyncstream import LocalS3, ShardStream
 from asyncstream._cache import CachedStore, _waited
 from asyncstream._cachedir import _HEADER, HEADER_BYTES, CacheDir, chunk_key
 from asyncstream._engine import EngineConfig
-from asyncstream._store import ChunkRequest, LocalStore
+from asyncstream._localstore import LocalStore
+from asyncstream._store import ChunkRequest
 from asyncstream.testing import FaultProxy
 from tests._foreign import ForeignShards, write_foreign_shards
 
