@@ -34,17 +34,18 @@ import functools
 import lzma
 import zlib
 from collections.abc import Callable, Generator, Iterator
-from typing import Any
+from typing import IO, Any
 
 import zstandard
 
 from ._exceptions import CorruptTarError
-from ._tar import Sample, ShardReader
+from ._tar import Sample, ShardReader, check_not_empty
 
 __all__ = [
     "SHARD_SUFFIXES",
     "CompressedReader",
     "compression_of",
+    "count_samples",
     "fetch_start",
     "is_shard_name",
     "open_reader",
@@ -307,3 +308,34 @@ class CompressedReader:
             piece, at = memoryview(piece)[self._skip - at :], self._skip
         if not self._tar.done:
             out += self._tar.feed(piece, at, final=final)
+
+
+def count_samples(fileobj: IO[bytes], url: str, size: int, *, block: int = 8 << 20) -> int:
+    """Count the samples of a shard read front to back, with the same reader as the stream.
+
+    A compressed shard (by its name) is decompressed on the way: this module's reader.
+
+    Args:
+        fileobj: the shard's bytes as stored, e.g. an S3 response body.
+        url: the shard, named in errors.
+        size: the shard's size in bytes, as stored.
+        block: bytes read at a time.
+
+    Raises:
+        CorruptTarError: the bytes are not a well-formed tar (with the offset), the
+            stream ends before ``size`` bytes, or the shard is empty (0 bytes).
+    """
+    check_not_empty(url, size)
+    reader = open_reader(url, size)
+    count = offset = 0
+    while offset < size:
+        data = fileobj.read(min(block, size - offset))
+        if not data:
+            raise CorruptTarError(
+                f"{url}: the shard ended after {offset} of {size} bytes", url=url, offset=offset
+            )
+        count += len(reader.feed(data, offset, final=offset + len(data) == size))
+        offset += len(data)
+        if reader.done:
+            break
+    return count

@@ -37,14 +37,13 @@ from __future__ import annotations
 
 import zlib
 from dataclasses import dataclass
-from typing import IO
 
 from ._exceptions import CorruptTarError
 from ._members import decode_name, sample_member
 from ._sparse import SparseMap, expand, gnu_extension, gnu_header, map_10
 from ._tarheaders import ChainEffects, chain_effects, checksum_error, size_field
 
-__all__ = ["Sample", "ShardReader", "check_not_empty", "count_samples", "looks_compressed"]
+__all__ = ["Sample", "ShardReader", "check_not_empty", "looks_compressed"]
 
 _BLOCK = 512
 _MAX_META = 1 << 20  # largest PAX / GNU long-name record accepted
@@ -465,36 +464,3 @@ def check_not_empty(url: str, size: int) -> None:
             url=url,
             offset=0,
         )
-
-
-def count_samples(fileobj: IO[bytes], url: str, size: int, *, block: int = 8 << 20) -> int:
-    """Count the samples of a shard read front to back, with the same reader as the stream.
-
-    A compressed shard (by its name, :mod:`._compressed`) is decompressed on the way.
-
-    Args:
-        fileobj: the shard's bytes as stored, e.g. an S3 response body.
-        url: the shard, named in errors.
-        size: the shard's size in bytes, as stored.
-        block: bytes read at a time.
-
-    Raises:
-        CorruptTarError: the bytes are not a well-formed tar (with the offset), the
-            stream ends before ``size`` bytes, or the shard is empty (0 bytes).
-    """
-    from ._compressed import open_reader
-
-    check_not_empty(url, size)
-    reader = open_reader(url, size)
-    count = offset = 0
-    while offset < size:
-        data = fileobj.read(min(block, size - offset))
-        if not data:
-            raise CorruptTarError(
-                f"{url}: the shard ended after {offset} of {size} bytes", url=url, offset=offset
-            )
-        count += len(reader.feed(data, offset, final=offset + len(data) == size))
-        offset += len(data)
-        if reader.done:
-            break
-    return count

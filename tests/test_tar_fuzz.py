@@ -33,8 +33,9 @@ from _wds import wds_member
 from hypothesis import HealthCheck, assume, event, given, settings
 from hypothesis import strategies as st
 
+from asyncstream._compressed import count_samples
 from asyncstream._exceptions import CorruptTarError, DataError
-from asyncstream._tar import ShardReader, count_samples
+from asyncstream._tar import ShardReader
 
 pytestmark = pytest.mark.timeout(120)
 
