@@ -27,7 +27,7 @@ import time
 from collections import deque
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field, fields
-from typing import TYPE_CHECKING, Any, Literal
+from typing import Any, Literal
 
 from ._compressed import open_reader
 from ._engine import Engine, EngineConfig
@@ -37,9 +37,6 @@ from ._s3 import S3Options
 from ._store import ChunkRequest
 from ._tar import check_not_empty
 from ._urls import Shard
-
-if TYPE_CHECKING:
-    from ._run import StreamSettings
 
 __all__ = [
     "CountProgress",
@@ -76,11 +73,6 @@ class CountSettings:
     check_etag: bool = True
     adaptive: bool = True
     hedge: bool = True
-
-    @classmethod
-    def like(cls, settings: StreamSettings) -> CountSettings:
-        """A stream's reading settings, for its counting."""
-        return cls(**{f.name: getattr(settings, f.name) for f in fields(cls)})
 
     def __post_init__(self) -> None:
         for name in ("inflight", "chunk_bytes"):

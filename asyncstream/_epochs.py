@@ -29,7 +29,7 @@ from ._state import ReaderState, Start, finished, fresh, left_in, resume
 from ._workers import LOCAL, SharedEpoch
 
 if TYPE_CHECKING:
-    from ._run import StreamSettings
+    from ._settings import StreamSettings
 
 __all__ = ["Claim", "Pending"]
 

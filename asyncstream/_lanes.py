@@ -33,7 +33,7 @@ from ._tar import Sample, ShardReader
 from ._urls import Shard
 
 if TYPE_CHECKING:
-    from ._run import StreamSettings
+    from ._settings import StreamSettings
 
 __all__ = ["ChunkReader", "Item", "LaneReader", "chunk_count", "fetch_offset"]
 

@@ -75,7 +75,7 @@ from ._position import int_field as _int
 from ._position import int_list as _ints
 
 if TYPE_CHECKING:
-    from ._run import StreamSettings
+    from ._settings import StreamSettings
 
 __all__ = [
     "STATE_KIND",

@@ -18,7 +18,6 @@ from typing import Any, Literal, TypeVar
 from torch.utils.data import IterableDataset, get_worker_info
 
 from ._cache import cache_options
-from ._count import CountSettings
 from ._dataset import open_dataset
 from ._engine import Engine
 from ._epochs import Pending
@@ -28,8 +27,9 @@ from ._mapped import MappedStream
 from ._plan import Topology, reader_samples
 from ._retry import RetryPolicy, Timeouts
 from ._ring import check_node_room, local_ranks
-from ._run import EpochRun, StreamSettings, default_topology, worker_topology
+from ._run import EpochRun, default_topology, worker_topology
 from ._s3 import S3Options
+from ._settings import StreamSettings
 from ._sources import Source, open_sources, split_sources
 from ._stall import StallMeter
 from ._state import Identity, Position, ReaderState, find_states, fresh, resume
@@ -239,7 +239,7 @@ class ShardStream(IterableDataset[dict[str, Any]]):
                 split=split,
                 strict=strict,
                 index_cache=index_cache,
-                counting=CountSettings.like(settings),  # counted as an epoch reads
+                counting=settings.counting(),  # counted as an epoch reads
             )
             self._index: dict[str, Any] = dataset.info.as_dict()
             self._settings = replace(settings, shards=dataset.shards, counts=dataset.counts)
@@ -257,7 +257,7 @@ class ShardStream(IterableDataset[dict[str, Any]]):
                 sources,
                 options,
                 epoch_size=epoch_size,
-                counting=CountSettings.like(settings),
+                counting=settings.counting(),
                 strict=strict,
                 index_cache=index_cache,
             )
