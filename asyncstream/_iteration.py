@@ -4,16 +4,20 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable, Iterator
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from ._exceptions import StateError
 from ._run import EpochRun
 from ._stall import StallMeter
 
-if TYPE_CHECKING:
-    from ._stream import ShardStream
+__all__ = ["Iteration", "Owner"]
 
-__all__ = ["Iteration"]
+
+class Owner(Protocol):
+    """The stream an iterator belongs to (:class:`~asyncstream.ShardStream`), told when the
+    iterator is closed early. A protocol, so that this module stands below the stream."""
+
+    def _stop_iteration(self, iteration: Iteration) -> None: ...
 
 
 class Iteration(Iterator[dict[str, Any]]):
@@ -41,7 +45,7 @@ class Iteration(Iterator[dict[str, Any]]):
     def __init__(
         self,
         run: EpochRun,
-        owner: ShardStream | None = None,
+        owner: Owner | None = None,
         meter: StallMeter | None = None,
         on_begin: Callable[[], None] | None = None,
     ) -> None:

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import io
 from collections.abc import Callable, Iterator, Sequence
-from typing import TYPE_CHECKING, Any, Generic, TypeVar
+from typing import TYPE_CHECKING, Any, Generic, Protocol, TypeVar
 
 from torch.utils.data import IterableDataset
 
@@ -28,14 +28,37 @@ from ._exceptions import DecodeError
 if TYPE_CHECKING:
     from PIL import Image
 
-    from ._stream import ShardStream
-
-__all__ = ["IMAGE_KEYS", "MappedStream", "decode_image"]
+__all__ = ["IMAGE_KEYS", "MappedStream", "Resumable", "decode_image"]
 
 T = TypeVar("T")
 U = TypeVar("U")
 
 IMAGE_KEYS = ("jpg", "jpeg", "png", "webp", "bmp", "tif", "tiff")
+
+
+class Resumable(Protocol):
+    """What a stage forwards to the stream under it: :class:`~asyncstream.ShardStream`'s
+    samples, epoch, length, state and statistics. A protocol, so that this module stands
+    below the stream whose :meth:`~asyncstream.ShardStream.map` makes stages."""
+
+    @property
+    def epoch(self) -> int: ...
+
+    def __iter__(self) -> Iterator[dict[str, Any]]: ...
+
+    def __len__(self) -> int: ...
+
+    def batches(self, batch_size: int, *, num_workers: int = 0, drop_last: bool = False) -> int: ...
+
+    def set_epoch(self, epoch: int) -> None: ...
+
+    def state_dict(self) -> dict[str, Any]: ...
+
+    def load_state_dict(self, state: Any) -> None: ...
+
+    def stats(self) -> dict[str, Any]: ...
+
+    def close(self) -> None: ...
 
 
 class MappedStream(IterableDataset[T], Generic[T]):
@@ -52,7 +75,7 @@ class MappedStream(IterableDataset[T], Generic[T]):
         fn: called with each sample dict (or the previous stage's output).
     """
 
-    def __init__(self, source: ShardStream | MappedStream[Any], fn: Callable[[Any], T]) -> None:
+    def __init__(self, source: Resumable | MappedStream[Any], fn: Callable[[Any], T]) -> None:
         if not callable(fn):
             raise TypeError(f"fn must be callable, got {type(fn).__name__}")
         self._source = source
@@ -70,8 +93,8 @@ class MappedStream(IterableDataset[T], Generic[T]):
         return MappedStream(self, fn)
 
     @property
-    def stream(self) -> ShardStream:
-        """The stream under every stage."""
+    def stream(self) -> Resumable:
+        """The stream under every stage (the :class:`~asyncstream.ShardStream`)."""
         source = self._source
         return source if not isinstance(source, MappedStream) else source.stream
 
