@@ -353,7 +353,7 @@ def throttling(b: Bench) -> dict[str, Any]:
 
 
 def cache(b: Bench) -> dict[str, Any]:
-    from asyncstream._s3 import sync_client
+    from asyncstream.stores._s3 import sync_client
 
     local = b.workdir / "local-shards"
     local.mkdir(exist_ok=True)
@@ -597,7 +597,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
 
 def make_parser() -> argparse.ArgumentParser:
     """The command line of ``python -m bench``."""
-    from asyncstream._cli import DefaultsHelpFormatter
+    from asyncstream.cli._cli import DefaultsHelpFormatter
 
     p = argparse.ArgumentParser(
         prog="python -m bench",

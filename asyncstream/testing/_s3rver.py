@@ -24,7 +24,7 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any
 
-from .._s3 import S3Credentials, S3Options, sync_client
+from ..stores._s3 import S3Credentials, S3Options, sync_client
 from ._local import stop_child, wait_for_line
 
 __all__ = [
