@@ -29,19 +29,19 @@ from ._exceptions import (
 )
 
 if TYPE_CHECKING:
-    from ._indexer import IndexResult, index_dataset
-    from ._loader import ShardLoader
-    from ._mapped import MappedStream, decode_image
-    from ._mixquality import MixingQuality, mixing_quality
-    from ._pack import PackedShard, PackResult, SkippedImage, pack
-    from ._resolve import resolve_shards
-    from ._retry import RetryPolicy, Timeouts
-    from ._s3 import S3Credentials, S3Options
-    from ._shuffle import ShuffleQuality, shuffle_quality
-    from ._sources import Source
-    from ._stall import StallMeter
-    from ._stream import ShardStream
-    from ._urls import Shard, expand_braces
+    from .dataset._resolve import resolve_shards
+    from .dataset._sources import Source
+    from .order._mixquality import MixingQuality, mixing_quality
+    from .order._shuffle import ShuffleQuality, shuffle_quality
+    from .packing._indexer import IndexResult, index_dataset
+    from .packing._pack import PackedShard, PackResult, SkippedImage, pack
+    from .shards._urls import Shard, expand_braces
+    from .stores._retry import RetryPolicy, Timeouts
+    from .stores._s3 import S3Credentials, S3Options
+    from .stream._loader import ShardLoader
+    from .stream._mapped import MappedStream, decode_image
+    from .stream._stall import StallMeter
+    from .stream._stream import ShardStream
     from .testing import LocalS3
 
 __version__ = "0.1.0"
@@ -92,29 +92,29 @@ __all__ = [
 
 # Where each name lives: loaded on first use (see the module docstring).
 _LAZY = {
-    "IndexResult": "_indexer",
-    "index_dataset": "_indexer",
-    "ShardLoader": "_loader",
-    "MappedStream": "_mapped",
-    "decode_image": "_mapped",
-    "MixingQuality": "_mixquality",
-    "mixing_quality": "_mixquality",
-    "PackedShard": "_pack",
-    "PackResult": "_pack",
-    "SkippedImage": "_pack",
-    "pack": "_pack",
-    "resolve_shards": "_resolve",
-    "RetryPolicy": "_retry",
-    "Timeouts": "_retry",
-    "S3Credentials": "_s3",
-    "S3Options": "_s3",
-    "ShuffleQuality": "_shuffle",
-    "shuffle_quality": "_shuffle",
-    "Source": "_sources",
-    "StallMeter": "_stall",
-    "ShardStream": "_stream",
-    "Shard": "_urls",
-    "expand_braces": "_urls",
+    "IndexResult": "packing._indexer",
+    "index_dataset": "packing._indexer",
+    "ShardLoader": "stream._loader",
+    "MappedStream": "stream._mapped",
+    "decode_image": "stream._mapped",
+    "MixingQuality": "order._mixquality",
+    "mixing_quality": "order._mixquality",
+    "PackedShard": "packing._pack",
+    "PackResult": "packing._pack",
+    "SkippedImage": "packing._pack",
+    "pack": "packing._pack",
+    "resolve_shards": "dataset._resolve",
+    "RetryPolicy": "stores._retry",
+    "Timeouts": "stores._retry",
+    "S3Credentials": "stores._s3",
+    "S3Options": "stores._s3",
+    "ShuffleQuality": "order._shuffle",
+    "shuffle_quality": "order._shuffle",
+    "Source": "dataset._sources",
+    "StallMeter": "stream._stall",
+    "ShardStream": "stream._stream",
+    "Shard": "shards._urls",
+    "expand_braces": "shards._urls",
     "LocalS3": "testing",
 }
 

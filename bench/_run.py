@@ -18,7 +18,7 @@ def arguments(
 ) -> argparse.Namespace:
     """``--quick``, ``--repeat N`` and ``--json PATH``, with the module's first doc line;
     ``more`` adds a module's own options."""
-    from asyncstream._cli import DefaultsHelpFormatter
+    from asyncstream.cli._cli import DefaultsHelpFormatter
 
     parser = argparse.ArgumentParser(
         description=doc.splitlines()[0], formatter_class=DefaultsHelpFormatter

@@ -35,7 +35,7 @@ import torch
 from torch.utils.data import IterableDataset
 
 if TYPE_CHECKING:
-    from .harness import Bench
+    from ._bench import Bench
 
 BATCH = 64
 SIDE = 160
@@ -168,7 +168,7 @@ def run(b: Bench) -> dict[str, Any]:
 
     from asyncstream import resolve_shards
 
-    from .harness import LOADER_SETTINGS
+    from ._bench import LOADER_SETTINGS
 
     workers = min(4, os.cpu_count() or 1)
     batches = -(-b.dataset["images"] // BATCH)

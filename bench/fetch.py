@@ -27,9 +27,9 @@ from dataclasses import replace
 from typing import Any
 
 from asyncstream import LocalS3, S3Options, resolve_shards
-from asyncstream._engine import Engine, EngineConfig
-from asyncstream._store import ChunkRequest
-from asyncstream._urls import Shard
+from asyncstream.engine._engine import Engine, EngineConfig
+from asyncstream.shards._urls import Shard
+from asyncstream.stores._store import ChunkRequest
 
 from ._proxy import ProxyProcess
 

@@ -80,121 +80,16 @@ import json
 import os
 import platform
 import shutil
-import subprocess
-import sys
 import tempfile
 import time
-from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field, replace
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from asyncstream import LocalS3, S3Options, pack, resolve_shards, shuffle_quality
+from asyncstream import LocalS3, S3Options, pack, resolve_shards
 from asyncstream.testing import generate_imagefolder
 
-from ._proxy import ProxyProcess
-
-ROOT = Path(__file__).resolve().parent
-MB = 1e6
-CHUNK = 4 << 20
-FAULT_RATES = (0.0, 0.01, 0.05, 0.10, 0.20)
-KS = (1, 2, 4, 8, 16)
-
-
-@dataclass
-class Sizes:
-    """How big a run is."""
-
-    images: int
-    shards: int
-    dali_images: int
-    repeat: int
-    shuffle_memories: tuple[int, ...]
-    shuffle_seeds: int
-    ks: tuple[int, ...] = KS
-    fault_rates: tuple[float, ...] = FAULT_RATES
-
-
-FULL = Sizes(4800, 32, 2560, 2, (1_000, 5_000, 10_000, 20_000, 50_000), 2)
-QUICK = Sizes(160, 8, 128, 1, (1_000, 10_000), 1, ks=(1, 4), fault_rates=(0.0, 0.10))
-
-
-@dataclass
-class Bench:
-    """The dataset and the server every scenario reads."""
-
-    args: argparse.Namespace
-    sizes: Sizes
-    workdir: Path
-    options: S3Options  # direct to the server
-    url: str  # the tar shards
-    upstream: str | None  # the http endpoint a proxy can sit in front of, if any
-    server_pid: int | None = None  # the embedded server's process, for its CPU time
-    index_of: dict[str, int] = field(default_factory=dict)  # key -> position when stored
-    dataset: dict[str, Any] = field(default_factory=dict)
-
-    @contextlib.contextmanager
-    def endpoint(self, **proxy: Any) -> Iterator[tuple[S3Options, ProxyProcess | None]]:
-        """Options for the scenario's network: through a proxy (the profile, and any faults
-        or capacity given) where the store is reachable over plain HTTP."""
-        if self.upstream is None:
-            yield self.options, None
-            return
-        with ProxyProcess(self.upstream, profile=self.args.profile, **proxy) as p:
-            yield replace(self.options, endpoint_url=p.endpoint_url), p
-
-    def quality(self, keys: list[str], labels: list[int]) -> dict[str, float]:
-        q = shuffle_quality([self.index_of[k] for k in keys], labels, batch_size=64)
-        return {
-            "abs_correlation": abs(q.correlation),
-            "distinct_classes_per_batch": q.distinct_classes_per_batch,
-        }
-
-    def child_env(self, options: S3Options) -> dict[str, str]:
-        env = dict(os.environ)
-        creds = options.credentials
-        if creds is not None:
-            env["AWS_ACCESS_KEY_ID"] = creds.access_key_id
-            env["AWS_SECRET_ACCESS_KEY"] = creds.secret_access_key
-        env.setdefault("AWS_DEFAULT_REGION", options.region_name or "us-east-1")
-        env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT.parent), env.get("PYTHONPATH")]))
-        return env
-
-    def read(
-        self, options: S3Options, epochs: int = 1, url: str | None = None, **stream: Any
-    ) -> dict[str, Any]:
-        """One epoch of asyncstream without decode, in a process of its own (see
-        :func:`bench.loader.read_epoch` for ``epochs``), of the dataset or its copy ``url``."""
-        config = {
-            "url": url or self.url,
-            "endpoint_url": options.endpoint_url,
-            "epochs": epochs,
-            "stream": stream,
-        }
-        spec = self.workdir / "loader-spec.json"
-        out = self.workdir / "loader-out.json"
-        spec.write_text(json.dumps(config))
-        subprocess.run(
-            [sys.executable, "-m", "bench.loader", str(spec), str(out)],
-            check=True,
-            env=self.child_env(options),
-            timeout=900,
-        )
-        result: dict[str, Any] = json.loads(out.read_text())
-        if sorted(result["keys"]) != sorted(self.index_of):
-            raise RuntimeError("asyncstream did not read every sample exactly once")
-        return result
-
-
-def stream_settings(inflight: int = 8, **more: Any) -> dict[str, Any]:
-    """asyncstream's settings in the throughput scenarios: 4 MiB chunks, 16 shards open."""
-    return {"chunk_bytes": CHUNK, "window": 16, "inflight": inflight, "seed": 0, **more}
-
-
-# Against the peers: chunks small enough that every shard of the dataset can be open at
-# once (32 shards of 16 MB here) in a ring of about 100 MiB.
-LOADER_SETTINGS: dict[str, Any] = {"chunk_bytes": 2 << 20, "window": 32, "inflight": 8, "seed": 0}
-
+from ._bench import CHUNK, FULL, LOADER_SETTINGS, QUICK, ROOT, Bench, stream_settings
 
 # -- scenarios ------------------------------------------------------------------------
 
@@ -458,7 +353,7 @@ def throttling(b: Bench) -> dict[str, Any]:
 
 
 def cache(b: Bench) -> dict[str, Any]:
-    from asyncstream._s3 import sync_client
+    from asyncstream.stores._s3 import sync_client
 
     local = b.workdir / "local-shards"
     local.mkdir(exist_ok=True)
@@ -702,7 +597,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
 
 def make_parser() -> argparse.ArgumentParser:
     """The command line of ``python -m bench``."""
-    from asyncstream._cli import DefaultsHelpFormatter
+    from asyncstream.cli._cli import DefaultsHelpFormatter
 
     p = argparse.ArgumentParser(
         prog="python -m bench",

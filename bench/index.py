@@ -32,7 +32,7 @@ from pathlib import Path
 from typing import Any
 
 from asyncstream import LocalS3, index_dataset
-from asyncstream._count import CountProgress, CountSettings
+from asyncstream.dataset._count import CountProgress, CountSettings
 from asyncstream.testing import generate_imagefolder
 
 from ._proxy import ProxyProcess

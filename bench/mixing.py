@@ -34,7 +34,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from .harness import Bench
+    from ._bench import Bench
 
 WEIGHTS = {"a": 3.0, "b": 1.0}
 BATCH = 64
@@ -138,7 +138,7 @@ def _second_dataset(b: Bench) -> tuple[str, int]:
 def run(b: Bench) -> dict[str, Any]:
     """The scenario (module docstring)."""
     from . import peers
-    from .harness import LOADER_SETTINGS
+    from ._bench import LOADER_SETTINGS
 
     url_b, size_b = _second_dataset(b)
     size_a = int(b.dataset["images"])

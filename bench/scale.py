@@ -13,14 +13,15 @@ Figures per size:
   made in it, about 0.05 s), the requests it made (all GETs: the manifest), the Python
   heap it peaked at while opening and what the stream keeps afterwards (``tracemalloc``,
   in a separate open, since tracing slows Python down);
-* **plan**: seconds of the epoch plan (:func:`asyncstream._plan.epoch_plan`, shuffled)
+* **plan**: seconds of the epoch plan (:func:`asyncstream.order._plan.epoch_plan`, shuffled)
   for rank 0 of 1 and for rank 0 of 64 with 8 DataLoader workers: O(shards), never
   O(samples). (The first ``iter()`` of a stream reads shards, which these datasets do
   not have; the plan is what it computes before its first GET.)
 * **state**: bytes of ``json.dumps(stream.state_dict())`` of the fresh stream, and of a
   mid-epoch state at its largest: ``window`` open shards (64, the default) each with a
   whole resident chunk (16 MiB, the default: ``samples per chunk`` indices) still to
-  draw, checked as a valid state of the stream by :meth:`asyncstream._state.ReaderState.from_dict`.
+  draw, checked as a valid state of the stream by
+  :meth:`asyncstream.stream._state.ReaderState.from_dict`.
 """
 
 from __future__ import annotations
@@ -34,9 +35,9 @@ from dataclasses import replace
 from typing import Any
 
 from asyncstream import LocalS3, S3Options, ShardStream
-from asyncstream._index import manifest_bytes
-from asyncstream._plan import Topology, epoch_plan
-from asyncstream._state import ReaderState
+from asyncstream.dataset._index import manifest_bytes
+from asyncstream.order._plan import Topology, epoch_plan
+from asyncstream.stream._state import ReaderState
 
 from ._proxy import ProxyProcess
 from ._run import arguments, header, report

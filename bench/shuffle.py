@@ -2,9 +2,9 @@
 
 Run: ``python -m bench.shuffle`` (``--quick`` for a smoke run, ``--json PATH`` to write the
 figures). Pure simulation, no S3: the orders are those of
-:func:`asyncstream._shuffle.simulate_window_order` (a single reader driving
+:func:`asyncstream.order._shuffle.simulate_window_order` (a single reader driving
 ``WindowShuffle`` as the stream does) and
-:func:`asyncstream._shuffle.simulate_buffer_order` (webdataset's / tf.data's shuffle
+:func:`asyncstream.order._shuffle.simulate_buffer_order` (webdataset's / tf.data's shuffle
 buffer).
 
 Dataset: 100 shards of 1,000 samples, sorted by key, each shard one class (the worst case
@@ -32,8 +32,8 @@ import time
 from concurrent.futures import ProcessPoolExecutor
 from typing import Any, Literal
 
-from asyncstream._plan import shard_order
-from asyncstream._shuffle import shuffle_quality, simulate_buffer_order, simulate_window_order
+from asyncstream.order._plan import shard_order
+from asyncstream.order._shuffle import shuffle_quality, simulate_buffer_order, simulate_window_order
 
 SHARDS = 100
 SHARD_SAMPLES = 1_000

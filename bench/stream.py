@@ -35,8 +35,8 @@ from pathlib import Path
 from typing import Any, Literal
 
 from asyncstream import LocalS3, S3Options, ShardStream, pack, resolve_shards
-from asyncstream._engine import Engine, EngineConfig
-from asyncstream._store import ChunkRequest
+from asyncstream.engine._engine import Engine, EngineConfig
+from asyncstream.stores._store import ChunkRequest
 from asyncstream.testing import generate_imagefolder
 
 from ._proxy import ProxyProcess

@@ -5,7 +5,7 @@ Run: ``python -m bench.tarread`` (``--quick`` for a small run; ``--parts`` picks
 shards in a local folder and on the embedded S3 server (moto, a child process), and
 measures, best of ``--repeat``:
 
-* **reader**: :class:`~asyncstream._tar.ShardReader` alone over the shards' bytes in
+* **reader**: :class:`~asyncstream.shards._tar.ShardReader` alone over the shards' bytes in
   memory, fed in 4 MiB ranges as the ring hands them: samples per CPU-second of this
   process (``time.process_time``), nothing else running in it;
 * **stream**: :class:`~asyncstream.ShardStream` without decode, from local files and from
@@ -38,7 +38,7 @@ from pathlib import Path
 from typing import Any
 
 from asyncstream import LocalS3, S3Options, ShardStream, pack
-from asyncstream._tar import ShardReader
+from asyncstream.shards._tar import ShardReader
 from asyncstream.testing import generate_imagefolder
 
 MB = 1e6
@@ -179,7 +179,7 @@ def main() -> None:
 
 def _reads_compressed() -> bool:
     try:
-        import asyncstream._compressed  # noqa: F401
+        import asyncstream.shards._compressed  # noqa: F401
     except ImportError:
         return False
     return True

@@ -11,7 +11,7 @@ Usage::
   on stdin. With ``fsize_limit`` its engine process may not write a file larger than
   that many bytes (``RLIMIT_FSIZE``), so every cache write fails as on a full disk.
 * ``"write"``: writes the dataset's grid chunks into the cache over and over (through
-  :class:`asyncstream._cachedir.CacheDir`, as the store does), each removed again after
+  :class:`asyncstream.engine._cachedir.CacheDir`, as the store does), each removed again after
   it is written, so that a SIGKILL lands in the middle of a write.
 
 It reports JSON lines on stdout, each with an ``"event"`` key: ``paused``, ``epoch``
@@ -30,8 +30,8 @@ from typing import Any
 from _procs import engine_pids
 
 from asyncstream import S3Options, ShardStream, resolve_shards
-from asyncstream._cachedir import CacheDir, chunk_key
-from asyncstream._store import ChunkRequest
+from asyncstream.engine._cachedir import CacheDir, chunk_key
+from asyncstream.stores._store import ChunkRequest
 
 
 def emit(event: str, **fields: Any) -> None:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import os
 
-_ENGINE_MODULE = b"asyncstream._engine"
+_ENGINE_MODULE = b"asyncstream.engine"
 
 
 def _stat(pid: int | str) -> list[str] | None:

@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any
 import pytest
 
 from asyncstream import RetryPolicy, S3Credentials, S3Options, Timeouts
-from asyncstream._s3 import sync_client
+from asyncstream.stores._s3 import sync_client
 
 if TYPE_CHECKING:
     from _foreign import ForeignShards
@@ -132,11 +132,11 @@ def use_transport(monkeypatch: pytest.MonkeyPatch, transport: str) -> None:
     ShardStream has no transport argument (EngineConfig has): the stream's run builds
     its EngineConfig through this name, which gets the transport bound here.
     """
-    import asyncstream._run  # imports PyTorch: only in the tests that stream
-    from asyncstream._engine import EngineConfig
+    import asyncstream.stream._run  # imports PyTorch: only in the tests that stream
+    from asyncstream.engine._engine import EngineConfig
 
     bound = functools.partial(EngineConfig, transport=transport)  # type: ignore[arg-type]
-    monkeypatch.setattr(asyncstream._run, "EngineConfig", bound)
+    monkeypatch.setattr(asyncstream.stream._run, "EngineConfig", bound)
 
 
 def open_stream(dataset: Dataset, options: S3Options, **kwargs: Any) -> ShardStream:

@@ -17,7 +17,7 @@ from typing import Any
 import zstandard
 from webdataset.tariterators import base_plus_ext, group_by_keys, tar_file_expander
 
-from asyncstream._compressed import open_reader
+from asyncstream.shards._compressed import open_reader
 
 __all__ = ["ours", "wds_member", "wds_samples"]
 

@@ -26,10 +26,11 @@ from _procs import alive, engine_pids
 from torch.utils.data import DataLoader
 
 from asyncstream import LocalS3, ShardStream
-from asyncstream._cache import CachedStore, _waited
-from asyncstream._cachedir import _HEADER, HEADER_BYTES, CacheDir, chunk_key
-from asyncstream._engine import EngineConfig
-from asyncstream._store import ChunkRequest, LocalStore
+from asyncstream.engine._cache import CachedStore, _waited
+from asyncstream.engine._cachedir import _HEADER, HEADER_BYTES, CacheDir, chunk_key
+from asyncstream.engine._engine import EngineConfig
+from asyncstream.stores._localstore import LocalStore
+from asyncstream.stores._store import ChunkRequest
 from asyncstream.testing import FaultProxy
 from tests._foreign import ForeignShards, write_foreign_shards
 

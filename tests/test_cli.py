@@ -11,7 +11,7 @@ import pytest
 from _foreign import foreign_shards, write
 
 from asyncstream import LocalS3, StaleShardWarning
-from asyncstream._cli import _parser, human, main, parse_size
+from asyncstream.cli._cli import _parser, human, main, parse_size
 
 
 def test_parse_size_units() -> None:
@@ -220,7 +220,7 @@ def test_version_loads_neither_torch_nor_botocore_nor_plugins() -> None:
     import sys
 
     code = (
-        "import sys; from asyncstream._cli import main; main(['--version']); "
+        "import sys; from asyncstream.cli._cli import main; main(['--version']); "
         "heavy = [m for m in ('torch', 'botocore', 'dali_ops', 'moto', 'numpy') "
         "if m in sys.modules]; assert not heavy, heavy"
     )

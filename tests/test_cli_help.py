@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from asyncstream._cli import _parser, main
+from asyncstream.cli._cli import _parser, main
 from bench.harness import make_parser
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -12,7 +12,7 @@ from dataclasses import replace
 import pytest
 
 from asyncstream import LocalS3, NotFoundError, S3Options, ShardStream, resolve_shards
-from asyncstream._engine import Engine, EngineConfig
+from asyncstream.engine._engine import Engine, EngineConfig
 from asyncstream.testing import FaultProxy
 from tests._foreign import ForeignShards, write_foreign_shards
 from tests._servers import FAST_RETRY, SHORT

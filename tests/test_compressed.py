@@ -1,4 +1,5 @@
-"""Compressed shards (:mod:`asyncstream._compressed`): decompressed on the way into the reader.
+"""Compressed shards (:mod:`asyncstream.shards._compressed`): decompressed on the way into
+the reader.
 
 In a stream (through the real moto server): an epoch over gzip, zstd, xz and bzip2 shards
 through the fault proxy at 10% is exact, resume inside a compressed shard is exact (on the
@@ -41,16 +42,16 @@ from asyncstream import (
     Timeouts,
     UnreadShardWarning,
 )
-from asyncstream._cli import main
-from asyncstream._compressed import (
+from asyncstream._exceptions import CorruptTarError
+from asyncstream.cli._cli import main
+from asyncstream.shards._compressed import (
     CompressedReader,
     compression_of,
     is_shard_name,
     open_reader,
     unread_format,
 )
-from asyncstream._exceptions import CorruptTarError
-from asyncstream._tar import ShardReader
+from asyncstream.shards._tar import ShardReader
 from asyncstream.testing import FaultPlan, FaultProxy
 
 COMPRESS: dict[str, Callable[[bytes], bytes]] = {

@@ -20,8 +20,8 @@ from _foreign import foreign_shards, upload
 from _torchrun import torchrun
 
 from asyncstream import CorruptTarError, LocalS3, RetryPolicy, S3Options, Timeouts, resolve_shards
-from asyncstream._count import CountProgress, CountSettings, count_shards
-from asyncstream._index_cache import IndexCache
+from asyncstream.dataset._count import CountProgress, CountSettings, count_shards
+from asyncstream.dataset._index_cache import IndexCache
 from asyncstream.testing import FaultPlan, FaultProxy
 
 pytestmark = pytest.mark.timeout(240)

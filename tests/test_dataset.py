@@ -30,7 +30,7 @@ from asyncstream import (
     StaleShardWarning,
     Timeouts,
 )
-from asyncstream._index import MANIFEST_KIND
+from asyncstream.dataset._index import MANIFEST_KIND
 from asyncstream.testing import FaultPlan, FaultProxy
 
 pytestmark = pytest.mark.timeout(180)

@@ -7,7 +7,7 @@ import argparse
 
 import pytest
 
-from asyncstream._cli import _parser, main
+from asyncstream.cli._cli import _parser, main
 
 
 def _args(*argv: str) -> argparse.Namespace:

@@ -25,11 +25,11 @@ from asyncstream import (
     TransientFetchError,
     resolve_shards,
 )
-from asyncstream._engine import Engine, EngineConfig
-from asyncstream._retry import RetryPolicy, Timeouts
-from asyncstream._s3store import S3Store
-from asyncstream._store import ChunkRequest
-from asyncstream._urls import Shard
+from asyncstream.engine._engine import Engine, EngineConfig
+from asyncstream.shards._urls import Shard
+from asyncstream.stores._retry import RetryPolicy, Timeouts
+from asyncstream.stores._s3store import S3Store
+from asyncstream.stores._store import ChunkRequest
 from asyncstream.testing import FaultPlan, FaultProxy, NetworkProfile
 
 FAST_RETRY = RetryPolicy(max_attempts=12, base_delay=0.005, max_delay=0.05, deadline=60)
@@ -289,8 +289,8 @@ def test_sigkill_of_the_engine_is_noticed_within_5_s(
 _CONSUMER = textwrap.dedent(
     """
     import sys, time
-    from asyncstream._engine import Engine, EngineConfig
-    from asyncstream._store import ChunkRequest
+    from asyncstream.engine._engine import Engine, EngineConfig
+    from asyncstream.stores._store import ChunkRequest
     if __name__ == "__main__":
         engine = Engine(EngineConfig(), n_slots=2, slot_bytes=4096)
         print(engine.ring.name, engine.pid, flush=True)

@@ -19,8 +19,8 @@ import pytest
 from _servers import FAST_RETRY, SHORT, Backend, Dataset, open_stream, upload_foreign
 
 from asyncstream import LocalS3, PermanentFetchError, S3Options, Timeouts, resolve_shards
-from asyncstream._engine import Engine, EngineConfig
-from asyncstream._store import ChunkRequest
+from asyncstream.engine._engine import Engine, EngineConfig
+from asyncstream.stores._store import ChunkRequest
 from asyncstream.testing import FaultProxy, TestCertificates, make_test_certificates
 from asyncstream.testing._local import LOCAL_CREDENTIALS
 from asyncstream.testing._s3rver import S3rver
@@ -274,7 +274,7 @@ def test_the_cli_trusts_a_ca_bundle_or_refuses_at_once(
 ) -> None:
     """``--ca-bundle`` trusts the test CA; without it the certificate does not verify (a
     permanent error naming the endpoint, exit 1); ``--no-verify-ssl`` reads anyway."""
-    from asyncstream._cli import main
+    from asyncstream.cli._cli import main
 
     monkeypatch.setenv("AWS_ACCESS_KEY_ID", LOCAL_CREDENTIALS.access_key_id)
     monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", LOCAL_CREDENTIALS.secret_access_key)

@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 from PIL import Image
 
-from asyncstream._images import BadImage, encode_for_pack, jpeg_end
+from asyncstream.packing._images import BadImage, encode_for_pack, jpeg_end
 
 
 def _encoded(fmt: str, mode: str = "RGB", **options: Any) -> bytes:

@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 
 from asyncstream import DataError
-from asyncstream._index import (
+from asyncstream.dataset._index import (
     MANIFEST_KIND,
     Entry,
     find_index,

@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from asyncstream._index_cache import CACHE_FILE, IndexCache, default_cache_dir
-from asyncstream._urls import Shard
+from asyncstream.dataset._index_cache import CACHE_FILE, IndexCache, default_cache_dir
+from asyncstream.shards._urls import Shard
 
 
 def s3(i: int, size: int = 1000, etag: str | None = '"e"') -> Shard:

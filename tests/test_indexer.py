@@ -26,9 +26,9 @@ from asyncstream import (
     index_dataset,
     resolve_shards,
 )
-from asyncstream._cli import main
-from asyncstream._count import CountProgress, CountSettings
-from asyncstream._index_cache import IndexCache
+from asyncstream.cli._cli import main
+from asyncstream.dataset._count import CountProgress, CountSettings
+from asyncstream.dataset._index_cache import IndexCache
 from asyncstream.testing import FaultProxy
 
 pytestmark = pytest.mark.timeout(180)
@@ -117,7 +117,7 @@ def test_an_interrupted_index_resumes_without_rereading_finished_shards(
 
 KILLED = """
 import sys
-from asyncstream._cli import main
+from asyncstream.cli._cli import main
 sys.exit(main(sys.argv[1:]))
 """
 

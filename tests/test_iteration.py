@@ -1,4 +1,4 @@
-"""The iterator a stream hands out (:mod:`asyncstream._iteration`).
+"""The iterator a stream hands out (:mod:`asyncstream.stream._iteration`).
 
 The loop webdataset users write, ``for sample in ShardStream(url):`` and
 ``list(ShardStream(url))``, with the stream bound to no name, reads the whole epoch while

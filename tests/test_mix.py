@@ -1,4 +1,4 @@
-"""The pure half of mixing (``asyncstream._mix``): quotas, each source's samples per epoch,
+"""The pure half of mixing (``asyncstream.order._mix``): quotas, each source's samples per epoch,
 the interleaved plan, the blend of draws, and the window shares it gives, simulated."""
 
 from __future__ import annotations
@@ -13,9 +13,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from asyncstream import MixingQuality, mixing_quality
-from asyncstream._mix import Blend, SourcePlan, mixed_entries, quotas, source_entries
-from asyncstream._plan import EpochSequence, Span, Topology, assign
-from asyncstream._shuffle import WindowShuffle, mix_key
+from asyncstream.order._mix import Blend, SourcePlan, mixed_entries, quotas, source_entries
+from asyncstream.order._plan import EpochSequence, Span, Topology, assign
+from asyncstream.order._shuffle import WindowShuffle, mix_key
 
 # -- quotas -----------------------------------------------------------------------------
 

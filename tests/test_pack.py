@@ -29,7 +29,7 @@ from asyncstream import (
     pack,
     resolve_shards,
 )
-from asyncstream._packsink import MULTIPART_THRESHOLD
+from asyncstream.packing._packsink import MULTIPART_THRESHOLD
 
 
 def _noise(seed: str, side: int) -> Image.Image:

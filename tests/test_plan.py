@@ -12,7 +12,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from asyncstream._plan import (
+from asyncstream.order._plan import (
     EpochSequence,
     Piece,
     Segment,
@@ -229,7 +229,7 @@ def test_deterministic_across_calls_and_processes() -> None:
     here = epoch_plan(sizes, seed=123, epoch=4, shuffle=True, topology=topology)
     assert here == epoch_plan(sizes, seed=123, epoch=4, shuffle=True, topology=topology)
     code = (
-        "from asyncstream._plan import Topology, epoch_plan\n"
+        "from asyncstream.order._plan import Topology, epoch_plan\n"
         f"print(repr(epoch_plan({sizes}, seed=123, epoch=4, shuffle=True, "
         "topology=Topology(1, 3, 1, 2))))"
     )

@@ -22,7 +22,7 @@ from torch.utils.data import DataLoader, get_worker_info
 from torchdata.stateful_dataloader import StatefulDataLoader
 
 from asyncstream import ShardStream, StateError
-from asyncstream._s3 import S3Options
+from asyncstream.stores._s3 import S3Options
 from asyncstream.testing import Fault, FaultProxy, LocalS3, generate_imagefolder
 from dali_ops import DALIImageLoader, PipelineSettings
 from tests._foreign import ForeignShards, write_foreign_shards

@@ -11,7 +11,7 @@ import botocore.exceptions
 import pytest
 
 from asyncstream import AccessDeniedError, NotFoundError, PermanentFetchError, TransientFetchError
-from asyncstream._retry import ChunkFailure, RetryPolicy, Timeouts, classify, retrying
+from asyncstream.stores._retry import ChunkFailure, RetryPolicy, Timeouts, classify, retrying
 
 URL = "s3://bucket/shard-0001.tar"
 

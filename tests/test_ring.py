@@ -20,7 +20,7 @@ import numpy as np
 import pytest
 
 from asyncstream._exceptions import AsyncStreamError
-from asyncstream._ring import Ring, RingError, SlotState
+from asyncstream.engine._ring import Ring, RingError, SlotState
 
 S = SlotState
 HAS_DEV_SHM = os.path.isdir("/dev/shm")
@@ -388,7 +388,7 @@ def test_dropping_a_ring_with_live_views_is_quiet() -> None:
 _SCRIPT = textwrap.dedent(
     """
     import multiprocessing, os, signal, sys, time
-    from asyncstream._ring import Ring
+    from asyncstream.engine._ring import Ring
 
     def engine(name):
         ring = Ring.attach(name)

@@ -44,8 +44,8 @@ from asyncstream import (
     PermanentFetchError,
     S3Credentials,
 )
-from asyncstream._engine import Engine, EngineConfig
-from asyncstream._store import ChunkRequest
+from asyncstream.engine._engine import Engine, EngineConfig
+from asyncstream.stores._store import ChunkRequest
 from asyncstream.testing import FaultPlan, FaultProxy, TestCertificates
 from asyncstream.testing._s3rver import VERSION, S3rver, S3rverUnavailable, install
 

@@ -43,7 +43,7 @@ from asyncstream import (
     ShardStream,
     pack,
 )
-from asyncstream._tar import ShardReader
+from asyncstream.shards._tar import ShardReader
 from asyncstream.testing import FaultProxy
 
 pytestmark = pytest.mark.timeout(120)
@@ -143,8 +143,8 @@ def test_errors_from_the_engine_process_do_not_show_credentials(
     auth_server: LocalS3, capfd: pytest.CaptureFixture[str]
 ) -> None:
     """The engine signs with wrong credentials; its 403 crosses the process boundary."""
-    from asyncstream._engine import Engine, EngineConfig
-    from asyncstream._store import ChunkRequest
+    from asyncstream.engine._engine import Engine, EngineConfig
+    from asyncstream.stores._store import ChunkRequest
 
     options = S3Options(endpoint_url=auth_server.endpoint_url, credentials=CREDENTIALS)
     config = EngineConfig(s3=options.resolve(), retry=RetryPolicy(max_attempts=2, base_delay=0))

@@ -15,8 +15,8 @@ from pathlib import Path
 import pytest
 
 from asyncstream import S3Options
-from asyncstream._cli import main
-from asyncstream._s3 import sync_client
+from asyncstream.cli._cli import main
+from asyncstream.stores._s3 import sync_client
 from asyncstream.testing import generate_imagefolder
 from asyncstream.testing._local import wait_for_line
 
@@ -25,7 +25,7 @@ pytestmark = pytest.mark.skipif(sys.platform == "win32", reason="POSIX signals")
 
 def _command() -> list[str]:
     script = Path(sys.executable).with_name("asyncstream")  # the installed console script
-    return [str(script)] if script.exists() else [sys.executable, "-m", "asyncstream._cli"]
+    return [str(script)] if script.exists() else [sys.executable, "-m", "asyncstream.cli"]
 
 
 class Served:

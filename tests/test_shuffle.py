@@ -10,7 +10,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from asyncstream._shuffle import (
+from asyncstream.order._shuffle import (
     WindowShuffle,
     _below,
     _splitmix,

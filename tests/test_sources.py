@@ -1,4 +1,4 @@
-"""Several datasets mixed in one ShardStream (``asyncstream._sources``, through the stream):
+"""Several datasets mixed in one ShardStream (``asyncstream.dataset._sources``, through the stream):
 shares, determinism, each-once-before-twice, exact and elastic resume with
 StatefulDataLoader and DALIImageLoader, per-source endpoints, failures, bad input.
 

@@ -1,4 +1,5 @@
-"""Sparse members (:mod:`asyncstream._sparse`): their real contents, as webdataset reads them.
+"""Sparse members (:mod:`asyncstream.shards._sparse`): their real contents, as webdataset
+reads them.
 
 GNU tar writes them with ``--sparse`` in its own format (type ``S``, with extension blocks
 for long maps) and in the three PAX versions (0.0, 0.1, 1.0); each is read through the
@@ -21,7 +22,7 @@ import pytest
 from _wds import ours, wds_samples
 
 from asyncstream._exceptions import CorruptTarError
-from asyncstream._sparse import expand, map_01, map_10, tar_number
+from asyncstream.shards._sparse import expand, map_01, map_10, tar_number
 
 CHUNKS = [None, 37, 512, 700, 4096]
 
@@ -275,7 +276,7 @@ def test_helpers() -> None:
 
 def test_sparse_fields_are_owned_bytes_among_zero_copy_ones() -> None:
     tar = regular("a.cls", b"1") + gnu_sparse("a.bin", 2000, [(1000, b"x" * 10)]) + bytes(1024)
-    from asyncstream._tar import ShardReader
+    from asyncstream.shards._tar import ShardReader
 
     (sample,) = ShardReader("s.tar", len(tar)).feed(tar, 0, final=True)
     assert isinstance(sample.fields["cls"], memoryview)

@@ -33,7 +33,7 @@ from asyncstream import (
     StateError,
     pack,
 )
-from asyncstream._ring import shm_free
+from asyncstream.engine._ring import shm_free
 from asyncstream.testing import FaultPlan, FaultProxy
 from tests._foreign import write_foreign_shards
 

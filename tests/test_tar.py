@@ -1,4 +1,4 @@
-"""Tests of the incremental tar reader (:class:`asyncstream._tar.ShardReader`)."""
+"""Tests of the incremental tar reader (:class:`asyncstream.shards._tar.ShardReader`)."""
 
 from __future__ import annotations
 
@@ -16,8 +16,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from asyncstream._exceptions import CorruptTarError, DataError
-from asyncstream._members import sample_member
-from asyncstream._tar import Sample, ShardReader, count_samples
+from asyncstream.shards._compressed import count_samples
+from asyncstream.shards._members import sample_member
+from asyncstream.shards._tar import Sample, ShardReader
 
 URL = "s3://bucket/shards/train-000007.tar"
 FORMATS = [tarfile.USTAR_FORMAT, tarfile.GNU_FORMAT, tarfile.PAX_FORMAT]

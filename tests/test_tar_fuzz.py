@@ -1,13 +1,13 @@
 """Fuzzing the tar indexer: only a DataError comes out, and what comes out is consistent.
 
-tests/test_tar.py fuzzes :class:`~asyncstream._tar.ShardReader` with random bytes, random
+tests/test_tar.py fuzzes :class:`~asyncstream.shards._tar.ShardReader` with random bytes, random
 headers with valid checksums and mutations of a few fixed tars, checking that nothing but
 samples or a well-formed ``CorruptTarError`` comes out. This module adds oracles:
 
 * valid tars *generated* by hypothesis (ustar, GNU and PAX; long, nested, dotted and
   non-ASCII names; sizes around block boundaries; directories, links and fifos between
   members) give exactly Python's ``tarfile`` grouping, whatever the split into ranges, and
-  a new reader started at :attr:`~asyncstream._tar.ShardReader.pending_offset` after any
+  a new reader started at :attr:`~asyncstream.shards._tar.ShardReader.pending_offset` after any
   prefix gives exactly the rest;
 * for any bytes (random, structured, or a generated tar mutated), the outcome does not
   depend on the split: the same samples with the same bytes and offsets, or the same error
@@ -34,7 +34,8 @@ from hypothesis import HealthCheck, assume, event, given, settings
 from hypothesis import strategies as st
 
 from asyncstream._exceptions import CorruptTarError, DataError
-from asyncstream._tar import ShardReader, count_samples
+from asyncstream.shards._compressed import count_samples
+from asyncstream.shards._tar import ShardReader
 
 pytestmark = pytest.mark.timeout(120)
 

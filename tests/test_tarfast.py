@@ -1,7 +1,8 @@
 """The tar reader's fast paths against its general parser, on the same bytes.
 
-:mod:`asyncstream._tarfast` reads runs of plain members header by header (checked one by
-one, or all at once by numpy) or from a table of the whole range (:mod:`asyncstream._tarbulk`),
+:mod:`asyncstream.shards._tarfast` reads runs of plain members header by header (checked
+one by one, or all at once by numpy) or from a table of the whole range
+(:mod:`asyncstream.shards._tarbulk`),
 and hands every header it cannot vouch for to the general parser. Every input here is
 read in each mode, the thresholds set so that each path takes the whole input:
 
@@ -29,9 +30,9 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from asyncstream import _tarbulk, _tarfast
 from asyncstream._exceptions import CorruptTarError
-from asyncstream._tar import ShardReader
+from asyncstream.shards import _tarbulk, _tarfast
+from asyncstream.shards._tar import ShardReader
 
 pytestmark = pytest.mark.timeout(300)
 

@@ -28,7 +28,7 @@ import pytest
 from aiobotocore.config import AioConfig
 from aiobotocore.session import get_session
 
-from asyncstream._s3 import S3Options, sync_client
+from asyncstream.stores._s3 import S3Options, sync_client
 from asyncstream.testing import Fault, FaultPlan, FaultProxy, LocalS3, NetworkProfile
 
 MiB = 1024 * 1024

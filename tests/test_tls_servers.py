@@ -16,7 +16,7 @@ import pytest
 from cryptography import x509
 
 from asyncstream import LocalS3, S3Options
-from asyncstream._s3 import sync_client
+from asyncstream.stores._s3 import sync_client
 from asyncstream.testing import FaultProxy, TestCertificates, make_test_certificates
 
 

@@ -17,7 +17,7 @@ from asyncstream import (
     expand_braces,
     resolve_shards,
 )
-from asyncstream._urls import parse_s3_url
+from asyncstream.shards._urls import parse_s3_url
 
 
 def test_brace_range_keeps_zero_padding() -> None:

@@ -10,8 +10,9 @@ import contextlib
 import logging
 import socket
 import struct
-from typing import TYPE_CHECKING, Final
+from typing import Final, Protocol
 
+from ._control import Control
 from ._faults import BODY_KINDS, ERROR_KINDS, Action, Fault
 from ._http import (
     CHUNKED,
@@ -24,13 +25,9 @@ from ._http import (
     error_response,
     plain_response,
 )
-from ._network import Pacer
+from ._network import NetworkProfile, Pacer
 
-if TYPE_CHECKING:
-    from ._control import Control
-    from ._proxy import FaultProxy
-
-__all__ = ["Connection"]
+__all__ = ["Connection", "Proxy"]
 
 _log = logging.getLogger("asyncstream.testing")
 
@@ -54,6 +51,24 @@ def _set_rst(writer: asyncio.StreamWriter) -> None:
             sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
 
 
+class Proxy(Protocol):
+    """What a connection uses of the :class:`~asyncstream.testing.FaultProxy` that accepted
+    it: the network profile, the upstream address, the request headers to strip, and the
+    register of open transports (closed with the proxy). A protocol, so that this module
+    stands below the proxy that makes connections."""
+
+    @property
+    def profile(self) -> NetworkProfile: ...
+
+    strip_request_headers: frozenset[str]
+    _up_host: str
+    _up_port: int
+
+    def _track(self, transport: asyncio.WriteTransport) -> None: ...
+
+    def _untrack(self, transport: asyncio.WriteTransport) -> None: ...
+
+
 class Connection:
     """One client connection and the upstream connection that serves it.
 
@@ -66,7 +81,7 @@ class Connection:
 
     def __init__(
         self,
-        proxy: FaultProxy,
+        proxy: Proxy,
         control: Control,
         reader: asyncio.StreamReader,
         writer: asyncio.StreamWriter,

@@ -35,7 +35,7 @@ import warnings
 from types import TracebackType
 from typing import IO, Any, Literal
 
-from .._s3 import S3Credentials, S3Options, sync_client
+from ..stores._s3 import S3Credentials, S3Options, sync_client
 from . import _moto_ranges
 from ._motoserver import MotoServer, require_moto
 

@@ -24,9 +24,7 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any
 
-from asyncstream import S3Credentials, S3Options
-from asyncstream._s3 import sync_client
-
+from ..stores._s3 import S3Credentials, S3Options, sync_client
 from ._local import stop_child, wait_for_line
 
 __all__ = [

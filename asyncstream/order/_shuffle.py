@@ -1,0 +1,447 @@
+"""The chunked window shuffle, as a pure state machine, and measures of shuffle quality.
+
+The window holds up to ``window`` **lanes**; a lane is one open shard (one piece of the
+epoch plan) with the samples of its current chunk that are not yet emitted. Before each
+draw the shuffle asks its driver for what it lacks, in this order:
+
+1. an empty lane: the driver refills it with the shard's next chunk, or closes it when the
+   shard is done;
+2. fewer than ``window`` lanes and pieces left: the driver opens the next piece of the plan
+   (its first chunk);
+3. otherwise it draws: a lane (uniformly over resident samples, ``mode="samples"``, or
+   uniformly over lanes, ``mode="shards"``), then a random sample of that lane.
+
+One lane opens per draw, so the first sample comes as soon as the first chunk is resident
+and the window fills over its first ``window`` draws: the first ``window`` samples mix
+fewer shards than the rest (sample *n* < ``window`` draws from at most *n + 1* shards).
+
+Every random number is a pure function of ``(key, draw number)`` (splitmix64), so the
+order depends on the seed, the epoch, the topology and the data alone, never on when
+chunks arrive, and the whole state is a few integers and lists (saved by the stream as
+its ``state_dict``).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Generic, Literal, TypeVar
+
+import numpy as np
+
+if TYPE_CHECKING:
+    from ._mix import Blend
+
+__all__ = [
+    "ShuffleQuality",
+    "WindowShuffle",
+    "mix_key",
+    "shuffle_quality",
+    "simulate_buffer_order",
+    "simulate_window_order",
+]
+
+T = TypeVar("T")
+_M64 = (1 << 64) - 1
+
+
+def _splitmix(x: int) -> int:
+    x = (x + 0x9E3779B97F4A7C15) & _M64
+    x = ((x ^ (x >> 30)) * 0xBF58476D1CE4E5B9) & _M64
+    x = ((x ^ (x >> 27)) * 0x94D049BB133111EB) & _M64
+    return x ^ (x >> 31)
+
+
+def mix_key(*parts: int) -> int:
+    """A 64-bit key from integers (seed, epoch, rank, ...), order-sensitive."""
+    key = 0x243F6A8885A308D3
+    for part in parts:
+        key = _splitmix(key ^ (part & _M64))
+    return key
+
+
+def _below(key: int, n: int, bound: int) -> int:
+    """A uniform integer in ``[0, bound)`` for draw ``n`` (Lemire's multiply-shift)."""
+    return (_splitmix(key + n) * bound) >> 64
+
+
+_BATCH = 1024  # random numbers made at once: 512 draws' worth
+_MUL1, _MUL2 = np.uint64(0xBF58476D1CE4E5B9), np.uint64(0x94D049BB133111EB)
+
+
+def _splitmix_batch(key: int, n: int) -> list[int]:
+    """``_splitmix(key + n + i)`` for the next ``_BATCH`` values of ``i``, in numpy's
+    wrapping ``uint64`` arithmetic: the same numbers as :func:`_splitmix` (which masks
+    every step to 64 bits) for a tenth of its cost per number."""
+    x = np.arange(_BATCH, dtype=np.uint64) + np.uint64((key + n + 0x9E3779B97F4A7C15) & _M64)
+    x = (x ^ (x >> np.uint64(30))) * _MUL1
+    x = (x ^ (x >> np.uint64(27))) * _MUL2
+    out: list[int] = (x ^ (x >> np.uint64(31))).tolist()
+    return out
+
+
+@dataclass
+class Lane(Generic[T]):
+    """One open shard in the window."""
+
+    piece: int
+    items: list[T]
+    cursor: int = 0  # for shuffle=False: items before it are emitted
+    meta: dict[str, Any] = field(default_factory=dict)
+    group: int = 0  # the piece's source, for a blend (:mod:`._mix`)
+
+    @property
+    def remaining(self) -> int:
+        return len(self.items) - self.cursor
+
+
+@dataclass(frozen=True)
+class Need:
+    """What the shuffle needs before its next draw."""
+
+    kind: Literal["refill", "open", "draw", "done"]
+    lane: int = -1  # for "refill"
+    piece: int = -1  # for "open"
+
+
+_DRAW, _DONE = Need("draw"), Need("done")  # the needs of every draw, made once
+
+
+class WindowShuffle(Generic[T]):
+    """The window shuffle over ``n_pieces`` pieces, driven by :meth:`need`.
+
+    Args:
+        n_pieces: pieces in the epoch plan, opened in order.
+        window: most lanes open at once (1 when ``shuffle`` is false).
+        key: the random key (see :func:`mix_key`).
+        mode: ``"samples"`` or ``"shards"`` (how a lane is picked).
+        shuffle: ``False`` gives plan order and in-shard order.
+        groups: the source of each piece, for ``blend``.
+        blend: picks the source of each draw first (:class:`._mix.Blend`); the lane is
+            then picked among that source's lanes, as ``mode`` says. ``None``: any lane.
+    """
+
+    def __init__(
+        self,
+        n_pieces: int,
+        *,
+        window: int,
+        key: int,
+        mode: Literal["samples", "shards"] = "samples",
+        shuffle: bool = True,
+        groups: Sequence[int] | None = None,
+        blend: Blend | None = None,
+    ) -> None:
+        if window < 1:
+            raise ValueError(f"window must be >= 1, got {window}")
+        if mode not in ("samples", "shards"):
+            raise ValueError(f"mode must be 'samples' or 'shards', got {mode!r}")
+        self.n_pieces = n_pieces
+        self.window = window if shuffle else 1
+        self.key = key
+        self.mode = mode
+        self.shuffle = shuffle
+        self.lanes: list[Lane[T]] = []
+        self._empty: list[Lane[T]] = []  # lanes that may need a refill, checked by need()
+        self.next_piece = 0
+        self.draws = 0
+        if blend is not None and (groups is None or len(groups) != n_pieces):
+            raise ValueError("a blend needs the group of every piece")
+        self.groups = groups
+        self.blend = blend
+        self._lane_groups: list[int] = []  # each open lane's group, as self.lanes
+        self._open = [0] * (max(groups, default=0) + 1 if groups else 1)  # lanes per group
+        self._items = 0  # len(lane.items) summed over the lanes
+        self._random: list[int] = []  # _splitmix(key + n) for n from _random_from on
+        self._random_from = 0
+
+    def _group(self, piece: int) -> int:
+        return 0 if self.groups is None else self.groups[piece]
+
+    def need(self) -> Need:
+        """What to do next: refill a lane, open a piece, draw, or stop."""
+        while self._empty:  # lanes that a draw (or an empty chunk) left with nothing
+            lane = self._empty[-1]
+            index = next((i for i, open_ in enumerate(self.lanes) if open_ is lane), None)
+            if index is not None and lane.remaining == 0:
+                return Need("refill", lane=index)
+            self._empty.pop()  # refilled or closed since
+        # One more lane per draw until the window is full: the first sample needs one chunk.
+        open_ = len(self.lanes)
+        if open_ < self.window and open_ <= self.draws and self.next_piece < self.n_pieces:
+            return Need("open", piece=self.next_piece)
+        return _DRAW if open_ else _DONE
+
+    def open(self, items: list[T], meta: dict[str, Any] | None = None) -> Lane[T]:
+        """Open the next piece with its first chunk's samples."""
+        lane = Lane(self.next_piece, items, meta=meta or {}, group=self._group(self.next_piece))
+        self.lanes.append(lane)
+        self._lane_groups.append(lane.group)
+        self._open[lane.group] += 1
+        self._items += len(items)
+        self.next_piece += 1
+        if not items:
+            self._empty.append(lane)
+        return lane
+
+    def refill(self, lane: int, items: list[T]) -> None:
+        """Give an empty lane the samples of its shard's next chunk."""
+        self._items += len(items) - len(self.lanes[lane].items)
+        self.lanes[lane].items = items
+        self.lanes[lane].cursor = 0
+
+    def close(self, lane: int) -> Lane[T]:
+        """Remove an empty lane whose shard is done."""
+        self._open[self._lane_groups.pop(lane)] -= 1
+        closed = self.lanes.pop(lane)
+        self._items -= len(closed.items)
+        return closed
+
+    def draw(self) -> tuple[int, T]:
+        """Remove and return ``(lane index, sample)`` for the next draw."""
+        if not self.shuffle:
+            lane = self.lanes[0]
+            if self.blend is not None:
+                self.blend.choose((lane.group,))
+            item = lane.items[lane.cursor]
+            lane.cursor += 1
+            self.draws += 1
+            if lane.cursor == len(lane.items):
+                self._empty.append(lane)
+            return 0, item
+        n = 2 * self.draws
+        at = n - self._random_from
+        random = self._random
+        if not 0 <= at < len(random) - 1:
+            random = self._random = _splitmix_batch(self.key, n)
+            self._random_from, at = n, 0
+        lanes = self.lanes
+        if self.blend is not None:
+            index = self._blended(self.blend, n)
+        elif self.mode == "shards":
+            index = (random[at] * len(lanes)) >> 64  # _below(key, n, ...)
+        else:
+            r = (random[at] * self._items) >> 64
+            index = 0
+            for lane in lanes:
+                size = len(lane.items)
+                if r < size:
+                    break
+                r -= size
+                index += 1
+        items = lanes[index].items
+        pick = (random[at + 1] * len(items)) >> 64  # _below(key, n + 1, len(items))
+        item = items[pick]
+        items[pick] = items[-1]
+        items.pop()
+        self.draws += 1
+        self._items -= 1
+        if not items:
+            self._empty.append(lanes[index])
+        return index, item
+
+    def _blended(self, blend: Blend, n: int) -> int:
+        """The lane of draw ``n``: the blend's source, then one of its lanes."""
+        groups = self._lane_groups
+        group = blend.choose([g for g, lanes in enumerate(self._open) if lanes])
+        if self.mode == "shards":
+            index = -1
+            for _ in range(_below(self.key, n, self._open[group]) + 1):
+                index = groups.index(group, index + 1)
+            return index
+        among = [i for i, g in enumerate(groups) if g == group]
+        r = _below(self.key, n, sum(len(self.lanes[i].items) for i in among))
+        for index in among[:-1]:
+            if r < len(self.lanes[index].items):
+                return index
+            r -= len(self.lanes[index].items)
+        return among[-1]
+
+    def state(self) -> tuple[int, int]:
+        """``(draws, next_piece)``: with each lane's piece and undrawn items, its state."""
+        return self.draws, self.next_piece
+
+    def reset(
+        self, draws: int, next_piece: int, lanes: list[tuple[int, list[T], dict[str, Any]]]
+    ) -> None:
+        """Restore a state: the draw count, the next piece to open, and the open lanes as
+        ``(piece, undrawn items in their saved order, meta)``."""
+        if any(not 0 <= piece < next_piece <= self.n_pieces for piece, _, _ in lanes):
+            raise ValueError("a lane's piece is not among the pieces opened")
+        self.draws, self.next_piece = draws, next_piece
+        self.lanes = [
+            Lane(piece, items, meta=meta, group=self._group(piece)) for piece, items, meta in lanes
+        ]
+        self._lane_groups = [lane.group for lane in self.lanes]
+        self._items = sum(len(lane.items) for lane in self.lanes)
+        self._open = [0] * len(self._open)
+        for group in self._lane_groups:
+            self._open[group] += 1
+        self._empty = [lane for lane in self.lanes if not lane.items]
+
+    def resident(self) -> int:
+        """Samples resident and not yet emitted: the effective shuffle radius."""
+        return sum(lane.remaining for lane in self.lanes)
+
+
+@dataclass(frozen=True)
+class ShuffleQuality:
+    """Measures of how well an emitted order is shuffled.
+
+    Attributes:
+        correlation: Pearson correlation between each sample's input index and its
+            output position (0 for a perfect shuffle, 1 for none).
+        distinct_classes_per_batch: mean number of distinct labels per batch, or ``nan``
+            without labels.
+        batch_size: the batch size used.
+    """
+
+    correlation: float
+    distinct_classes_per_batch: float
+    batch_size: int
+
+
+def shuffle_quality(
+    order: Sequence[int], labels: Sequence[int] | None = None, *, batch_size: int = 64
+) -> ShuffleQuality:
+    """Measure an emitted order against its input order.
+
+    Args:
+        order: the input indices (position in the unshuffled dataset) in emitted order.
+        labels: the class of each emitted sample, in emitted order.
+        batch_size: for distinct classes per batch (the last partial batch is ignored).
+
+    Returns:
+        The Pearson correlation between input index and output position, and the mean
+        number of distinct classes per batch.
+    """
+    n = len(order)
+    if n < 2:
+        raise ValueError("need at least two samples to measure a shuffle")
+    if labels is not None and len(labels) != n:
+        raise ValueError(f"labels has {len(labels)} entries, order has {n}")
+    if batch_size < 1:
+        raise ValueError(f"batch_size must be >= 1, got {batch_size}")
+    mean_x = (n - 1) / 2
+    mean_y = sum(order) / n
+    cov = sum((i - mean_x) * (y - mean_y) for i, y in enumerate(order))
+    var_x = sum((i - mean_x) ** 2 for i in range(n))
+    var_y = sum((y - mean_y) ** 2 for y in order)
+    corr = cov / math.sqrt(var_x * var_y) if var_y > 0 else 0.0
+    distinct = math.nan
+    if labels is not None and n >= batch_size:
+        batches = n // batch_size
+        distinct = (
+            sum(len(set(labels[b * batch_size : (b + 1) * batch_size])) for b in range(batches))
+            / batches
+        )
+    return ShuffleQuality(corr, distinct, batch_size)
+
+
+def simulate_window_order(
+    samples_per_shard: Sequence[int],
+    *,
+    window: int,
+    chunk_samples: int,
+    seed: int,
+    epoch: int = 0,
+    mode: Literal["samples", "shards"] = "samples",
+    shuffle: bool = True,
+) -> list[int]:
+    """The order a single reader emits, simulated with chunks counted in samples.
+
+    Drives :class:`WindowShuffle` the way the stream does, over the epoch plan of one
+    reader (``Topology()``): it opens the plan's pieces in order with their first chunk,
+    refills an empty lane with its shard's next chunk or closes it when the piece is done,
+    and emits each draw. A piece's samples ``first <= i < stop`` are split into consecutive
+    chunks of ``chunk_samples`` samples, each in in-shard order. The memory this models is
+    ``(window + prefetch) * chunk_samples`` samples (the order depends on neither ``prefetch``
+    nor ``inflight``: only the memory does).
+
+    Args:
+        samples_per_shard: samples in each shard, in dataset order.
+        window: most shards open at once.
+        chunk_samples: samples per chunk (a shard's size or more: whole shards).
+        seed: the run's seed.
+        epoch: the epoch number.
+        mode: ``"samples"`` or ``"shards"`` (see :class:`WindowShuffle`).
+        shuffle: permute shards and samples; ``False`` gives dataset order.
+
+    Returns:
+        The emitted samples as global input indices: the shard's offset in the dataset
+        (the samples of the shards before it, in dataset order) plus the in-shard index.
+    """
+    from asyncstream.order._plan import Topology, epoch_plan
+
+    if chunk_samples < 1:
+        raise ValueError(f"chunk_samples must be >= 1, got {chunk_samples}")
+    offsets = [0]
+    for count in samples_per_shard:
+        offsets.append(offsets[-1] + count)
+    pieces = epoch_plan(
+        samples_per_shard, seed=seed, epoch=epoch, shuffle=shuffle, topology=Topology()
+    )[0]
+
+    def chunk(piece: int, start: int) -> list[int]:
+        p = pieces[piece]
+        base = offsets[p.shard]
+        return list(range(base + start, base + min(start + chunk_samples, p.stop)))
+
+    state: WindowShuffle[int] = WindowShuffle(
+        len(pieces), window=window, key=mix_key(seed, epoch, 0, 0), mode=mode, shuffle=shuffle
+    )
+    next_start: dict[int, int] = {}  # piece -> in-shard index of its next chunk
+    out: list[int] = []
+    while True:
+        need = state.need()
+        if need.kind == "draw":
+            out.append(state.draw()[1])
+        elif need.kind == "refill":
+            piece = state.lanes[need.lane].piece
+            start = next_start[piece]
+            if start < pieces[piece].stop:
+                state.refill(need.lane, chunk(piece, start))
+                next_start[piece] = start + chunk_samples
+            else:
+                state.close(need.lane)
+        elif need.kind == "open":
+            first = pieces[need.piece].first
+            state.open(chunk(need.piece, first))
+            next_start[need.piece] = first + chunk_samples
+        else:
+            return out
+
+
+def simulate_buffer_order(n: int, *, buffer: int, seed: int) -> list[int]:
+    """The order of the classic streaming shuffle buffer over the inputs ``0 .. n - 1``.
+
+    As webdataset's ``shuffle(bufsize)`` and tf.data's ``shuffle(buffer_size)``: the buffer
+    takes the first ``buffer`` inputs in order; then for each next input, a uniformly
+    random buffer element is emitted and the input takes its place; at the end the buffer
+    is emitted in random order. Memory: ``buffer`` samples.
+
+    Args:
+        n: the number of inputs.
+        buffer: the buffer size in samples (``>= 1``; ``>= n`` gives a full permutation).
+        seed: seeds the generator.
+
+    Returns:
+        The emitted input indices.
+    """
+    import random
+
+    if n < 0:
+        raise ValueError(f"n must be >= 0, got {n}")
+    if buffer < 1:
+        raise ValueError(f"buffer must be >= 1, got {buffer}")
+    rng = random.Random(seed)
+    held = list(range(min(buffer, n)))
+    out: list[int] = []
+    for item in range(len(held), n):
+        pick = rng.randrange(len(held))
+        out.append(held[pick])
+        held[pick] = item
+    rng.shuffle(held)
+    out.extend(held)
+    return out

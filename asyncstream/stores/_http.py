@@ -1,0 +1,538 @@
+"""The S3 store's own HTTP/1.1 client: keep-alive connections, bodies straight into a buffer.
+
+Why not aiohttp (which botocore's async client uses, and which asyncstream keeps as the
+fallback for HTTP proxies): aiohttp hands a body over as ``bytes`` pieces its parser cut
+from the socket buffer, to be copied again into the ring slot, one small read at a time;
+over TLS, asyncio's SSL transport adds its own buffers in front of that. Here:
+
+* plain HTTP: ``loop.sock_recv_into(sock, slot)``: the kernel copies the bytes into the
+  ring slot and nothing in user space touches them;
+* HTTPS: a non-blocking :class:`ssl.SSLSocket`, whose ``recv_into(slot)`` has OpenSSL read
+  the socket and decrypt straight into the slot: no Python object is made per piece.
+  (An :class:`ssl.SSLObject` over memory BIOs would need one more copy, into the BIO.)
+
+Connections persist (HTTP/1.1 keep-alive) in a bounded pool per origin, last used first.
+A connection goes back to the pool only after its response was read to its end and the
+server did not say ``Connection: close``. An idle connection the server has closed (it is
+readable: an end of file, or bytes nobody asked for) is dropped before reuse; a reused
+connection that dies before the first byte of its response is replaced by a fresh one,
+once, without counting as a retry (the server may close an idle connection at any time).
+
+Errors: a refused, reset or closed connection is ``OSError`` (retryable); a certificate
+that does not verify, ``https://`` against a plain-HTTP port and ``http://`` against a
+TLS port are :class:`TLSMismatch` (permanent: retrying cannot fix them), named so. Most
+plain-HTTP servers neither answer nor close on a TLS ClientHello (they wait for the rest
+of a request line): after a second of handshake silence the port is asked, once, in
+plain HTTP, and a plain HTTP answer makes the handshake a TLSMismatch at once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import contextlib
+import select
+import socket
+import ssl
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from dataclasses import dataclass
+from urllib.parse import urlsplit
+
+from ._errors import ChunkFailure
+from ._origin import Origin, TLSMismatch, tls_failure
+from ._retry import Timeouts
+
+__all__ = ["PROBE_AFTER", "ConnectionPool", "Reply", "Scatter", "receive"]
+
+_HEAD_LIMIT = 64 << 10  # response headers larger than this are refused
+_ERROR_BODY_LIMIT = 64 << 10  # an error document is read up to this
+_TLS_RECORD = b"\x16\x03"  # a TLS handshake record: a TLS server's first bytes
+_TLS_ALERT = b"\x15\x03"  # a TLS alert record
+PROBE_AFTER = 1.0  # seconds of silence before asking whether a port speaks the other protocol
+
+
+@dataclass(frozen=True)
+class Reply:
+    """A response: status, header fields (lower-case names) and, for an error status, its
+    document (a success's body went into the caller's buffer)."""
+
+    status: int
+    fields: Mapping[str, str]
+    body: bytes = b""
+
+
+class Scatter:
+    """Where a body goes: consecutive buffers (ring slots), filled in order, each reported
+    by ``filled(index)`` as soon as it is full. One buffer is the common case; several let
+    one GET fill the slots of consecutive chunks (the engine's coalesced requests)."""
+
+    def __init__(
+        self, views: Sequence[memoryview], filled: Callable[[int], None] | None = None
+    ) -> None:
+        self.views = views
+        self.filled = filled
+        self.total = sum(len(v) for v in views)
+        self.pos = 0  # bytes received so far
+        self._index = 0  # the buffer being filled
+        self._at = 0  # bytes received into it
+        self._skip_empty()
+
+    def _skip_empty(self) -> None:
+        while self._index < len(self.views) and self._at == len(self.views[self._index]):
+            if self.filled is not None:
+                self.filled(self._index)
+            self._index += 1
+            self._at = 0
+
+    @property
+    def done(self) -> bool:
+        return self.pos >= self.total
+
+    def space(self) -> memoryview:
+        """The rest of the buffer being filled (receive into it, then :meth:`advance`)."""
+        return self.views[self._index][self._at :]
+
+    def advance(self, n: int) -> None:
+        """``n`` bytes were received into :meth:`space`."""
+        self._at += n
+        self.pos += n
+        self._skip_empty()
+
+    def write(self, data: bytes | memoryview) -> None:
+        """Copy ``data`` in (the body bytes that came with the headers; aiohttp's pieces).
+
+        Raises:
+            ChunkFailure: more bytes than the buffers hold.
+        """
+        view = memoryview(data)
+        if len(view) > self.total - self.pos:
+            raise ChunkFailure("length", f"more than the {self.total} bytes asked for")
+        while view:
+            space = self.space()
+            n = min(len(space), len(view))
+            space[:n] = view[:n]
+            view = view[n:]
+            self.advance(n)
+
+
+class _Conn:
+    """One connection, plain or TLS, non-blocking, driven by the running loop."""
+
+    def __init__(self, sock: socket.socket) -> None:
+        self.sock = sock  # the SSLSocket itself for TLS (wrapping detaches the plain one)
+        self.tls = sock if isinstance(sock, ssl.SSLSocket) else None
+        self.requests = 0
+
+    @property
+    def fd(self) -> int:
+        return self.sock.fileno()
+
+    def idle_and_open(self) -> bool:
+        """Whether an idle connection can take a request: not readable (a closed or
+        misbehaving peer makes it readable) and, for TLS, nothing left decrypted."""
+        if self.sock.fileno() < 0 or (self.tls is not None and self.tls.pending()):
+            return False
+        poller = select.poll()
+        poller.register(self.sock.fileno(), select.POLLIN | select.POLLHUP | select.POLLERR)
+        return not poller.poll(0)
+
+    async def _ready(self, write: bool) -> None:
+        loop = asyncio.get_running_loop()
+        future: asyncio.Future[None] = loop.create_future()
+
+        def wake() -> None:
+            if not future.done():
+                future.set_result(None)
+
+        if write:
+            loop.add_writer(self.fd, wake)
+        else:
+            loop.add_reader(self.fd, wake)
+        try:
+            await future
+        finally:
+            (loop.remove_writer if write else loop.remove_reader)(self.fd)
+
+    async def handshake(self) -> None:
+        assert self.tls is not None
+        while True:
+            try:
+                self.tls.do_handshake()
+                return
+            except ssl.SSLWantReadError:
+                await self._ready(write=False)
+            except ssl.SSLWantWriteError:
+                await self._ready(write=True)
+
+    async def sendall(self, data: bytes) -> None:
+        if self.tls is None:
+            await asyncio.get_running_loop().sock_sendall(self.sock, data)
+            return
+        view = memoryview(data)
+        while view:
+            try:
+                view = view[self.tls.send(view) :]
+            except ssl.SSLWantReadError:
+                await self._ready(write=False)
+            except ssl.SSLWantWriteError:
+                await self._ready(write=True)
+
+    async def recv_into(self, view: memoryview) -> int:
+        """Bytes received into ``view`` (0 at the end of the stream).
+
+        Over TLS, every record already readable is decrypted into ``view`` in one call
+        (OpenSSL hands over one 16 KiB record per read): an await, and a reschedule of
+        the caller's stall timer, per record would cost more than the decryption.
+        """
+        if self.tls is None:
+            return await asyncio.get_running_loop().sock_recv_into(self.sock, view)
+        total, size = 0, len(view)
+        while True:
+            try:
+                while total < size:
+                    n = self.tls.recv_into(view[total:], size - total)
+                    if not n:
+                        return total
+                    total += n
+                return total
+            except ssl.SSLWantReadError:
+                if total:
+                    return total
+                await self._ready(write=False)
+            except ssl.SSLWantWriteError:
+                if total:
+                    return total
+                await self._ready(write=True)
+            except ssl.SSLEOFError:
+                return total  # the peer closed without close_notify: an end, as for TCP
+
+    def close(self) -> None:
+        self.sock.close()
+
+
+class ConnectionPool:
+    """Keep-alive connections to one origin, at most ``limit`` of them idle.
+
+    Args:
+        origin: scheme, host, port.
+        ssl_context: for ``https://``; ``None`` makes a default (verifying) one.
+        limit: the most idle connections kept.
+    """
+
+    def __init__(
+        self, origin: Origin, *, ssl_context: ssl.SSLContext | None = None, limit: int = 16
+    ) -> None:
+        self.origin = origin
+        self.ssl_context = ssl_context or (ssl.create_default_context() if origin.tls else None)
+        self.limit = limit
+        self._idle: collections.deque[_Conn] = collections.deque()
+        self.opened = 0  # connections made
+        self.reused = 0  # requests sent on a connection that had served one before
+        self._probed = False
+
+    def close(self) -> None:
+        """Close the idle connections (the pool can still be used)."""
+        while self._idle:
+            self._idle.pop().close()
+
+    async def _connect(self, timeouts: Timeouts) -> _Conn:
+        loop = asyncio.get_running_loop()
+        error: OSError = ConnectionError(f"no address for {self.origin}")
+        infos = await loop.getaddrinfo(self.origin.host, self.origin.port, type=socket.SOCK_STREAM)
+        for family, kind, proto, _, address in infos:
+            sock: socket.socket = socket.socket(family, kind, proto)
+            try:
+                sock.setblocking(False)
+                sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+                async with asyncio.timeout(timeouts.connect) as limit:
+                    await loop.sock_connect(sock, address)
+                    if self.ssl_context is not None:
+                        sock = self.ssl_context.wrap_socket(
+                            sock, server_hostname=self.origin.host, do_handshake_on_connect=False
+                        )
+                        await self._handshake(_Conn(sock))
+                return _Conn(sock)
+            except TimeoutError:
+                sock.close()
+                if not limit.expired():
+                    raise
+                error = ConnectionError(
+                    f"connecting to {self.origin} took over {timeouts.connect:g} s"
+                )
+            except OSError as exc:
+                sock.close()
+                error = exc
+            except BaseException:
+                sock.close()
+                raise
+        raise error
+
+    async def _handshake(self, conn: _Conn) -> None:
+        handshake = asyncio.ensure_future(conn.handshake())
+        try:
+            done, _ = await asyncio.wait({handshake}, timeout=PROBE_AFTER)
+            if not done:
+                await self._probe_plain()
+            await handshake
+        except ssl.SSLError as exc:
+            raise tls_failure(self.origin, exc) from exc
+        finally:
+            if not handshake.done():
+                handshake.cancel()
+                await asyncio.wait({handshake})
+
+    @property
+    def probed(self) -> bool:
+        """Whether this origin's port was asked if it speaks the other protocol."""
+        return self._probed
+
+    async def confirm_tls(self, timeouts: Timeouts) -> None:
+        """For an ``https://`` origin whose first response is slow on another client
+        (botocore's): a handshake of this pool's own, which probes as any does; raises
+        TLSMismatch if the port turns out to be a plain-HTTP one. Once per pool."""
+        if self._probed:
+            return
+        with contextlib.suppress(OSError, TimeoutError):
+            (await self._connect(timeouts)).close()
+        self._probed = True
+
+    async def _probe_plain(self) -> None:
+        """After a second of TLS handshake silence: does the port answer plain HTTP?
+        Asked once per pool (one second at most); raises TLSMismatch if so. An answer of
+        400 proves nothing: a TLS port may say that to a plain request, as nginx does."""
+        if self._probed:
+            return
+        self._probed = True
+        loop = asyncio.get_running_loop()
+        host = f"{self.origin.host}:{self.origin.port}"
+        request = f"HEAD / HTTP/1.1\r\nHost: {host}\r\nConnection: close\r\n\r\n".encode()
+        answer = b""
+        try:
+            async with asyncio.timeout(PROBE_AFTER):
+                infos = await loop.getaddrinfo(
+                    self.origin.host, self.origin.port, type=socket.SOCK_STREAM
+                )
+                family, kind, proto, _, address = infos[0]
+                with socket.socket(family, kind, proto) as sock:
+                    sock.setblocking(False)
+                    await loop.sock_connect(sock, address)
+                    await loop.sock_sendall(sock, request)
+                    while len(answer) < 12 and (piece := await loop.sock_recv(sock, 12)):
+                        answer += piece
+        except (OSError, TimeoutError):
+            pass
+        if answer.startswith(b"HTTP/1.") and answer[9:12].isdigit() and answer[9:12] != b"400":
+            raise TLSMismatch(
+                f"{self.origin}: no answer to the TLS handshake, and the port answers plain "
+                "HTTP: it is a plain-HTTP port. Use http:// for it"
+            )
+
+    async def _acquire(self, timeouts: Timeouts) -> _Conn:
+        while self._idle:
+            conn = self._idle.pop()
+            if conn.idle_and_open():
+                return conn
+            conn.close()
+        conn = await self._connect(timeouts)
+        self.opened += 1
+        return conn
+
+    def _release(self, conn: _Conn, reusable: bool) -> None:
+        if reusable and len(self._idle) < self.limit:
+            self._idle.append(conn)
+        else:
+            conn.close()
+
+    async def get(
+        self,
+        url: str,
+        headers: Mapping[str, str],
+        out: Scatter,
+        timeouts: Timeouts,
+        accept: Callable[[Reply], None] | None = None,
+    ) -> tuple[Reply, float]:
+        """``GET url`` (of this origin): a success's body goes into ``out``, which it must
+        fill exactly. ``accept`` sees a success's head before any byte of its body lands
+        (and may raise): ``out`` hands each buffer on as soon as it is full, so what
+        identifies the object (ETag, Content-Range) is checked first.
+
+        Returns the reply and the loop time its header arrived.
+
+        Raises:
+            ChunkFailure: a body of another length, a stall, no response in time.
+            TLSMismatch: see the module docstring.
+            OSError: the connection failed.
+        """
+        parts = urlsplit(url)
+        target = (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
+        default = ":443" if self.origin.tls else ":80"
+        host = parts.netloc.removesuffix(default)  # as the request was signed
+        head = f"GET {target} HTTP/1.1\r\nHost: {host}\r\n"
+        head += "".join(f"{name}: {value}\r\n" for name, value in headers.items()) + "\r\n"
+        request = head.encode("latin-1")
+        for attempt in range(2):
+            conn = await self._acquire(timeouts)
+            fresh = conn.requests == 0
+            if not fresh:
+                self.reused += 1
+            try:
+                return await self._exchange(conn, request, out, timeouts, accept)
+            except _Stale:
+                conn.close()
+                if fresh or attempt:
+                    if fresh and not self.origin.tls:
+                        await self.probe_tls(timeouts)
+                    raise ConnectionResetError(
+                        f"{self.origin} closed the connection before responding"
+                    ) from None
+            except BaseException:
+                conn.close()
+                raise
+        raise AssertionError("unreachable")  # pragma: no cover
+
+    async def probe_tls(self, timeouts: Timeouts) -> None:
+        """After a fresh plain connection ended unanswered (here, or on botocore's client):
+        is the port a TLS one? Checked once per pool (a TLS ClientHello, one second at
+        most); raises TLSMismatch if so."""
+        if self._probed:
+            return
+        self._probed = True
+        probe = ssl.create_default_context()
+        probe.check_hostname, probe.verify_mode = False, ssl.CERT_NONE
+        pool = ConnectionPool(
+            Origin("https", self.origin.host, self.origin.port), ssl_context=probe
+        )
+        quick = Timeouts(connect=1.0, first_byte=1.0, stall=1.0, chunk=1.0)
+        try:
+            (await pool._connect(quick)).close()
+        except (OSError, TLSMismatch, TimeoutError):
+            return  # not a TLS server either: a plain failure, retried as such
+        raise TLSMismatch(f"{self.origin} is a TLS (https://) endpoint: use https:// for it")
+
+    async def _exchange(
+        self,
+        conn: _Conn,
+        request: bytes,
+        out: Scatter,
+        timeouts: Timeouts,
+        accept: Callable[[Reply], None] | None,
+    ) -> tuple[Reply, float]:
+        loop = asyncio.get_running_loop()
+        conn.requests += 1
+        try:
+            await conn.sendall(request)
+        except OSError:
+            raise _Stale() from None
+        try:
+            async with asyncio.timeout(timeouts.first_byte) as first:
+                status, fields, extra, keep = await self._read_head(conn)
+        except TimeoutError:
+            if first.expired():
+                raise ChunkFailure(
+                    "first_byte", f"no response within {timeouts.first_byte:g} s"
+                ) from None
+            raise
+        headers_at = loop.time()
+        declared = fields.get("content-length", "")
+        if "chunked" in fields.get("transfer-encoding", "") or not declared.isdigit():
+            if status < 300:
+                raise ChunkFailure("length", "a response without a Content-Length")
+            body = await self._error_body(conn, extra, None, timeouts)
+            return Reply(status, fields, body), headers_at
+        length = int(declared)
+        if status >= 300:
+            body = await self._error_body(conn, extra, length, timeouts)
+            self._release(conn, keep and len(body) == length)
+            return Reply(status, fields, body), headers_at
+        if length != out.total:
+            raise ChunkFailure("length", f"asked for {out.total} bytes, the response has {length}")
+        if len(extra) > length:
+            raise ChunkFailure("length", f"more than the {length} bytes asked for")
+        if accept is not None:
+            accept(Reply(status, fields))
+        out.write(extra)
+        await _receive(conn, out, timeouts)
+        self._release(conn, keep)
+        return Reply(status, fields), headers_at
+
+    async def _read_head(self, conn: _Conn) -> tuple[int, dict[str, str], bytes, bool]:
+        """Status, header fields, the body bytes that came with them, and whether the
+        connection may be reused."""
+        buffer = bytearray(65536)
+        data = b""
+        while (end := data.find(b"\r\n\r\n")) < 0:
+            if len(data) > _HEAD_LIMIT:
+                raise ChunkFailure("length", f"response headers over {_HEAD_LIMIT} bytes")
+            try:
+                n = await conn.recv_into(memoryview(buffer))
+            except ConnectionResetError:
+                if data:
+                    raise
+                raise _Stale() from None  # reset unanswered: as a close (a TLS port does it)
+            if not n:
+                if not data:
+                    raise _Stale()
+                raise ConnectionResetError(f"{self.origin} closed the connection mid-response")
+            data += buffer[:n]
+        status_line, *lines = data[:end].decode("latin-1").split("\r\n")
+        version, _, rest = status_line.partition(" ")
+        code = rest[:3]
+        if not version.startswith("HTTP/1.") or not code.isdigit():
+            if data.startswith((_TLS_RECORD, _TLS_ALERT)):
+                raise TLSMismatch(f"{self.origin} answered in TLS: it is an https:// endpoint")
+            raise ConnectionResetError(f"not an HTTP/1 response: {status_line[:60]!r}")
+        fields: dict[str, str] = {}
+        for line in lines:
+            name, _, value = line.partition(":")
+            fields[name.strip().lower()] = value.strip()
+        keep = version == "HTTP/1.1" and "close" not in fields.get("connection", "").lower()
+        return int(code), fields, bytes(data[end + 4 :]), keep
+
+    async def _error_body(
+        self, conn: _Conn, body: bytes, length: int | None, timeouts: Timeouts
+    ) -> bytes:
+        limit = _ERROR_BODY_LIMIT if length is None else min(length, _ERROR_BODY_LIMIT)
+        buffer = bytearray(limit)
+        with contextlib.suppress(OSError, TimeoutError):
+            async with asyncio.timeout(timeouts.stall):
+                while len(body) < limit:
+                    n = await conn.recv_into(memoryview(buffer)[: limit - len(body)])
+                    if not n:
+                        break
+                    body += buffer[:n]
+        return body[:limit]
+
+
+class _Stale(Exception):
+    """A connection that ended before the first byte of its response."""
+
+
+async def _receive(conn: _Conn, out: Scatter, timeouts: Timeouts) -> None:
+    """Fill ``out`` from the connection, straight into its buffers."""
+
+    async def step() -> int:
+        n = await conn.recv_into(out.space())
+        out.advance(n)
+        return n
+
+    await receive(out, step, timeouts)
+
+
+async def receive(out: Scatter, step: Callable[[], Awaitable[int]], timeouts: Timeouts) -> None:
+    """Fill ``out`` by calling ``step`` (which puts some bytes into it and says how many;
+    0 at the end of the body); a stall or an early end fails."""
+    loop = asyncio.get_running_loop()
+    try:
+        async with asyncio.timeout(timeouts.stall) as stall:
+            while not out.done:
+                if not await step():
+                    break
+                stall.reschedule(loop.time() + timeouts.stall)
+    except TimeoutError:
+        if stall.expired():
+            raise ChunkFailure(
+                "stall", f"no byte for {timeouts.stall:g} s after {out.pos} of {out.total}"
+            ) from None
+        raise
+    if not out.done:
+        raise ChunkFailure("truncated", f"the body ended after {out.pos} of {out.total} bytes")

@@ -1,0 +1,192 @@
+"""Retry policy and timeouts of chunk downloads.
+
+Which errors are retried is decided once, at the edge, by the one table of
+:mod:`asyncstream.stores._errors`: every failure of a chunk download becomes a *cause* (a short
+name that also keys the retry statistics) and a verdict, retry or not (the list is in
+that module's docstring).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import TypeVar
+
+from .._exceptions import FetchError, TransientFetchError
+from ._errors import ChunkFailure, verdict
+
+__all__ = ["ChunkFailure", "RetryPolicy", "Timeouts", "classify", "retrying", "retrying_sync"]
+
+T = TypeVar("T")
+
+
+@dataclass(frozen=True, kw_only=True)
+class RetryPolicy:
+    """How often and how patiently to retry a chunk download.
+
+    Exponential backoff with full jitter: the n-th retry waits a uniform random time in
+    ``[0, min(max_delay, base_delay * 2**n)]``.
+
+    Args:
+        max_attempts: attempts per chunk, the first included.
+        base_delay: seconds; the backoff scale.
+        max_delay: seconds; the backoff cap.
+        deadline: seconds for one chunk over all its attempts; no retry starts later.
+    """
+
+    max_attempts: int = 10
+    base_delay: float = 0.05
+    max_delay: float = 5.0
+    deadline: float = 300.0
+
+    def __post_init__(self) -> None:
+        if self.max_attempts < 1:
+            raise ValueError(f"max_attempts must be >= 1, got {self.max_attempts}")
+        if self.base_delay < 0 or self.max_delay < 0:
+            raise ValueError("base_delay and max_delay must be >= 0")
+        if self.deadline <= 0:
+            raise ValueError(f"deadline must be > 0, got {self.deadline}")
+
+    def backoff(self, retry: int, rng: random.Random) -> float:
+        """Seconds to wait before retry number ``retry`` (0 for the first retry)."""
+        return rng.uniform(0.0, min(self.max_delay, self.base_delay * 2.0**retry))
+
+
+@dataclass(frozen=True, kw_only=True)
+class Timeouts:
+    """Time limits of one chunk download attempt, in seconds.
+
+    Args:
+        connect: to open a TCP (and TLS) connection.
+        first_byte: from sending the request to having the response headers.
+        stall: the longest gap between two received pieces of the body.
+        chunk: the whole attempt, request to last byte.
+    """
+
+    connect: float = 10.0
+    first_byte: float = 20.0
+    stall: float = 10.0
+    chunk: float = 120.0
+
+    def __post_init__(self) -> None:
+        for name in ("connect", "first_byte", "stall", "chunk"):
+            if getattr(self, name) <= 0:
+                raise ValueError(f"Timeouts.{name} must be > 0, got {getattr(self, name)}")
+
+
+def classify(exc: BaseException, url: str) -> tuple[str, FetchError | None]:
+    """Decide what a failed attempt was (the table is :mod:`asyncstream.stores._errors`).
+
+    Args:
+        exc: what the attempt raised.
+        url: the shard, for the error message.
+
+    Returns:
+        ``(cause, None)`` when the failure is retryable, or ``(cause, error)`` with the
+        error to raise at once.
+    """
+    judged = verdict(exc, url)
+    return judged.cause, None if judged.retry else judged.error
+
+
+class _Attempts:
+    """The bookkeeping of one retried call, shared by :func:`retrying` and
+    :func:`retrying_sync`: causes so far, the deadline, the next backoff."""
+
+    def __init__(
+        self, url: str, policy: RetryPolicy, rng: random.Random, now: Callable[[], float]
+    ) -> None:
+        self.url, self.policy, self.rng, self.now = url, policy, rng, now
+        self.start = now()
+        self.causes: list[str] = []
+
+    def failed(self, exc: Exception) -> tuple[str, float]:
+        """The cause of a failed attempt and the wait before the next one.
+
+        Raises:
+            PermanentFetchError: the failure cannot heal.
+            TransientFetchError: attempts or the deadline are used up.
+        """
+        cause, permanent = classify(exc, self.url)
+        if permanent is not None:
+            raise permanent from exc
+        self.causes.append(cause)
+        tries = len(self.causes)
+        last = tries >= self.policy.max_attempts
+        wait = self.policy.backoff(tries - 1, self.rng)
+        if last or self.now() - self.start + wait > self.policy.deadline:
+            why = "attempts" if last else f"{self.policy.deadline:g} s deadline"
+            raise TransientFetchError(
+                f"{self.url}: giving up after {tries} failed attempts ({why} used up; "
+                f"causes: {', '.join(self.causes)}); last error: {type(exc).__name__}: {exc}",
+                url=self.url,
+            ) from exc
+        return cause, wait
+
+
+async def retrying(
+    attempt: Callable[[], Awaitable[T]],
+    *,
+    url: str,
+    policy: RetryPolicy,
+    rng: random.Random,
+    on_retry: Callable[[str], None] | None = None,
+    sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
+    clock: Callable[[], float] | None = None,
+) -> T:
+    """Run ``attempt`` until it succeeds, a failure is permanent, or the policy runs out.
+
+    Args:
+        attempt: one try; it must restart from scratch each time it is called.
+        url: the shard, for error messages.
+        policy: attempts, backoff and deadline.
+        rng: the jitter's random source.
+        on_retry: called with the cause before each retry (statistics).
+        sleep: the backoff's sleep (injectable for tests).
+        clock: monotonic seconds (injectable for tests); the event loop's clock by default.
+
+    Raises:
+        PermanentFetchError: at once, for a failure that retrying cannot fix.
+        TransientFetchError: when attempts or the deadline run out; chained to the last
+            failure.
+        asyncio.CancelledError: never swallowed.
+    """
+    attempts = _Attempts(url, policy, rng, clock or asyncio.get_running_loop().time)
+    while True:
+        try:
+            return await attempt()
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:
+            cause, wait = attempts.failed(exc)
+            if on_retry is not None:
+                on_retry(cause)
+            await sleep(wait)
+
+
+def retrying_sync(
+    attempt: Callable[[], T],
+    *,
+    url: str,
+    policy: RetryPolicy,
+    rng: random.Random | None = None,
+    on_failure: Callable[[Exception], None] | None = None,
+) -> T:
+    """:func:`retrying` for blocking calls (listing, HEAD, small objects at open).
+
+    Args:
+        on_failure: called with each failure before it is judged; it may raise instead
+            (a check that turns the failure into a permanent one).
+    """
+    attempts = _Attempts(url, policy, rng or random.Random(), time.monotonic)
+    while True:
+        try:
+            return attempt()
+        except Exception as exc:
+            if on_failure is not None:
+                on_failure(exc)
+            _, wait = attempts.failed(exc)
+            time.sleep(wait)

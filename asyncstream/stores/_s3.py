@@ -1,0 +1,190 @@
+"""Where S3 is and how to talk to it: options, client factories, error mapping.
+
+This is the one edge where botocore's exceptions become asyncstream's. Nothing else in
+the package reads the AWS environment: :meth:`S3Options.resolve` does, once, when a
+stream or command is opened.
+
+Which layer retries what:
+    * Listing, HEAD and the uploads of ``asyncstream pack`` run on a synchronous botocore
+      client with botocore's own ``standard`` retry mode (up to ``metadata_attempts``).
+    * Chunk downloads in the fetch engine run with botocore's retries switched off
+      (``total_max_attempts=1``); the engine's :class:`~asyncstream.RetryPolicy` is the
+      only retry layer there, so the two never multiply.
+"""
+
+from __future__ import annotations
+
+import os
+import ssl
+from collections.abc import Mapping
+from dataclasses import dataclass, field, replace
+from typing import Any, Literal
+
+import botocore.config
+import botocore.session
+
+from .._exceptions import FetchError
+from ._errors import verdict
+
+__all__ = ["S3Credentials", "S3Options", "fetch_error_from", "ssl_context", "sync_client"]
+
+
+@dataclass(frozen=True)
+class S3Credentials:
+    """Explicit credentials, for stores outside the standard AWS chain (the embedded server).
+
+    The repr shows neither the secret nor the session token, and only the start of the key id.
+    """
+
+    access_key_id: str
+    secret_access_key: str = field(repr=False)
+    session_token: str | None = field(default=None, repr=False)
+
+    def __repr__(self) -> str:
+        return f"S3Credentials(access_key_id='{self.access_key_id[:4]}...', secret=***)"
+
+
+@dataclass(frozen=True, kw_only=True)
+class S3Options:
+    """How to reach the object store.
+
+    Credentials come from botocore's standard chain (environment, shared files, profile,
+    instance roles) unless ``credentials`` gives them explicitly; either way no repr and
+    no error message shows a secret.
+
+    Args:
+        endpoint_url: an S3-compatible endpoint (MinIO, moto, R2, ...). ``None`` means
+            ``AWS_ENDPOINT_URL_S3`` or ``AWS_ENDPOINT_URL`` if set, else AWS itself.
+        region_name: the region; ``None`` means the standard AWS configuration, or
+            ``us-east-1`` where that names none.
+        profile: a named profile of the shared AWS configuration files.
+        addressing_style: ``"path"`` or ``"virtual"``; ``"auto"`` picks path-style for a
+            custom endpoint (what MinIO and moto need) and virtual-hosted for AWS.
+        max_pool_connections: size of the HTTP connection pool of one client.
+        connect_timeout: seconds to open a connection.
+        read_timeout: seconds without a byte before botocore gives up on a response.
+        metadata_attempts: botocore's attempts for listing, HEAD and uploads.
+        credentials: explicit credentials instead of the standard chain.
+        ca_bundle: a PEM file of the certificate authorities to trust for ``https://``
+            (a private CA, or a test server's self-signed certificate); ``None`` means
+            ``AWS_CA_BUNDLE`` if set, else the system's.
+        verify: ``False`` turns certificate verification off (test servers only).
+    """
+
+    endpoint_url: str | None = None
+    region_name: str | None = None
+    profile: str | None = None
+    addressing_style: Literal["auto", "path", "virtual"] = "auto"
+    max_pool_connections: int = 64
+    connect_timeout: float = 10.0
+    read_timeout: float = 60.0
+    metadata_attempts: int = 5
+    credentials: S3Credentials | None = None
+    ca_bundle: str | None = None
+    verify: bool = True
+
+    def __post_init__(self) -> None:
+        if self.endpoint_url is not None and not self.endpoint_url.startswith(
+            ("http://", "https://")
+        ):
+            raise ValueError(
+                f"endpoint_url must start with http:// or https://, got {self.endpoint_url!r}"
+            )
+        if self.addressing_style not in ("auto", "path", "virtual"):
+            raise ValueError(
+                "addressing_style must be 'auto', 'path' or 'virtual', "
+                f"got {self.addressing_style!r}"
+            )
+        if self.max_pool_connections < 1:
+            raise ValueError(f"max_pool_connections must be >= 1, got {self.max_pool_connections}")
+        if self.metadata_attempts < 1:
+            raise ValueError(f"metadata_attempts must be >= 1, got {self.metadata_attempts}")
+
+    def resolve(self, environ: Mapping[str, str] | None = None) -> S3Options:
+        """Fill the endpoint and region from the environment where they were left unset.
+
+        Args:
+            environ: the environment to read; ``os.environ`` by default.
+
+        Returns:
+            A copy with ``endpoint_url`` and ``region_name`` decided.
+        """
+        env = os.environ if environ is None else environ
+        endpoint = (
+            self.endpoint_url
+            or env.get("AWS_ENDPOINT_URL_S3")
+            or env.get("AWS_ENDPOINT_URL")
+            or None
+        )
+        region = self.region_name or env.get("AWS_REGION") or env.get("AWS_DEFAULT_REGION")
+        ca_bundle = self.ca_bundle or env.get("AWS_CA_BUNDLE") or None
+        return replace(self, endpoint_url=endpoint, region_name=region, ca_bundle=ca_bundle)
+
+    def client_kwargs(self, *, retries: bool = True) -> dict[str, Any]:
+        """Keyword arguments for ``session.create_client("s3", ...)``.
+
+        Args:
+            retries: ``False`` switches botocore's own retries off (one attempt), for
+                callers that retry with their own policy.
+        """
+        style = self.addressing_style
+        if style == "auto":
+            style = "path" if self.endpoint_url else "virtual"
+        attempts = self.metadata_attempts if retries else 1
+        config = botocore.config.Config(
+            max_pool_connections=self.max_pool_connections,
+            connect_timeout=self.connect_timeout,
+            read_timeout=self.read_timeout,
+            retries={"mode": "standard", "total_max_attempts": attempts},
+            s3={"addressing_style": style},
+            # SigV4 everywhere, presigned URLs included (botocore would presign with SigV2).
+            signature_version="s3v4",
+            # Response checksums cost CPU per byte; the engine validates length and ETag
+            # itself, and only where the server offers them (see _s3store.py).
+            request_checksum_calculation="when_required",
+            response_checksum_validation="when_required",
+        )
+        verify: str | bool = (self.ca_bundle or True) if self.verify else False
+        kwargs: dict[str, Any] = {"config": config, "verify": verify}
+        if self.endpoint_url:
+            kwargs["endpoint_url"] = self.endpoint_url
+        kwargs["region_name"] = self.region_name or "us-east-1"
+        if self.credentials is not None:
+            kwargs["aws_access_key_id"] = self.credentials.access_key_id
+            kwargs["aws_secret_access_key"] = self.credentials.secret_access_key
+            kwargs["aws_session_token"] = self.credentials.session_token
+        return kwargs
+
+
+def sync_client(options: S3Options) -> Any:
+    """A synchronous botocore S3 client for listing, HEAD and uploads.
+
+    Args:
+        options: resolved options (see :meth:`S3Options.resolve`).
+    """
+    session = botocore.session.Session(profile=options.profile)
+    return session.create_client("s3", **options.client_kwargs(retries=True))
+
+
+def fetch_error_from(exc: BaseException, url: str) -> FetchError:
+    """Map a botocore/aiohttp/OS error to the asyncstream exception tree (the one table of
+    :mod:`asyncstream.stores._errors`).
+
+    The caller raises the result ``from exc``. The message always names ``url``.
+
+    Args:
+        exc: the third-party exception.
+        url: the shard or prefix the request was for.
+    """
+    return verdict(exc, url).error
+
+
+def ssl_context(options: S3Options) -> ssl.SSLContext:
+    """The TLS context of ``options``: its CA bundle (else ``AWS_CA_BUNDLE``, else the
+    system's), or no verification with ``verify=False``."""
+    cafile = options.ca_bundle or os.environ.get("AWS_CA_BUNDLE") or None
+    context = ssl.create_default_context(cafile=cafile)
+    if not options.verify:
+        context.check_hostname = False
+        context.verify_mode = ssl.CERT_NONE
+    return context

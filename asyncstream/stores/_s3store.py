@@ -1,0 +1,375 @@
+"""The S3 store: byte ranges of objects on any S3-compatible endpoint, HTTP or HTTPS.
+
+Two transports (``stats()["transport"]`` says which ran):
+
+* **direct** (the default, for ``http://`` and ``https://`` endpoints that no HTTP proxy
+  sits in front of): the store's own HTTP/1.1 client (:mod:`._http`) sends each ranged GET
+  on a kept-alive connection and receives the body straight into the ring slot, over TLS
+  too. botocore still decides everything about the request through public API: the
+  object's URL (endpoint, addressing style, region: ``generate_presigned_url``, once per
+  object, its query string dropped), the credentials (the standard chain and its refresh,
+  or the explicit ones) and the SigV4 signature of every request (``S3SigV4Auth``, in
+  headers: some S3-compatible stores, moto among them, refuse query-string auth). Error
+  documents are parsed here (``<Code>``, ``<Message>``) and mapped by the one table of
+  :mod:`._errors`, as botocore's would be. Why not a ``before-send`` hook on botocore's
+  own client, as before: it needs the chunk's buffer passed beside the call (a context
+  variable), and botocore still builds and parses a response object per chunk.
+* **aiohttp** (an HTTP proxy configured for the endpoint, or ``transport="aiohttp"``):
+  botocore's own request on aiobotocore, whose body pieces are copied into the slot.
+
+Checks, on either transport: the response covers exactly the requested range (another
+length is a transient ``length`` failure); and the object is the one that was listed:
+an ETag other than the listed one (with ``check_etag``), or a ``Content-Range`` total
+other than the listed size, is a *permanent* ``changed`` failure, raised at once, whether
+or not the server honoured ``If-Match`` (which makes S3 answer 412 in the first place).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+import ssl
+import time
+import urllib.request
+import xml.etree.ElementTree as ElementTree
+from collections.abc import Awaitable, Callable, Iterable, Sequence
+from typing import Any, Literal, TypeVar
+
+import botocore.exceptions
+from botocore.auth import S3SigV4Auth
+from botocore.awsrequest import AWSRequest
+from botocore.credentials import ReadOnlyCredentials
+from botocore.exceptions import NoCredentialsError
+
+from ..shards._urls import Shard
+from ._errors import ChunkFailure, S3ErrorResponse
+from ._http import PROBE_AFTER, ConnectionPool, Reply, Scatter, receive
+from ._origin import Origin
+from ._retry import Timeouts
+from ._s3 import S3Options, ssl_context
+from ._s3objects import S3Objects
+from ._store import ChunkRequest, Store, Timing
+
+__all__ = ["S3Store"]
+
+T = TypeVar("T")
+_CREDENTIALS_REUSE = 60.0  # seconds frozen credentials are reused before asking again
+
+
+def _proxied(origin: Origin) -> bool:
+    """Whether an HTTP(S) proxy is configured for this origin (botocore would use it)."""
+    return origin.scheme in urllib.request.getproxies() and not urllib.request.proxy_bypass(
+        origin.host
+    )
+
+
+def _split(url: str) -> tuple[str, str]:
+    bucket, _, key = url[len("s3://") :].partition("/")
+    return bucket, key
+
+
+class S3Store(Store):
+    """Ranged GETs from an S3-compatible endpoint (see the module docstring).
+
+    Args:
+        options: how to reach the store (endpoint, credentials, TLS).
+        timeouts: the time limits of one attempt.
+        check_etag: require every chunk to come from the listed object version.
+        connections: the most kept-alive connections per origin.
+        transport: ``"auto"`` (direct unless proxied) or ``"aiohttp"``.
+    """
+
+    hedgeable = True
+
+    def __init__(
+        self,
+        options: S3Options,
+        *,
+        timeouts: Timeouts | None = None,
+        check_etag: bool = True,
+        connections: int = 16,
+        transport: Literal["auto", "aiohttp"] = "auto",
+    ) -> None:
+        self.options = options
+        self.timeouts = timeouts or Timeouts()
+        self.check_etag = check_etag
+        self.objects = S3Objects(options)  # the blocking half
+        self.connections = connections
+        self.transport = transport
+        self._stack = contextlib.AsyncExitStack()
+        self._client: Any = None
+        self._pools: dict[Origin, ConnectionPool] = {}
+        self._urls: dict[str, str] = {}  # s3:// URL -> the object's HTTP(S) URL
+        self._credentials: Any = None  # the chain's (refreshable) credentials
+        self._frozen: tuple[Any, float] | None = None
+        self._ssl: ssl.SSLContext | None = None
+        self._used: set[str] = set()
+
+    # -- at open: the blocking half (see :mod:`._s3objects`) --------------------------------
+
+    def list(self, url: str) -> list[Shard]:
+        return self.objects.list(url)
+
+    def head(self, url: str) -> Shard:
+        return self.objects.head(url)
+
+    def read(self, url: str) -> bytes | None:
+        return self.objects.read(url)
+
+    def write(self, url: str, data: bytes) -> None:
+        self.objects.write(url, data)
+
+    def delete(self, urls: Iterable[str]) -> None:
+        self.objects.delete(urls)
+
+    # -- in the fetch engine ------------------------------------------------------------------
+
+    async def open(self) -> S3Store:
+        """Create the botocore client (it presigns, and serves the aiohttp transport)."""
+        from aiobotocore.session import AioSession
+
+        t = self.timeouts
+        options = dataclasses.replace(
+            self.options,
+            connect_timeout=t.connect,
+            # Our own first-byte and stall timeouts fire first; this is only a backstop.
+            read_timeout=max(t.first_byte, t.stall) + 5.0,
+            max_pool_connections=self.connections,
+        )
+        session = AioSession(profile=options.profile)
+        self._client = await self._stack.enter_async_context(
+            session.create_client("s3", **options.client_kwargs(retries=False))
+        )
+        if options.credentials is None:
+            self._credentials = await session.get_credentials()
+        return self
+
+    async def aclose(self) -> None:
+        for pool in self._pools.values():
+            pool.close()
+        self._pools.clear()
+        await self._stack.aclose()
+
+    def stats(self) -> dict[str, Any]:
+        pools = self._pools.values()
+        return {
+            "transport": self._transport(),
+            "tls": any(origin.tls for origin in self._pools),
+            "connections_opened": sum(p.opened for p in pools),
+            "connections_reused": sum(p.reused for p in pools),
+        }
+
+    def _transport(self) -> str:
+        """The transport reads take (have taken): ``"direct"`` or ``"aiohttp"``."""
+        if self._used:
+            return "direct" if "direct" in self._used else "aiohttp"
+        endpoint = self.options.endpoint_url or "https://s3.amazonaws.com"
+        direct = self.transport == "auto" and not _proxied(Origin.of(endpoint))
+        return "direct" if direct else "aiohttp"
+
+    # -- reading ---------------------------------------------------------------------------
+
+    coalesces = True
+
+    async def read_into(self, request: ChunkRequest, out: memoryview) -> Timing:
+        return await self.read_group(request, [out[: request.length]], None)
+
+    async def read_group(
+        self,
+        request: ChunkRequest,
+        outs: Sequence[memoryview],
+        filled: Callable[[int], None] | None,
+    ) -> Timing:
+        loop = asyncio.get_running_loop()
+        start = loop.time()
+        view = Scatter(outs, filled)
+        try:
+            async with asyncio.timeout(self.timeouts.chunk) as whole:
+                url = await self._object_url(request.url)
+                origin = Origin.of(url)
+                if self.transport == "auto" and not _proxied(origin):
+                    self._used.add("direct")
+                    headers_at = await self._direct(request, origin, view)
+                else:
+                    self._used.add("aiohttp")
+                    headers_at = await self._botocore(request, origin, view)
+        except TimeoutError:
+            if whole.expired():
+                raise ChunkFailure(
+                    "chunk_timeout", f"chunk not complete within {self.timeouts.chunk:g} s"
+                ) from None
+            raise
+        return Timing(headers_at - start, loop.time() - start)
+
+    async def _object_url(self, url: str) -> str:
+        """The object's HTTP(S) URL, as botocore resolves it (once per object)."""
+        found = self._urls.get(url)
+        if found is None:
+            bucket, key = _split(url)
+            presigned = await self._client.generate_presigned_url(
+                "get_object", Params={"Bucket": bucket, "Key": key}, ExpiresIn=60
+            )
+            found = self._urls[url] = str(presigned).partition("?")[0]
+        return found
+
+    async def _frozen_credentials(self) -> Any:
+        now = time.monotonic()
+        if self._frozen is not None and now - self._frozen[1] < _CREDENTIALS_REUSE:
+            return self._frozen[0]
+        explicit = self.options.credentials
+        if explicit is not None:
+            frozen = ReadOnlyCredentials(
+                explicit.access_key_id, explicit.secret_access_key, explicit.session_token
+            )
+        elif self._credentials is None:
+            raise NoCredentialsError()
+        else:
+            frozen = await self._credentials.get_frozen_credentials()
+        self._frozen = (frozen, now)
+        return frozen
+
+    async def _signed(self, request: ChunkRequest) -> tuple[str, dict[str, str]]:
+        """The chunk's URL and headers, SigV4-signed in headers."""
+        url = await self._object_url(request.url)
+        aws = AWSRequest(method="GET", url=url, headers=self._headers(request))
+        region = self._client.meta.region_name
+        S3SigV4Auth(await self._frozen_credentials(), "s3", region).add_auth(aws)
+        return url, {k: v.decode() if isinstance(v, bytes) else v for k, v in aws.headers.items()}
+
+    def _pool(self, origin: Origin) -> ConnectionPool:
+        pool = self._pools.get(origin)
+        if pool is None:
+            if origin.tls and self._ssl is None:
+                self._ssl = ssl_context(self.options)
+            pool = self._pools[origin] = ConnectionPool(
+                origin, ssl_context=self._ssl if origin.tls else None, limit=self.connections
+            )
+        return pool
+
+    def _headers(self, request: ChunkRequest) -> dict[str, str]:
+        headers = {"Range": f"bytes={request.offset}-{request.offset + request.length - 1}"}
+        if self.check_etag and request.etag:
+            headers["If-Match"] = request.etag
+        return headers
+
+    async def _direct(self, request: ChunkRequest, origin: Origin, out: Scatter) -> float:
+        url, headers = await self._signed(request)
+
+        def accept(reply: Reply) -> None:  # before the first slot of the body is handed on
+            self._check(request, reply.fields.get("etag"), reply.fields.get("content-range"))
+
+        reply, headers_at = await _first_byte(
+            self._pool(origin).get(url, headers, out, self.timeouts, accept), self.timeouts
+        )
+        if reply.status >= 300:
+            raise _error_response(reply.status, reply.body)
+        return headers_at
+
+    async def _botocore(self, request: ChunkRequest, origin: Origin, out: Scatter) -> float:
+        bucket, key = _split(request.url)
+        params: dict[str, Any] = {"Bucket": bucket, "Key": key}
+        headers = self._headers(request)
+        params["Range"] = headers["Range"]
+        if "If-Match" in headers:
+            params["IfMatch"] = headers["If-Match"]
+        response = await _first_byte(
+            self._unless_mismatched(origin, self._client.get_object(**params)), self.timeouts
+        )
+        headers_at = asyncio.get_running_loop().time()
+        raw = response["Body"].raw_stream  # the aiohttp ClientResponse
+        complete = False
+        try:
+            self._check(request, response.get("ETag"), response.get("ContentRange"))
+            if response.get("ContentLength") != request.length:
+                raise ChunkFailure(
+                    "length",
+                    f"asked for {request.length} bytes at {request.offset}, "
+                    f"the response has {response.get('ContentLength')}",
+                )
+            await _receive_pieces(raw.content, out, self.timeouts)
+            complete = True
+        finally:
+            if complete:
+                raw.release()  # back to aiohttp's pool for keep-alive
+            else:
+                raw.close()  # a half-read connection cannot be reused
+        return headers_at
+
+    async def _unless_mismatched(self, origin: Origin, call: Awaitable[T]) -> T:
+        """botocore's request, unless its origin's port speaks the other protocol, checked
+        by the direct transport's pool (TLSMismatch, at once; once per origin):
+
+        * ``https://`` to a plain-HTTP port: aiohttp waits out its timeouts on a server
+          that never answers the handshake, so a first response slower than a second has
+          the pool confirm the origin with a handshake of its own;
+        * ``http://`` to a TLS port: the server closes or resets the connection, which
+          botocore reports as a retryable connection error, so the first one has the pool
+          probe the port for TLS.
+        """
+        pool = self._pool(origin)
+        task = asyncio.ensure_future(call)
+        check: asyncio.Future[None] | None = None
+        try:
+            if origin.tls and not pool.probed:
+                done, _ = await asyncio.wait({task}, timeout=PROBE_AFTER)
+                if not done:
+                    check = asyncio.ensure_future(pool.confirm_tls(self.timeouts))
+                    await asyncio.wait({task, check}, return_when=asyncio.FIRST_COMPLETED)
+                    if check.done():
+                        check.result()  # TLSMismatch
+            try:
+                return await task
+            except (botocore.exceptions.HTTPClientError, botocore.exceptions.ConnectionError):
+                if not origin.tls:
+                    await pool.probe_tls(self.timeouts)
+                raise
+        finally:
+            for pending in (task, check):
+                if pending is not None and not pending.done():
+                    pending.cancel()
+                    await asyncio.wait({pending})
+
+    def _check(self, request: ChunkRequest, etag: str | None, content_range: str | None) -> None:
+        """The response is for the listed object version (else: permanent ``changed``)."""
+        if self.check_etag and request.etag and etag not in (None, request.etag):
+            raise ChunkFailure("changed", f"its ETag is {etag}, it was {request.etag}")
+        if request.size is not None and content_range:
+            total = content_range.rpartition("/")[2]
+            if total.isdigit() and int(total) != request.size:
+                raise ChunkFailure("changed", f"its size is {total}, it was {request.size}")
+
+
+async def _first_byte(response: Awaitable[T], timeouts: Timeouts) -> T:
+    """``response``, unless no response comes within ``timeouts.first_byte``."""
+    try:
+        async with asyncio.timeout(timeouts.first_byte) as first:
+            return await response
+    except TimeoutError:
+        if first.expired():
+            raise ChunkFailure(
+                "first_byte", f"no response within {timeouts.first_byte:g} s"
+            ) from None
+        raise
+
+
+def _error_response(status: int, body: bytes) -> S3ErrorResponse:
+    """The S3 error document of a failed request, as botocore would read it."""
+    code = detail = ""
+    with contextlib.suppress(ElementTree.ParseError):
+        root = ElementTree.fromstring(body) if body.strip() else None
+        if root is not None:
+            code = (root.findtext("Code") or "").strip()
+            detail = (root.findtext("Message") or "").strip()
+    return S3ErrorResponse(status, code, detail or f"HTTP {status}")
+
+
+async def _receive_pieces(stream: Any, out: Scatter, timeouts: Timeouts) -> None:
+    """aiohttp's body pieces copied into ``out`` (the fallback transport)."""
+
+    async def step() -> int:
+        piece = await stream.readany()
+        out.write(piece)
+        return len(piece)
+
+    await receive(out, step, timeouts)

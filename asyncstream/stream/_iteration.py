@@ -1,0 +1,112 @@
+"""The iterator ``iter(ShardStream)`` returns: one epoch's run, guarded against misuse."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Iterator
+from typing import Any, Protocol
+
+from .._exceptions import StateError
+from ._run import EpochRun
+from ._stall import StallMeter
+
+__all__ = ["Iteration", "Owner"]
+
+
+class Owner(Protocol):
+    """The stream an iterator belongs to (:class:`~asyncstream.ShardStream`), told when the
+    iterator is closed early. A protocol, so that this module stands below the stream."""
+
+    def _stop_iteration(self, iteration: Iteration) -> None: ...
+
+
+class Iteration(Iterator[dict[str, Any]]):
+    """The iterator ``iter(stream)`` returns: one epoch's run, guarded against misuse.
+
+    A stream serves one iterator at a time (one engine, one ring, one position). A new
+    ``iter()`` from the thread that made the live iterator replaces it: DataLoader and
+    StatefulDataLoader do that when they restart an epoch, while the old iterator is
+    still referenced, so refusing the new one would break them; the replaced iterator
+    then raises :class:`StateError` if used again, instead of silently stopping. A new
+    ``iter()`` from *another* thread while the live one is being read, or two threads
+    calling ``next()`` at once, raise :class:`StateError` at once.
+
+    The iterator holds its stream (``owner``) until it ends, fails or is closed, so a
+    stream used in place (``for sample in ShardStream(url):``, ``list(ShardStream(url))``)
+    reads its whole epoch instead of being collected, and closed, under it; the stream
+    closes once nothing else holds it.
+
+    ``on_begin`` is called once, after the first sample is drawn: only then does the
+    iteration count as its epoch begun (an iterator made and dropped unread, as
+    StatefulDataLoader does when it loads a finished state, leaves the epochs alone).
+    ``meter`` times each ``next()`` against the loop's work between calls.
+    """
+
+    def __init__(
+        self,
+        run: EpochRun,
+        owner: Owner | None = None,
+        meter: StallMeter | None = None,
+        on_begin: Callable[[], None] | None = None,
+    ) -> None:
+        self.run = run
+        self.meter = meter
+        self._on_begin = on_begin
+        self.thread = threading.get_ident()
+        self.started = False
+        self.replaced = False
+        self.closed = False
+        self._owner = owner  # the stream, kept alive while this iterator may run
+        self._lock = threading.Lock()
+        self._next_sample = run.__next__
+
+    def __next__(self) -> dict[str, Any]:
+        if not self._lock.acquire(blocking=False):
+            raise StateError(
+                "two threads are reading one ShardStream iterator at once; give each "
+                "thread a stream of its own (or use DataLoader workers)"
+            )
+        try:
+            if self.closed or self.replaced:
+                self._refuse()
+            self.started = True
+            try:
+                if self._on_begin is not None:
+                    return self._first()
+                if self.meter is None:
+                    return self._next_sample()
+                return self.meter.timed(self._next_sample)
+            except BaseException:
+                self._owner = None  # the run is over: the stream may go
+                raise
+        finally:
+            self._lock.release()
+
+    def _first(self) -> dict[str, Any]:
+        """The first sample: drawn, then the epoch counted as begun (``on_begin``)."""
+        sample = self._next_sample() if self.meter is None else self.meter.timed(self._next_sample)
+        on_begin, self._on_begin = self._on_begin, None
+        if on_begin is not None:
+            on_begin()
+        return sample
+
+    def _refuse(self) -> None:
+        if self.closed:
+            raise StopIteration
+        raise StateError(
+            "this ShardStream iterator was ended by a newer iter(), set_epoch(), "
+            "load_state_dict() or close() on its stream: a stream serves one "
+            "iterator at a time"
+        )
+
+    def close(self) -> None:
+        """End this iterator early (as a generator's ``close()``): its run stops and the
+        stream is no longer held by it; ``next()`` then raises ``StopIteration``."""
+        self.closed = True
+        owner, self._owner = self._owner, None
+        if owner is not None:
+            owner._stop_iteration(self)
+
+    @property
+    def live(self) -> bool:
+        return self.started and not self.replaced and not self.closed and not self.run.closed

@@ -1,0 +1,247 @@
+"""The chunk reader: each open piece read chunk by chunk from the ring, and indexed.
+
+One stage of an epoch (:mod:`._run`): it turns the pieces of the plan into the samples of
+one resident chunk at a time. A :class:`LaneReader` follows one piece: its shard's
+:class:`~._tar.ShardReader` and the chunk resident in the ring. :class:`ChunkReader`
+requests chunks from the fetch engine (ahead of need, as the prefetch stage asks, or when
+a lane needs one), takes them when the shuffle needs them, indexes them in place and
+hands each slot back as soon as its lane moves on.
+
+Chunks of a piece: a piece starts reading at byte ``offset`` (0 for a fresh plan), so
+its first chunk runs from there to the next multiple of ``slot_bytes`` and every later
+chunk is aligned: ``[(k + j) * slot, (k + j + 1) * slot)`` for ``k = offset // slot``.
+Aligned chunks are what every reader of the shard asks for, so the numbering of a piece
+that starts at 0 is the shard's own. A compressed shard's pieces all start at stored byte
+0 (:mod:`._compressed`: its reader decompresses from the start and drops the tar bytes
+before the piece's offset), so their chunks are always the shard's own.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+from .._exceptions import DataError, StateError
+from ..engine._engine import Engine, Ready
+from ..order._plan import Piece
+from ..shards._compressed import CompressedReader, fetch_start, open_reader
+from ..shards._tar import Record, ShardReader
+from ..shards._urls import Shard
+from ..stores._store import ChunkRequest
+from ._state import LaneState
+
+if TYPE_CHECKING:
+    from ._settings import StreamSettings
+
+__all__ = ["ChunkReader", "Item", "LaneReader", "chunk_count", "fetch_offset"]
+
+Item = int  # a sample by its index in the shard: its record is records[index - first]
+_EMPTY = memoryview(b"")
+
+
+def fetch_offset(piece: Piece, shard: Shard) -> int:
+    """The stored byte a piece's first chunk starts at: its header offset, or 0 for a
+    compressed shard, which is always read from its start (:mod:`._compressed`)."""
+    return fetch_start(shard.url, piece.offset)
+
+
+def chunk_count(piece: Piece, shard: Shard, slot_bytes: int) -> int:
+    """Chunks a piece reads when it runs to its shard's end."""
+    return max(1, math.ceil(shard.size / slot_bytes) - fetch_offset(piece, shard) // slot_bytes)
+
+
+@dataclass
+class LaneReader:
+    """One piece being read: its shard's reader and its resident chunk."""
+
+    position: int  # the piece's position in the reader's pieces
+    piece: Piece
+    shard: Shard
+    reader: ShardReader | CompressedReader
+    count: int  # samples in the whole shard
+    slot_bytes: int
+    chunk: int = -1  # the resident chunk, numbered from the piece's first
+    returned: int = 0  # in-shard index of the next sample the reader returns
+    returned_before: int = 0  # ... before the resident chunk was fed
+    reader_start: int = 0  # reader.pending_offset before the resident chunk was fed
+    ready: Ready | None = None
+    view: memoryview = _EMPTY  # the resident chunk, which the records' fields lie in
+    records: list[Record] = field(default_factory=list)  # what the resident chunk completed
+    first: int = 0  # in-shard index of records[0]
+
+    @property
+    def n_chunks(self) -> int:
+        return chunk_count(self.piece, self.shard, self.slot_bytes)
+
+    @property
+    def to_end(self) -> bool:
+        """Whether the piece runs to its shard's end (then a wrong count is caught)."""
+        return self.piece.stop == self.count
+
+    @property
+    def wants_more(self) -> bool:
+        needed = self.returned < self.piece.stop or self.to_end
+        return needed and self.chunk + 1 < self.n_chunks
+
+    def chunk_range(self, chunk: int) -> tuple[int, int]:
+        """``(offset, length)`` of the piece's chunk number ``chunk``."""
+        first = fetch_offset(self.piece, self.shard)
+        slot, base = self.slot_bytes, first // self.slot_bytes
+        start = first if chunk == 0 else (base + chunk) * slot
+        end = min((base + chunk + 1) * slot, self.shard.size)
+        return start, end - start
+
+    def state(self, remaining: list[int]) -> LaneState:
+        """The lane's saved state, given its undrawn samples."""
+        return LaneState(
+            piece=self.position,
+            chunk=self.chunk,
+            reader_start=self.reader_start,
+            returned_before=self.returned_before,
+            returned=self.returned,
+            remaining=tuple(remaining),
+        )
+
+
+class ChunkReader:
+    """Reads the pieces of one reader's epoch through a fetch engine.
+
+    Args:
+        settings: the stream's settings (shards, counts, slot size).
+        pieces: the reader's pieces, in order.
+        engine: returns the run's engine, starting it on first use.
+    """
+
+    def __init__(
+        self, settings: StreamSettings, pieces: list[Piece], engine: Callable[[], Engine]
+    ) -> None:
+        self.settings = settings
+        self.pieces = pieces
+        self.engine = engine
+        self.requested: dict[tuple[int, int], int] = {}  # (piece position, chunk) -> id
+
+    def lane(self, position: int) -> LaneReader:
+        """A new lane for the piece at ``position``, before its first chunk."""
+        piece = self.pieces[position]
+        shard = self.settings.shards[piece.shard]
+        return LaneReader(
+            position,
+            piece,
+            shard,
+            open_reader(shard.url, shard.size, piece.offset),
+            self.settings.counts[piece.shard],
+            self.settings.slot_bytes,
+            returned=piece.index0,
+            returned_before=piece.index0,
+            reader_start=piece.offset,
+        )
+
+    def chunk_request(self, position: int, chunk: int) -> ChunkRequest:
+        """The ranged GET of chunk ``chunk`` of the piece at ``position``."""
+        piece = self.pieces[position]
+        shard = self.settings.shards[piece.shard]
+        first = fetch_offset(piece, shard)
+        slot, base = self.settings.slot_bytes, first // self.settings.slot_bytes
+        start = first if chunk == 0 else (base + chunk) * slot
+        end = min((base + chunk + 1) * slot, shard.size)
+        return ChunkRequest(
+            shard.url,
+            start,
+            end - start,
+            shard.etag,
+            end >= shard.size,
+            shard.size,
+            self.settings.store_of(piece.shard),
+        )
+
+    def request(self, wanted: list[tuple[int, int]]) -> None:
+        """Ask the engine for these chunks now, in this order (prefetch)."""
+        fresh = [key for key in wanted if key not in self.requested]
+        if fresh:
+            ids = self.engine().submit([self.chunk_request(*key) for key in fresh])
+            self.requested.update(zip(fresh, ids, strict=True))
+
+    def _take(self, position: int, chunk: int) -> Ready:
+        engine = self.engine()
+        rid = self.requested.pop((position, chunk), None)
+        if rid is None:
+            (rid,) = engine.submit([self.chunk_request(position, chunk)])
+        return engine.wait(rid)
+
+    def load(self, lane: LaneReader) -> list[Item]:
+        """Make the lane's next chunk resident and index it; returns the samples of its
+        piece that the chunk completed."""
+        engine = self.engine()
+        self.release(lane)
+        lane.chunk += 1
+        ready = self._take(lane.position, lane.chunk)
+        lane.reader_start = lane.reader.pending_offset
+        lane.returned_before = lane.returned
+        view = engine.view(ready)
+        samples = lane.reader.records(view, ready.request.offset, final=ready.request.final)
+        first = lane.returned
+        lane.ready, lane.view, lane.records, lane.first = ready, view, samples, first
+        lane.returned += len(samples)
+        if ready.request.final and lane.returned != lane.count:
+            raise DataError(
+                f"{lane.shard.url}: holds {lane.returned} samples, but {lane.count} were "
+                "expected (samples_per_shard or the index is out of date)"
+            )
+        piece = lane.piece
+        if not piece.take:
+            lo, hi = max(piece.first, first), min(piece.stop, first + len(samples))
+            return list(range(lo, hi))
+        return [i for i in range(first, first + len(samples)) if piece.wants(i)]
+
+    def restore(self, saved: LaneState) -> tuple[LaneReader, set[int]]:
+        """Reopen a saved lane exactly: its reader where it was, its chunk resident.
+
+        Returns the lane and the in-shard indices of the samples of its resident chunk.
+        """
+        if saved.piece >= len(self.pieces):
+            raise StateError("state_dict names a piece this reader does not have")
+        lane = self.lane(saved.piece)
+        lane.reader = open_reader(lane.shard.url, lane.shard.size, saved.reader_start)
+        lane.returned = saved.returned_before
+        chunk_start, _ = lane.chunk_range(saved.chunk)
+        offset = fetch_start(lane.shard.url, saved.reader_start)
+        engine = self.engine()
+        while offset < chunk_start:  # the carried sample's earlier bytes (compressed: all)
+            length = min(self.settings.slot_bytes, chunk_start - offset)
+            (rid,) = engine.submit(
+                [
+                    ChunkRequest(
+                        lane.shard.url,
+                        offset,
+                        length,
+                        lane.shard.etag,
+                        False,
+                        lane.shard.size,
+                        self.settings.store_of(lane.piece.shard),
+                    )
+                ]
+            )
+            ready = engine.wait(rid)
+            try:
+                if lane.reader.records(engine.view(ready), offset):
+                    raise StateError("state_dict does not match the shard's contents")
+            finally:
+                engine.release(ready.slot)
+            offset += length
+        lane.chunk = saved.chunk - 1
+        items = set(self.load(lane))
+        if saved.returned is not None and lane.returned != saved.returned:
+            raise StateError(
+                f"state_dict does not match {lane.shard.url}: its chunk {saved.chunk} ends "
+                f"at sample {lane.returned}, the state says {saved.returned}"
+            )
+        return lane, items
+
+    def release(self, lane: LaneReader) -> None:
+        """Hand the lane's resident chunk back to the engine."""
+        if lane.ready is not None:
+            lane.view, lane.records = _EMPTY, []
+            self.engine().release(lane.ready.slot)
+            lane.ready = None

@@ -1,0 +1,616 @@
+"""ShardStream: the public stream of samples.
+
+It imports PyTorch (it is an ``IterableDataset``), so :mod:`asyncstream` loads it lazily:
+the engine process, which imports the package too, never pays for torch.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import threading
+import warnings
+import weakref
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import replace
+from typing import Any, Literal, TypeVar
+
+from torch.utils.data import IterableDataset, get_worker_info
+
+from .._exceptions import StateError
+from ..dataset._dataset import open_dataset
+from ..dataset._sources import Source, open_sources, split_sources
+from ..engine._cache import cache_options
+from ..engine._engine import Engine
+from ..engine._ring import check_node_room, local_ranks
+from ..order._plan import Topology, reader_samples
+from ..stores._retry import RetryPolicy, Timeouts
+from ..stores._s3 import S3Options
+from ._epochs import Pending
+from ._iteration import Iteration
+from ._mapped import MappedStream
+from ._run import EpochRun, default_topology, worker_topology
+from ._settings import StreamSettings
+from ._stall import StallMeter
+from ._state import Identity, Position, ReaderState, find_states, fresh, resume
+from ._workers import LOCAL, Refused, SharedEpoch
+
+__all__ = ["ShardStream"]
+
+T = TypeVar("T")
+
+# torchdata 0.11's StatefulDataLoader calls torch.set_vital, which torch 2.13 deprecates:
+# one UserWarning per loader, about torchdata's code, that no user can act on.
+warnings.filterwarnings("ignore", "'set_vital' is deprecated", UserWarning, "torchdata")
+
+_PLAIN_DATALOADER = (
+    "ShardStream.state_dict() was called in the main process while DataLoader workers "
+    "read this stream: the workers read the samples, and what they have handed out is "
+    "known only to a loader that tracks it. Use torchdata's StatefulDataLoader "
+    "(torchdata.stateful_dataloader) and save its state_dict(), or DALIImageLoader's; "
+    "see the README's checkpointing section. (Between epochs, set_epoch() makes this "
+    "stream's own state valid again.)"
+)
+
+
+class ShardStream(IterableDataset[dict[str, Any]]):
+    """Samples of webdataset-style tar shards, streamed from S3 or local files.
+
+    Iterating yields one dict per sample: ``{"__key__": "000017", "__url__": shard URL,
+    "jpg": bytes, "cls": bytes, ...}`` (one entry per member extension; the bytes are the
+    stream's own copies, safe to keep).
+
+    The order is a pure function of (``seed``, epoch, rank, world size, worker): a seeded
+    shard permutation per epoch, split exactly across ranks and DataLoader workers, then
+    a window shuffle over ``window`` open shards with one chunk each resident. Call
+    :meth:`set_epoch` before each epoch for a new order; it reaches DataLoader workers,
+    ``persistent_workers=True`` included. :meth:`state_dict` taken after any sample
+    resumes, in a new process, with exactly the samples that would have come next.
+
+    Memory: the ring holds ``(window + prefetch + 1) x chunk_bytes`` per reader (each
+    DataLoader worker runs its own engine and ring), with ``chunk_bytes`` capped at the
+    largest shard, ``window`` at the number of shards plus two and ``prefetch`` at the
+    dataset's number of chunks; the 1 is the engine's hedge slot, none with
+    ``hedge=False`` (:attr:`ring_bytes`). A ring larger than the free space in /dev/shm is
+    refused at construction.
+
+    Sample counts (the plan needs them to split ranks exactly) come from an index, read at
+    construction: asyncstream's ``asyncstream.json`` or another tool's (a wids shard index,
+    timm / Hugging Face ``_info.json``, OpenCLIP ``sizes.json``, img2dataset
+    ``*_stats.json``) beside the shards or given as ``urls``; else from the local index
+    cache; else the shards are counted once through the fetch engine (logged, and kept in
+    the cache; under ``torch.distributed`` the ranks split that work, so every rank must
+    build the stream). Under a prefix, the index decides which shards are read: a
+    shard it does not list is left out with a :class:`~asyncstream.StaleShardWarning`.
+    ``stats()["index"]`` says which index was used (:mod:`asyncstream.dataset._dataset`).
+
+    Several datasets mix in one stream when ``urls`` is a list of
+    :class:`~asyncstream.Source`: one engine and one ring read them all, each epoch takes
+    each source's share (a relative weight or an absolute count, repeating or sub-sampling
+    a source, each sample once before any twice), every window of draws holds the sources
+    in proportion, and each sample says its source in ``__source__``. See the README's
+    "Mixing datasets" and :mod:`asyncstream.order._mix`.
+
+    Args:
+        urls: shard URLs: ``s3://bucket/train-{0000..0099}.tar``, an ``s3://`` prefix,
+            local files or folders, an index file (``.../asyncstream.json``,
+            ``.../_info.json``, a wids index), or a list of these; or a list of
+            :class:`~asyncstream.Source` to mix.
+        epoch_size: with sources, the samples of an epoch, all sources and ranks
+            together; default: the absolute counts plus every weighted source's size.
+        endpoint_url: an S3-compatible endpoint; default from ``AWS_ENDPOINT_URL`` or AWS.
+            With sources, the default of those without their own (so is ``s3``).
+        inflight: K, chunk downloads in flight at most (fewer while throttled).
+        window: shards open at once for the window shuffle.
+        prefetch: chunks requested ahead of need, downloading or waiting for their
+            shard's turn; default ``2 * inflight``, so ``inflight`` downloads keep running
+            while some finished chunks wait (at least ``inflight`` to use them all).
+        chunk_bytes: bytes per ranged GET and per ring slot.
+        shuffle: ``False`` reads shards in order and samples in shard order.
+        seed: the run's seed.
+        rank: this process's rank; default torch.distributed, else ``RANK``, else 0.
+        world_size: number of ranks; default torch.distributed, else ``WORLD_SIZE``, else 1.
+        samples_per_shard: samples in each shard (one number or a list); default: an
+            index, else the local index cache, else counted once. Given, no index is read.
+        shuffle_mode: pick the next sample uniformly over resident samples
+            (``"samples"``) or over open shards (``"shards"``).
+        remainder: when the total does not divide by ``world_size``: ``"drop"`` the last
+            few samples of the epoch, or ``"pad"`` by repeating the first few.
+        s3: full S3 options (credentials, timeouts, profile); ``endpoint_url`` overrides.
+        retry: the chunk download retry policy.
+        timeouts: the chunk download timeouts.
+        check_etag: require every chunk to come from the object version that was listed.
+        adaptive: halve the downloads in flight on throttling (503 SlowDown) and grow
+            them back when it stops (see :mod:`asyncstream.engine._engine`).
+        hedge: send a second request for a chunk far slower than recent ones; the first
+            to finish wins.
+        split: the split to read, for an index with splits (``_info.json``; required
+            when it has several).
+        strict: a shard under the prefix that the index does not list is a
+            ``DataError`` rather than a warning.
+        index_cache: the local index cache of counted shards: ``None`` for the default
+            folder (``$ASYNCSTREAM_CACHE_DIR``, else ``~/.cache/asyncstream``),
+            ``False`` for none, or a folder.
+        cache_dir: a local folder (created if missing) that keeps every S3 chunk fetched,
+            so later epochs, and other streams and processes given the same folder, read
+            it from disk instead of S3, in the same order and with the same resume. Keyed
+            by URL, ETag (else size) and range; each file is checksummed and a bad one is
+            fetched again. Local shards are never cached. See the README.
+        cache_limit: the most bytes the cache folder may hold (least recently used
+            chunks are evicted); default None: no limit.
+
+    Raises:
+        ShardURLError, NotFoundError, AccessDeniedError: at construction, for bad URLs,
+            missing objects or credentials.
+        DataError: at construction, an index that disagrees with the store (naming the
+            shard and the index), or a stale shard with ``strict=True``.
+        CorruptTarError, DataError, FetchError: at construction, when samples are
+            counted (no index, nothing cached) and a shard is not a readable tar, holds no
+            sample, or cannot be read within the retry policy.
+        ValueError: bad arguments (a ``split`` the index does not have; ``cache_dir`` not
+            a folder that can be created, ``cache_limit`` not a positive integer or given
+            without ``cache_dir``), or a ring that does not fit the free space in /dev/shm
+            (the message gives both sizes and the fixes). With sources: an empty source,
+            weights zero in total, an ``epoch_size`` the absolute counts do not fit, two
+            sources of one name, or a ``window`` smaller than the number of sources; the
+            message names the source. An error opening a source starts with its name.
+        TypeError: Sources and URL strings in one list.
+    """
+
+    def __init__(
+        self,
+        urls: str | Sequence[str] | Source | Sequence[Source],
+        *,
+        epoch_size: int | None = None,
+        endpoint_url: str | None = None,
+        inflight: int = 8,
+        window: int = 64,
+        prefetch: int | None = None,
+        chunk_bytes: int = 16 << 20,
+        shuffle: bool = True,
+        seed: int = 0,
+        rank: int | None = None,
+        world_size: int | None = None,
+        samples_per_shard: int | Sequence[int] | None = None,
+        shuffle_mode: Literal["samples", "shards"] = "shards",
+        remainder: Literal["drop", "pad"] = "drop",
+        s3: S3Options | None = None,
+        retry: RetryPolicy | None = None,
+        timeouts: Timeouts | None = None,
+        check_etag: bool = True,
+        adaptive: bool = True,
+        hedge: bool = True,
+        split: str | None = None,
+        strict: bool = False,
+        index_cache: str | os.PathLike[str] | bool | None = None,
+        cache_dir: str | os.PathLike[str] | None = None,
+        cache_limit: int | None = None,
+    ) -> None:
+        for name, value in (
+            ("inflight", inflight),
+            ("window", window),
+            ("chunk_bytes", chunk_bytes),
+            ("prefetch", 2 if prefetch is None else prefetch),
+        ):
+            if not isinstance(value, int) or value < 1:
+                raise ValueError(f"{name} must be an integer >= 1, got {value!r}")
+        if shuffle_mode not in ("samples", "shards"):
+            raise ValueError(f"shuffle_mode must be 'samples' or 'shards', got {shuffle_mode!r}")
+        if remainder not in ("drop", "pad"):
+            raise ValueError(f"remainder must be 'drop' or 'pad', got {remainder!r}")
+        cache_path, cache_limit = cache_options(cache_dir, cache_limit)
+        options = s3 or S3Options()
+        if endpoint_url is not None:
+            options = replace(options, endpoint_url=endpoint_url)
+        options = options.resolve()
+        self._rank, self._world_size = default_topology(rank, world_size)
+        Topology(self._rank, self._world_size)  # validates
+        settings = StreamSettings(
+            shards=(),
+            counts=(),
+            window=window,
+            inflight=inflight,
+            prefetch=2 * inflight if prefetch is None else prefetch,
+            chunk_bytes=chunk_bytes,
+            shuffle=shuffle,
+            seed=seed,
+            mode=shuffle_mode,
+            remainder=remainder,
+            s3=options,
+            retry=retry or RetryPolicy(),
+            timeouts=timeouts or Timeouts(),
+            check_etag=check_etag,
+            adaptive=adaptive,
+            hedge=hedge,
+            cache_dir=cache_path,
+            cache_limit=cache_limit,
+        )
+        sources, plain = split_sources(urls)
+        if sources is None:
+            if epoch_size is not None:
+                raise ValueError(
+                    "epoch_size sets the samples per epoch of a stream of sources: give "
+                    "ShardStream a list of asyncstream.Source"
+                )
+            dataset = open_dataset(
+                plain,
+                options,
+                samples_per_shard=samples_per_shard,
+                split=split,
+                strict=strict,
+                index_cache=index_cache,
+                counting=settings.counting(),  # counted as an epoch reads
+            )
+            self._index: dict[str, Any] = dataset.info.as_dict()
+            self._settings = replace(settings, shards=dataset.shards, counts=dataset.counts)
+        else:
+            if samples_per_shard is not None or split is not None:
+                raise ValueError(
+                    "with sources, give samples_per_shard and split to each Source, not the stream"
+                )
+            if shuffle and window < len(sources):
+                raise ValueError(
+                    f"window={window} is less than the {len(sources)} sources: every source "
+                    "needs an open shard in the window to be drawn"
+                )
+            opened = open_sources(
+                sources,
+                options,
+                epoch_size=epoch_size,
+                counting=settings.counting(),
+                strict=strict,
+                index_cache=index_cache,
+            )
+            self._index = {name: info.as_dict() for name, info in opened.infos.items()}
+            self._settings = replace(
+                settings,
+                shards=opened.shards,
+                counts=opened.counts,
+                sources=opened.plans,
+                s3_extra=opened.s3_extra,
+            )
+        # Each reader's ring is made when it starts reading: say now if it cannot fit.
+        check_node_room(self._settings.ring_bytes, 0, "lower window, prefetch or chunk_bytes")
+        self._shared = SharedEpoch()
+        self._run: EpochRun | None = None
+        self._live: weakref.ref[Iteration] | None = None  # the iterator last handed out
+        self._meter = StallMeter()  # how long the loop waits in next()
+        self._engine: Engine | None = None  # kept from one epoch to the next when idle
+        self._loaded = Pending()  # from load_state_dict, for the next iteration
+        self._loads = 0  # load_state_dict calls, numbering the marks
+        self._closed = False
+
+    def __repr__(self) -> str:
+        s = self._settings
+        mixed = f"{len(s.sources)} sources, " if s.sources else ""
+        return (
+            f"ShardStream({mixed}{len(s.shards)} shards, {s.epoch_samples} samples per epoch, "
+            f"epoch={self.epoch}, "
+            f"window={s.window}, inflight={s.inflight}, prefetch={s.prefetch}, "
+            f"chunk_bytes={s.slot_bytes}, "
+            f"shuffle={s.shuffle}, rank={self._rank}/{self._world_size})"
+        )
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = self.__dict__.copy()
+        state["_run"] = None  # a DataLoader worker starts its own engine
+        state["_engine"] = None
+        state["_live"] = None
+        return state
+
+    @property
+    def epoch(self) -> int:
+        """The epoch being read, while an iteration of this process is open; else the
+        epoch the next iteration reads (the loaded state's, the one :meth:`set_epoch`
+        chose, or the one after the latest begun)."""
+        if self._run is not None and not self._run.closed:
+            return self._run.epoch
+        states = self._loaded.unspent(self._shared)
+        if states is not None:
+            return states[0].epoch
+        return self._shared.upcoming
+
+    @property
+    def rank(self) -> int:
+        """This process's rank."""
+        return self._rank
+
+    @property
+    def world_size(self) -> int:
+        """The number of ranks."""
+        return self._world_size
+
+    @property
+    def ring_bytes(self) -> int:
+        """Shared memory of one reader's ring, ``(window + prefetch + 1) x chunk`` (each
+        capped by what the dataset can use; see the class docstring)."""
+        return self._settings.ring_bytes
+
+    @property
+    def num_samples(self) -> int:
+        """Samples in the dataset (all shards; of every source)."""
+        return sum(self._settings.counts)
+
+    @property
+    def epoch_samples(self) -> int:
+        """Samples in an epoch, all ranks together: :attr:`num_samples`, or for a stream
+        of sources the sum of their quotas (``epoch_size`` where given)."""
+        return self._settings.epoch_samples
+
+    @property
+    def sources(self) -> dict[str, int]:
+        """A stream of sources' samples per epoch from each, by name (empty otherwise)."""
+        return {s.name: s.quota for s in self._settings.sources}
+
+    def __len__(self) -> int:
+        """Samples this reader yields in a full epoch: this rank's share (the remainder
+        policy applied), or in a DataLoader worker that worker's share of it. A
+        DataLoader's ``len()`` divides it by the batch size, which with workers is short
+        of the batches they make; :meth:`batches` (and :class:`~asyncstream.ShardLoader`)
+        count those."""
+        topology = worker_topology(self._rank, self._world_size)
+        return reader_samples(self.epoch_samples, topology, self._settings.remainder)
+
+    def node_ring_bytes(self, workers: int = 0, *, check: bool = True) -> int:
+        """The shared memory every reader of this node takes: ranks on the node
+        (``LOCAL_WORLD_SIZE``) x readers per rank (``max(1, workers)``: each DataLoader
+        worker runs its own engine and ring) x :attr:`ring_bytes`.
+
+        Args:
+            workers: DataLoader workers per rank.
+            check: refuse a total larger than the free space in /dev/shm (do it before
+                the readers start: their rings take that space).
+
+        Raises:
+            ValueError: ``check`` and /dev/shm cannot hold the total (the message gives it).
+        """
+        if isinstance(workers, bool) or not isinstance(workers, int) or workers < 0:
+            raise ValueError(f"workers must be an integer >= 0, got {workers!r}")
+        if not check:
+            return local_ranks() * max(1, workers) * self._settings.ring_bytes
+        return check_node_room(
+            self._settings.ring_bytes, workers, "lower workers, window, prefetch or chunk_bytes"
+        )
+
+    def worker_samples(self, num_workers: int) -> list[int]:
+        """Samples each of ``num_workers`` DataLoader workers of this rank reads in a full
+        epoch (``[len(self)]`` for 0 workers: the rank reads in its own process).
+
+        With workers every worker ends its share on its own, so a DataLoader's batches per
+        epoch are ``sum(ceil(n / batch_size) for n in worker_samples(workers))``.
+        """
+        if isinstance(num_workers, bool) or not isinstance(num_workers, int) or num_workers < 0:
+            raise ValueError(f"num_workers must be an integer >= 0, got {num_workers!r}")
+        if num_workers == 0:
+            return [
+                reader_samples(
+                    self.epoch_samples,
+                    Topology(self._rank, self._world_size),
+                    self._settings.remainder,
+                )
+            ]
+        return [
+            reader_samples(
+                self.epoch_samples,
+                Topology(self._rank, self._world_size, worker, num_workers),
+                self._settings.remainder,
+            )
+            for worker in range(num_workers)
+        ]
+
+    def batches(self, batch_size: int, *, num_workers: int = 0, drop_last: bool = False) -> int:
+        """Batches of ``batch_size`` that a DataLoader with ``num_workers`` workers makes of
+        this rank's epoch: each worker batches its own share (:meth:`__len__` in the
+        worker), so each ends with its own short batch, or drops it with ``drop_last``.
+        :class:`~asyncstream.ShardLoader`'s ``len()``; a plain DataLoader's is
+        ``ceil(len(stream) / batch_size)``, short of the truth with workers.
+
+        Raises:
+            ValueError: ``batch_size`` below 1 or ``num_workers`` below 0.
+        """
+        if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
+            raise ValueError(f"batch_size must be an integer >= 1, got {batch_size!r}")
+        if isinstance(num_workers, bool) or not isinstance(num_workers, int) or num_workers < 0:
+            raise ValueError(f"num_workers must be an integer >= 0, got {num_workers!r}")
+        readers = max(1, num_workers)
+        total = 0
+        for worker in range(readers):
+            topology = Topology(self._rank, self._world_size, worker, readers)
+            share = reader_samples(self.epoch_samples, topology, self._settings.remainder)
+            total += share // batch_size if drop_last else -(-share // batch_size)
+        return total
+
+    def map(self, fn: Callable[[dict[str, Any]], T]) -> MappedStream[T]:
+        """A stage that yields ``fn(sample)`` for each sample, where the samples are read
+        (in DataLoader workers: CPU decode and transforms), keeping this stream's exact
+        resume: its ``state_dict`` is this stream's, so StatefulDataLoader restores the
+        position instead of fast-forwarding (see :class:`~asyncstream.MappedStream`)."""
+        return MappedStream(self, fn)
+
+    def set_epoch(self, epoch: int) -> None:
+        """Choose the epoch (and so the order) of the next iteration.
+
+        Without it, every iteration reads the epoch after the one before (the first reads
+        epoch 0), in the main process and in DataLoader workers alike; call it with the
+        same epoch again to read that epoch twice. A state loaded by
+        :meth:`load_state_dict` (or by a StatefulDataLoader) is kept when ``epoch`` is
+        its epoch; for another epoch the next iteration raises :class:`StateError`
+        naming both, unless the state has nothing left (it was saved at the end of its
+        epoch), which then counts as that epoch read.
+        """
+        if not isinstance(epoch, int) or epoch < 0:
+            raise ValueError(f"epoch must be an integer >= 0, got {epoch!r}")
+        self._check_open()
+        self._stop_run()
+        if not self._shared.owned:
+            self._shared = SharedEpoch()  # a worker's copy choosing its own epoch keeps it
+        self._shared.publish(epoch)
+
+    def __iter__(self) -> Iterator[dict[str, Any]]:
+        self._check_open()
+        live = self._live() if self._live is not None else None
+        if live is not None and live.live and live.thread != threading.get_ident():
+            raise StateError(
+                "another thread is reading this ShardStream: a stream serves one iterator "
+                "at a time; give each thread a stream of its own"
+            )
+        self._stop_run()
+        topology = worker_topology(self._rank, self._world_size)
+        try:
+            start, claim = self._loaded.next_start(self._shared, self._settings, topology)
+        except StateError as exc:
+            if get_worker_info() is None:
+                raise
+            return Refused(exc)
+        if not self._shared.owned:
+            self._shared.worker_started()
+        engine, self._engine = self._engine, None
+        self._run = EpochRun(self._settings, start=start, topology=topology, engine=engine)
+        begin = (
+            None if claim is None else functools.partial(self._loaded.begin, self._shared, claim)
+        )
+        self._meter.new_epoch()
+        iteration = Iteration(self._run, owner=self, meter=self._meter, on_begin=begin)
+        self._live = weakref.ref(iteration)
+        return iteration
+
+    def _stop_iteration(self, iteration: Iteration) -> None:
+        """``iteration.close()``: stop its run if it is still this stream's live one."""
+        if self._live is not None and self._live() is iteration:
+            self._stop_run()
+
+    def state_dict(self) -> dict[str, Any]:
+        """This reader's exact position: plain JSON-able data.
+
+        Taken after any sample (or before the first), it makes :meth:`load_state_dict`
+        resume with exactly the samples that would have come next.
+
+        Raises:
+            StateError: in the main process, while DataLoader workers read the stream
+                (use ``torchdata.stateful_dataloader.StatefulDataLoader``'s state, which
+                collects the workers' own; see the README).
+        """
+        self._check_open()
+        if self._run is not None:
+            return self._run.state().to_dict()
+        if self._shared.owned and self._shared.worker_iterations:
+            raise StateError(_PLAIN_DATALOADER)
+        topology = worker_topology(self._rank, self._world_size)
+        states = self._loaded.unspent(self._shared)
+        if states is not None:
+            start = resume(states, self._settings, topology)
+        else:
+            start = fresh(self._settings, self.epoch, topology)
+        state = ReaderState(
+            Identity.of(self._settings),
+            start.epoch,
+            topology,
+            start.lineage,
+            start.assignment,
+            start.position or Position(),
+        )
+        return state.to_dict()
+
+    def load_state_dict(self, state: Any) -> None:
+        """Resume from saved state; the next iteration continues where it was.
+
+        ``state`` is what :meth:`state_dict` returned (the same topology), or the states of
+        every reader of one save, in any order: a list of them, or of the state dicts of
+        the loaders that hold them (``StatefulDataLoader``: one per rank, its workers'
+        states inside; ``DALIImageLoader``). With the same ranks and workers each reader
+        continues exactly where it was; with others, what all old readers had left is
+        split over the new ones (see the README's checkpointing section).
+
+        With DataLoader workers, load before the DataLoader starts them: persistent workers
+        started earlier cannot receive the state, and refuse the next epoch.
+
+        Raises:
+            StateError: the state belongs to another dataset or configuration, has an
+                unknown version, is corrupted, or does not cover every old reader.
+        """
+        self._check_open()
+        found = list(find_states(state))
+        if not found and isinstance(state, dict):
+            found = [state]  # parsing it says what it lacks
+        if not found:
+            raise StateError(
+                f"no ShardStream state in the {type(state).__name__} given to load_state_dict"
+            )
+        states = [ReaderState.from_dict(data, self._settings) for data in found]
+        epochs = {s.epoch for s in states}
+        if len(epochs) > 1:
+            raise StateError(
+                f"the states come from different epochs {sorted(epochs)}; pass one save's"
+            )
+        self._stop_run()
+        if self._shared.owned:
+            self._loads += 1
+            self._shared.loaded(self._loads)  # workers started before refuse
+            self._loaded.load(states, self._loads)
+        else:  # a DataLoader worker's copy: its state, then the main process's epochs again
+            self._loaded.load(states, LOCAL)
+
+    def stats(self) -> dict[str, Any]:
+        """Statistics: samples, shuffle radius and remainder of the current epoch, and
+        ``fetch``, the engine's counters since it started (it is kept from one clean epoch
+        to the next, so they add up over epochs): bytes, chunks, retries by cause,
+        downloads in flight (peak, time-weighted mean), the adaptive concurrency limit and
+        its cuts, hedges sent and won, chunk latencies, the engine's CPU and peak RSS,
+        and ``starved_s``, the time this reader waited for chunks; and ``index``: which
+        index gave the sample counts, and how many shards' counts came from it, from
+        ``samples_per_shard``, the local cache or counting (:class:`~._dataset.IndexInfo`).
+        Called from another thread than the one reading the stream, ``fetch`` is the
+        engine's counters as that thread last asked for them. ``stall``: how long the loop
+        reading this stream waited in ``next()`` against its
+        own time between calls, this epoch and over the last 200 samples
+        (:class:`~asyncstream.StallMeter`). With sources: ``sources``, each one's samples
+        ``drawn`` so far this epoch,
+        ``planned`` for this reader, ``epoch_quota`` (all ranks) and ``shards``; ``index``
+        is then by source name; ``fetch["endpoints"]`` holds the stores of sources with
+        an endpoint of their own."""
+        self._check_open()
+        if self._run is None:
+            stats = {
+                "epoch": self.epoch,
+                "samples": 0,
+                "remainder_policy": self._settings.remainder,
+            }
+        else:
+            # Only the thread reading the stream talks to its engine; from another thread
+            # (a loader's producer reads it), ``fetch`` is the engine's last answer.
+            live = self._live() if self._live is not None else None
+            mine = live is None or not live.live or live.thread == threading.get_ident()
+            stats = self._run.stats(fetch=mine)
+        return {**stats, "index": self._index, "stall": self._meter.report()}
+
+    def _stop_run(self) -> None:
+        if self._run is not None:
+            self._engine = self._run.finish()
+            self._run = None
+        live = self._live() if self._live is not None else None
+        if live is not None:
+            live.replaced = True  # if it is used again, it says why it ended
+        self._live = None
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise RuntimeError("this ShardStream is closed")
+
+    def close(self) -> None:
+        """Stop the engine and free the ring; the stream cannot be used afterwards."""
+        if not self._closed:
+            self._stop_run()
+            if self._engine is not None:
+                self._engine.close()
+                self._engine = None
+            self._closed = True
+
+    def __del__(self) -> None:
+        if "_closed" in self.__dict__:  # not when __init__ failed
+            self.close()  # last resort: the engine process must not outlive its stream
+
+    def __enter__(self) -> ShardStream:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
