@@ -59,7 +59,6 @@ import atexit
 import collections
 import contextlib
 import dataclasses
-import itertools
 import multiprocessing
 import multiprocessing.connection
 import multiprocessing.util
@@ -87,6 +86,7 @@ from ..stores._s3 import S3Options
 from ..stores._s3store import S3Store
 from ..stores._store import ChunkRequest, Store, Timing
 from ._cache import CachedStore
+from ._policies import Aimd, Coalescing, Hedging, LatencyModel
 from ._ring import Ring
 
 __all__ = ["Engine", "EngineConfig", "Ready"]
@@ -202,7 +202,6 @@ class _Stats:
     def __init__(self, limit: int) -> None:
         self.bytes = 0
         self.chunks = 0
-        self.started_chunks = 0
         self.shards = 0
         self.retries: collections.Counter[str] = collections.Counter()
         self.failed = 0
@@ -306,11 +305,12 @@ class _Core:
         self.pending: collections.deque[tuple[int, ChunkRequest]] = collections.deque()
         self.tasks: set[asyncio.Task[None]] = set()
         self.orphaned = False
-        self.limit = float(config.inflight)  # the adaptive concurrency limit
         self.active = 0  # chunk downloads running (hedges not counted)
-        self.last_cut = -1e9
-        self.predictor = _Predictor()
-        self.hedging = 0  # hedges running
+        self.aimd = Aimd(config.inflight, enabled=config.adaptive)
+        self.latency = LatencyModel()
+        self.hedging = Hedging(
+            enabled=config.hedge, factor=config.hedge_factor, budget=config.hedge_budget
+        )
         self.stores: dict[str, Store] = {}
 
     async def run(self) -> None:
@@ -320,6 +320,11 @@ class _Core:
         self.capacity = asyncio.Event()
         self.stop = asyncio.Event()
         self.ring = Ring.attach(self.ring_name, foreign=self.foreign)
+        self.coalescing = Coalescing(
+            limit_bytes=self.config.coalesce_bytes,
+            slot_bytes=self.ring.slot_bytes,
+            look=2 * self.config.inflight,
+        )
         try:
             # A blocking reader thread, not loop.add_reader: the event loop would make the
             # pipe non-blocking, and a large message could then be read half-way.
@@ -395,7 +400,7 @@ class _Core:
             self.slot_freed.set()
         elif kind == "stats":
             stats = self.stats.as_dict()
-            stats["concurrency_limit"] = int(self.limit)
+            stats["concurrency_limit"] = self.aimd.limit
             stats.update(self.stores["s3"].stats())
             extra = [self.stores[_store_key(n + 1)] for n in range(len(self.config.s3_extra))]
             if extra:  # the other endpoints' stores, in the order of s3_extra
@@ -420,7 +425,7 @@ class _Core:
             while not self.pending:
                 self.work.clear()
                 await self.work.wait()
-            while self.active >= int(self.limit):
+            while self.active >= self.aimd.limit:
                 self.capacity.clear()
                 await self.capacity.wait()
             slot = await self._free_slot()
@@ -437,60 +442,27 @@ class _Core:
             task.add_done_callback(self.tasks.discard)
 
     def _followers(self, first: ChunkRequest) -> list[tuple[int, ChunkRequest, int]]:
-        """Chunks that continue ``first``'s range of its object, taken from the next few
-        waiting (a stream's prefetch interleaves its shards), each with a free slot, up to
-        ``coalesce_bytes`` in all: fetched by the same GET.
-
-        A group takes at most its fair share of the free slots: those slots divided by
-        the downloads that may still start (``limit - active``). One GET per connection
-        moves at that connection's speed (about 90 MB/s on S3), so a few large groups
-        holding every slot would idle the other connections; shared out, the free slots
-        keep all K connections busy and each still saves round trips.
-        """
-        store = self._store(first)
-        if not store.coalesces:
+        """Waiting chunks that continue ``first``'s range of its object, each with a free
+        slot: fetched by the same GET (see :class:`~._policies.Coalescing`)."""
+        if not self._store(first).coalesces:
             return []
-        reserve = max(0, _hedge_reserve(self.config) - self.hedging)
-        free = self.ring.free_count() - reserve + 1  # the first chunk's slot is taken
-        starts = max(1, int(self.limit) - self.active)
-        share = -(-free // starts) - 1  # ceil(free / starts) slots, the first's among them
-        look = 2 * self.config.inflight
-        group: list[tuple[int, ChunkRequest, int]] = []
-        end, total = first.offset + first.length, first.length
-        while len(group) < share and self.ring.free_count() > reserve:
-            at = next(
-                (
-                    i
-                    for i, (_, request) in enumerate(itertools.islice(self.pending, look))
-                    if request.url == first.url
-                    and request.store == first.store
-                    and request.offset == end
-                ),
-                None,
-            )
-            if at is None:
-                break
-            rid, request = self.pending[at]
-            if (
-                request.etag != first.etag
-                or request.length > self.ring.slot_bytes
-                or total + request.length > self.config.coalesce_bytes
-            ):
-                break
-            del self.pending[at]
+        share = Coalescing.share(
+            free=self.ring.free_count(),
+            held_back=self.hedging.held_back,
+            starts=self.aimd.limit - self.active,
+        )
+        group = []
+        for rid, request in self.coalescing.followers(first, self.pending, share):
             slot = self.ring.acquire()
-            assert slot is not None
+            assert slot is not None  # share counts only FREE slots, and only we take them
             group.append((rid, request, slot))
-            end += request.length
-            total += request.length
         return group
 
     async def _free_slot(self) -> int:
         while True:
             self.slot_freed.clear()  # before looking, so a release in between is not lost
             # The hedge reserve: slots a hedge may take that new downloads may not.
-            reserve = max(0, _hedge_reserve(self.config) - self.hedging)
-            if self.ring.free_count() > reserve:
+            if self.ring.free_count() > self.hedging.held_back:
                 slot = self.ring.acquire()
                 assert slot is not None
                 return slot
@@ -500,30 +472,18 @@ class _Core:
         self.ring.abandon(slot)
         self.slot_freed.set()
 
-    # -- adaptive concurrency --------------------------------------------------------
-
     def _on_retry(self, cause: str) -> None:
         self.stats.retries.update((cause,))
-        if cause != "slowdown" or not self.config.adaptive:
-            return
-        now = time.monotonic()
-        if now - self.last_cut < self.predictor.median_total():
-            return  # the same burst of rejections: one cut per round trip
-        self.last_cut = now
-        self.limit = max(1.0, self.limit / 2)
-        self.stats.throttle_cuts += 1
-        self.stats.limit_min = min(self.stats.limit_min, int(self.limit))
-
-    def _on_success(self) -> None:
-        if self.limit < self.config.inflight:
-            self.limit = min(float(self.config.inflight), self.limit + 1.0 / self.limit)
+        if cause == "slowdown" and self.aimd.throttled(self.latency.median_total()):
+            self.stats.throttle_cuts += 1
+            self.stats.limit_min = min(self.stats.limit_min, self.aimd.limit)
 
     # -- downloads -------------------------------------------------------------------
 
     async def _fetch(self, rid: int, request: ChunkRequest, slot: int) -> None:
         stats = self.stats
         stats.add_inflight(1)
-        stats.started_chunks += 1
+        self.hedging.start(1)
         try:
             if request.length > self.ring.slot_bytes:
                 self._abandon(slot)
@@ -550,8 +510,8 @@ class _Core:
             stats.first_byte.append(timing.first_byte)
             stats.total.append(max(waited, timing.total))
             if not timing.cached:
-                self.predictor.add(request.length, timing)  # the winner's own timing
-            self._on_success()
+                self.latency.add(request.length, timing)  # the winner's own timing
+            self.aimd.completed()
             self._send(("ready", rid, slot, request.length))
         finally:
             stats.add_inflight(-1)
@@ -564,7 +524,7 @@ class _Core:
         moment its slot is full. Not hedged."""
         stats = self.stats
         stats.add_inflight(1)
-        stats.started_chunks += len(group)
+        self.hedging.start(len(group))
         done = 0  # chunks handed over: a prefix of the group
         began = time.monotonic()
         first = group[0][1]
@@ -622,7 +582,7 @@ class _Core:
         else:
             stats.first_byte.append(timing.first_byte)
             stats.total.append(time.monotonic() - began)
-            self._on_success()
+            self.aimd.completed()
         finally:
             stats.add_inflight(-1)
             self.active -= 1
@@ -645,12 +605,9 @@ class _Core:
 
     def _hedge_after(self, request: ChunkRequest) -> float | None:
         """Seconds after which this chunk gets a hedge, or None for no hedge."""
-        if not self.config.hedge or not self._store(request).hedgeable:
+        if not self._store(request).hedgeable:
             return None
-        if self.stats.hedged >= self.config.hedge_budget * self.stats.started_chunks:
-            return None
-        predicted = self.predictor.predict(request.length)
-        return None if predicted is None else self.config.hedge_factor * predicted
+        return self.hedging.delay(self.latency.predict(request.length))
 
     async def _hedged(self, request: ChunkRequest, slot: int) -> tuple[int, Timing]:
         """Download into ``slot``; past the hedge time, race a second request.
@@ -664,11 +621,11 @@ class _Core:
             after = self._hedge_after(request)
             if after is not None:
                 await asyncio.wait([primary], timeout=after)
-                if not primary.done() and self._hedge_after(request) is not None:
+                if not primary.done() and self.hedging.allowed():
                     spare = self.ring.acquire()
                     if spare is not None:
                         self.stats.hedged += 1
-                        self.hedging += 1
+                        self.hedging.fire()
                         hedging = True
                         racing[asyncio.ensure_future(self._download(request, spare))] = spare
             running = set(racing)
@@ -697,64 +654,7 @@ class _Core:
             for used in racing.values():
                 self._abandon(used)  # FILLING, never published, whether it finished or not
             if hedging:
-                self.hedging -= 1
-
-
-def _hedge_reserve(config: EngineConfig) -> int:
-    """Ring slots kept back for hedges (the head-of-line chunk is the one worth hedging,
-    and by the time it is late the chunks behind it have filled every other slot)."""
-    return 1 if config.hedge else 0
-
-
-class _Predictor:
-    """What a chunk download should take, from the recent distribution of completed ones."""
-
-    _MIN_SAMPLES = 20
-
-    def __init__(self) -> None:
-        self.first_byte: collections.deque[float] = collections.deque(maxlen=512)
-        self.per_byte: collections.deque[float] = collections.deque(maxlen=512)
-        self.totals: collections.deque[float] = collections.deque(maxlen=512)
-        self._cache: tuple[float, float, float] | None = None
-        self._added = 0
-
-    def add(self, length: int, timing: Timing) -> None:
-        self.first_byte.append(timing.first_byte)
-        self.totals.append(timing.total)
-        if length > 0:
-            self.per_byte.append(max(0.0, timing.total - timing.first_byte) / length)
-        self._added += 1
-        if self._added % 16 == 0:
-            self._cache = None
-
-    def _quantiles(self) -> tuple[float, float, float] | None:
-        if len(self.totals) < self._MIN_SAMPLES or not self.per_byte:
-            return None
-        if self._cache is None:
-
-            def q(values: collections.deque[float], p: float) -> float:
-                ordered = sorted(values)
-                return ordered[min(len(ordered) - 1, int(p * len(ordered)))]
-
-            self._cache = (
-                q(self.first_byte, 0.95),
-                q(self.per_byte, 0.95),
-                q(self.totals, 0.5),
-            )
-        return self._cache
-
-    def predict(self, length: int) -> float | None:
-        """Seconds a download of ``length`` bytes takes at the 95th percentile; None: unknown."""
-        quantiles = self._quantiles()
-        if quantiles is None:
-            return None
-        first_byte, per_byte, _ = quantiles
-        return first_byte + length * per_byte
-
-    def median_total(self) -> float:
-        """The median chunk time (0.1 s until there are enough chunks to tell)."""
-        quantiles = self._quantiles()
-        return 0.1 if quantiles is None else quantiles[2]
+                self.hedging.finished()
 
 
 def _run_core(conn: Connection, ring_name: str, config: EngineConfig, foreign: bool) -> None:
@@ -799,7 +699,7 @@ class Engine:
             raise ValueError(f"mode must be 'process' or 'thread', got {mode!r}")
         self.config = config
         self.mode = mode
-        self.ring = Ring.create(n_slots + _hedge_reserve(config), slot_bytes)
+        self.ring = Ring.create(n_slots + Hedging(enabled=config.hedge).reserve, slot_bytes)
         self._conn: Connection | None = None
         self._proc: Any = None
         self._thread: threading.Thread | None = None
