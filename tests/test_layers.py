@@ -159,13 +159,16 @@ def test_the_engine_process_imports_only_what_fetching_needs(
     imported = set(_IMPORT_TIME.findall(capfd.readouterr().err))
     # The log is the engine's: its own modules and what fetching from S3 needs are there.
     for needed in (
-        "asyncstream.engine._engine",
+        "asyncstream.engine._server",
+        "asyncstream.engine._scheduler",
         "asyncstream.engine._cache",
         "asyncstream.stores._s3store",
         "asyncstream.stores._localstore",
         "aiobotocore.session",
     ):
         assert needed in imported, f"{needed} missing from the engine's imports"
+    # The consumer's handle (and what starts processes) stays in the consumer.
+    assert "asyncstream.engine._engine" not in imported
     bad = sorted(
         name
         for name in imported

@@ -1,12 +1,13 @@
 """``python -m asyncstream.engine FD``: the fetch engine's own process.
 
-:class:`~._engine.Engine` starts it, with one end of a socket pair as ``FD``. Run as a
-package's ``__main__``, the engine module itself is imported once, by its name, so the
-engine settings the consumer sends (pickled by that name) need no second copy of it.
+:class:`~._engine.Engine` starts it, with one end of a socket pair as ``FD``; the engine's
+side is :func:`._server.serve`. Run as a package's ``__main__``, the engine's modules are
+imported once, by their names, so the settings the consumer sends (pickled by those names)
+need no second copy of them.
 """
 
 import sys
 
-from ._engine import _main
+from ._server import serve
 
-_main(int(sys.argv[1]))
+serve(int(sys.argv[1]))

@@ -1,177 +1,68 @@
-"""The fetch engine: K chunk downloads in flight into the shared-memory ring.
+"""The consumer's handle on a fetch engine, and the engine's lifecycle.
 
-The engine runs an asyncio loop (uvloop where installed) with one reused aiobotocore
-client, in its own process (``mode="process"``: a fresh ``python -m asyncstream.engine``,
-which imports neither torch nor the training script) or, where a process may not start
-children (PyTorch DataLoader workers are daemonic), in a thread of the consumer
-(``mode="thread"``). Either way the two sides talk over one duplex pipe (the process
-first receives the ring's name and its :class:`EngineConfig`):
+:class:`Engine` creates the shared-memory ring and starts the engine: in its own process
+(``mode="process"``: a fresh ``python -m asyncstream.engine``, which imports neither
+torch nor the training script) or, where a process may not start children (PyTorch
+DataLoader workers are daemonic), in a thread of the consumer (``mode="thread"``). The
+two sides talk over one duplex connection, in the typed messages of :mod:`._protocol`;
+the engine's side is :mod:`._server`, its scheduler :mod:`._scheduler`.
 
-    consumer -> engine   ("fetch", [(id, ChunkRequest), ...])   more work, in need order
-                         ("release", slot)                      a slot went back to FREE
-                         ("stats",)                             ask for statistics
-                         ("stop",)                              finish and exit
-    engine -> consumer   ("ready", id, slot, nbytes)            as each chunk completes
-                         ("error", id, exception, traceback)    at the chunk's place
-                         ("stats", dict)
-                         ("started",)                           once, when it can fetch
-                                                                (informative; not awaited)
-                         ("fatal", exception, traceback)        the engine itself broke
+Chunks are submitted in the order the consumer will need them and taken by id
+(:meth:`Engine.wait`), so what the consumer sees never depends on network timing.
 
-Backpressure is the ring: a download starts only when a slot is FREE and fewer than the
-concurrency limit run. Downloads start in submission order (the order the consumer
-will need them) and are reported as they finish; the consumer takes each chunk by id when
-it needs it (:meth:`Engine.wait`), so what it sees never depends on network timing.
-
-Adaptive concurrency (``adaptive``): the limit starts at ``inflight``. A ``503 SlowDown``
-(or 429) halves it, at most once per recent median chunk time (one cut per round trip,
-not one per rejected request, since a burst of rejections answers one burst of
-requests); each chunk that completes adds ``1 / limit``, so the limit grows back by one
-per ``limit`` completions, to ``inflight``: additive increase, multiplicative decrease,
-as TCP does. Requests already running keep going; the cut only holds back new ones.
-
-Hedged requests (``hedge``): once 20 chunks have completed, a chunk download still
-running after ``hedge_factor`` times what the recent distribution predicts for its
-length (95th percentile of time to first byte, plus its length at the 95th percentile
-of seconds per byte) gets a second request into another FREE slot; the first to finish
-is published and the other is cancelled (its connection closed, its slot FREE again).
-Hedges are at most ``hedge_budget`` of the chunks started, so they raise the number of
-requests by at most that fraction. The ring has one slot more than asked for, kept for
-hedges: the chunk worth hedging is usually the one the consumer waits for, and by the
-time it is late the chunks behind it fill every other slot.
-
-Cache (``cache_dir``): the S3 store is wrapped in a :class:`~._cache.CachedStore`, which
-serves the chunks it holds from local disk into the same slots; the engine does not
-otherwise know about it, except that timings of chunks served from the cache do not
-feed the hedge predictor (they say nothing about the store's speed).
-
-Failure and death: a chunk that fails permanently or outlasts its retries is reported
-with an ``error`` message at its place in the order. A killed engine process is seen by
-the consumer at once (the process sentinel), a killed consumer by the engine (end of file
-on the pipe): the engine then unlinks the ring and exits. The ring belongs to the
-consumer's resource tracker, which also removes it if the consumer is killed.
+Failure and death: a chunk that fails permanently or outlasts its retries raises at its
+place in the order. A killed engine process is seen by the consumer at once (end of file
+on its connection), a killed consumer by the engine, which then unlinks the ring and
+exits. The ring belongs to the consumer's resource tracker, which also removes it if the
+consumer is killed. Engines still open at exit, in a DataLoader worker's finalizers or on
+its SIGTERM are closed here, so neither a process nor a ring outlives its consumer.
 """
 
 from __future__ import annotations
 
-import asyncio
 import atexit
-import collections
 import contextlib
-import dataclasses
 import multiprocessing
 import multiprocessing.connection
 import multiprocessing.util
 import os
-import random
-import resource
 import signal
 import socket
 import subprocess
 import sys
 import threading
 import time
-import traceback
 import weakref
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from multiprocessing.connection import Connection
 from typing import Any, Literal
 
-from .._exceptions import AsyncStreamError, EngineError
-from ..shards._urls import scheme_of
-from ..stores._localstore import LocalStore
-from ..stores._retry import RetryPolicy, Timeouts, retrying
-from ..stores._s3 import S3Options
-from ..stores._s3store import S3Store
-from ..stores._store import ChunkRequest, Store, Timing
-from ._cache import CachedStore
-from ._policies import Aimd, Coalescing, Hedging, LatencyModel
+from .._exceptions import EngineError
+from ..stores._store import ChunkRequest
+from ._config import EngineConfig
+from ._policies import Hedging
+from ._protocol import (
+    AskStats,
+    ChunkFailed,
+    ChunkReady,
+    Fatal,
+    Fetch,
+    FromEngine,
+    Hello,
+    Release,
+    RemoteTraceback,
+    Stats,
+    Stop,
+    ToEngine,
+    with_remote_cause,
+)
 from ._ring import Ring
+from ._server import run_engine
 
 __all__ = ["Engine", "EngineConfig", "Ready"]
 
-
-def _store_key(number: int) -> str:
-    """The key of S3 store ``number`` (0: ``EngineConfig.s3``, n: ``s3_extra[n - 1]``)."""
-    return "s3" if number == 0 else f"s3:{number}"
-
-
-_LATENCY_WINDOW = 4096
 _STOP_TIMEOUT = 10.0
-
-
-@dataclass(frozen=True, kw_only=True)
-class EngineConfig:
-    """Settings of the fetch engine.
-
-    Args:
-        inflight: K, the most chunk downloads at once.
-        retry: retries of one chunk.
-        timeouts: time limits of one attempt.
-        check_etag: compare the listed ETag with every response (``If-Match``).
-        s3: how to reach the store.
-        s3_extra: more S3 endpoints (a mixed stream's sources with options of their own);
-            a :class:`~._store.ChunkRequest` with ``store=n`` reads from ``s3_extra[n - 1]``.
-        seed: seeds the backoff jitter.
-        adaptive: cut concurrency on throttling and grow it back (AIMD).
-        hedge: send a second request for a chunk far slower than recent ones.
-        hedge_factor: how many times the predicted time a chunk may take before its hedge.
-        hedge_budget: the most hedges, as a fraction of the chunks started.
-        transport: ``"auto"``: the S3 store's direct transport (kept-alive connections
-            of its own, bodies received straight into the slot, HTTP and HTTPS) where no
-            HTTP proxy is configured, botocore's aiohttp request otherwise; ``"aiohttp"``:
-            always botocore's (see :mod:`asyncstream.stores._s3store`).
-        cache_dir: a local folder that keeps the S3 chunks fetched, served from it
-            afterwards (see :mod:`asyncstream.engine._cache`); None: no cache.
-        cache_limit: the most bytes the cache folder's files may take; None: no limit.
-        coalesce_bytes: the most bytes one GET fetches for consecutive chunks of one
-            object waiting together (each still has its slot and is handed over as soon
-            as it is whole); 0 fetches every chunk alone. Each request pays a round trip
-            to the store, so small chunks in one request go faster: K requests in flight
-            carry more bytes. A group takes at most its share of the free slots (free
-            slots / downloads that may still start), so that all K connections stay busy.
-            A group is not hedged, so chunks of half this or more (16 MiB, the stream's
-            default) are always fetched alone.
-    """
-
-    inflight: int = 8
-    retry: RetryPolicy = field(default_factory=RetryPolicy)
-    timeouts: Timeouts = field(default_factory=Timeouts)
-    check_etag: bool = True
-    s3: S3Options = field(default_factory=S3Options)
-    s3_extra: tuple[S3Options, ...] = ()
-    seed: int = 0
-    adaptive: bool = True
-    hedge: bool = True
-    hedge_factor: float = 2.0
-    hedge_budget: float = 0.05
-    transport: Literal["auto", "aiohttp"] = "auto"
-    cache_dir: str | None = None
-    cache_limit: int | None = None
-    coalesce_bytes: int = 8 << 20
-
-    def __post_init__(self) -> None:
-        if self.inflight < 1:
-            raise ValueError(f"inflight must be >= 1, got {self.inflight}")
-        if not self.hedge_factor >= 1.0:
-            raise ValueError(f"hedge_factor must be >= 1, got {self.hedge_factor}")
-        if not 0.0 <= self.hedge_budget <= 1.0:
-            raise ValueError(f"hedge_budget must be in [0, 1], got {self.hedge_budget}")
-        if self.coalesce_bytes < 0:
-            raise ValueError(f"coalesce_bytes must be >= 0, got {self.coalesce_bytes}")
-        if self.transport not in ("auto", "aiohttp"):
-            raise ValueError(f"transport must be 'auto' or 'aiohttp', got {self.transport!r}")
-        if self.cache_limit is not None and (self.cache_dir is None or self.cache_limit < 1):
-            raise ValueError(
-                f"cache_limit must be >= 1 and needs a cache_dir, got {self.cache_limit!r} "
-                f"with cache_dir={self.cache_dir!r}"
-            )
-
-    @property
-    def wait_timeout(self) -> float:
-        """The longest a consumer waits for the next chunk before declaring the engine stuck."""
-        return self.retry.deadline + self.timeouts.chunk + 30.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -182,498 +73,6 @@ class Ready:
     slot: int
     nbytes: int
     request: ChunkRequest
-
-
-class _RemoteTraceback(Exception):
-    def __init__(self, tb: str) -> None:
-        super().__init__(tb)
-        self.tb = tb
-
-    def __str__(self) -> str:
-        return f'\n"""\n{self.tb}"""'
-
-
-def _with_remote_cause(exc: BaseException, tb: str) -> BaseException:
-    exc.__cause__ = _RemoteTraceback(tb)
-    return exc
-
-
-class _Stats:
-    def __init__(self, limit: int) -> None:
-        self.bytes = 0
-        self.chunks = 0
-        self.shards = 0
-        self.retries: collections.Counter[str] = collections.Counter()
-        self.failed = 0
-        self.inflight = 0
-        self.inflight_peak = 0
-        self.limit_min = limit
-        self.throttle_cuts = 0
-        self.hedged = 0
-        self.hedge_wins = 0
-        # Reads started at the store: a coalesced group is one, retries are not counted;
-        # with a cache, hits are reads too (its "misses" are the ones that went out).
-        self.requests = 0
-        self.coalesced = 0  # chunks that rode on an earlier chunk's GET
-        self.first_byte: collections.deque[float] = collections.deque(maxlen=_LATENCY_WINDOW)
-        self.total: collections.deque[float] = collections.deque(maxlen=_LATENCY_WINDOW)
-        self.started = time.monotonic()
-        self._busy = 0.0  # integral of downloads in flight over time
-        self._busy_since = self.started
-
-    def add_inflight(self, n: int) -> None:
-        now = time.monotonic()
-        self._busy += self.inflight * (now - self._busy_since)
-        self._busy_since = now
-        self.inflight += n
-        self.inflight_peak = max(self.inflight_peak, self.inflight)
-
-    def as_dict(self) -> dict[str, Any]:
-        self.add_inflight(0)
-        seconds = time.monotonic() - self.started
-        return {
-            "bytes": self.bytes,
-            "chunks": self.chunks,
-            "shards": self.shards,
-            "retries": dict(self.retries),
-            "retries_total": sum(self.retries.values()),
-            "failed_chunks": self.failed,
-            "inflight": self.inflight,
-            "inflight_peak": self.inflight_peak,
-            # Time-weighted mean of downloads in flight since the engine started.
-            "inflight_mean": self._busy / seconds if seconds > 0 else 0.0,
-            "concurrency_limit_min": self.limit_min,
-            "throttle_cuts": self.throttle_cuts,
-            "hedged": self.hedged,
-            "hedge_wins": self.hedge_wins,
-            "requests": self.requests,
-            "coalesced_chunks": self.coalesced,
-            "first_byte_s": _summary(self.first_byte),
-            "chunk_s": _summary(self.total),
-            "seconds": seconds,
-            # CPU and peak RSS of the engine's process (the whole process in thread mode).
-            "cpu_s": time.process_time(),
-            "max_rss_bytes": _peak_rss(),
-        }
-
-
-def _peak_rss() -> int:
-    """Peak RSS of this process in bytes.
-
-    ``/proc/self/status`` where there is one: Linux's ``ru_maxrss`` survives ``exec``, so
-    in the engine process it would report the forked consumer's peak.
-    """
-    try:
-        with open("/proc/self/status") as status:
-            for line in status:
-                if line.startswith("VmHWM:"):
-                    return int(line.split()[1]) * 1024
-    except OSError:
-        pass
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
-
-
-def _summary(values: Sequence[float]) -> dict[str, float]:
-    if not values:
-        return {}
-    ordered = sorted(values)
-
-    def q(p: float) -> float:
-        return ordered[min(len(ordered) - 1, int(p * len(ordered)))]
-
-    return {
-        "mean": sum(ordered) / len(ordered),
-        "p50": q(0.5),
-        "p95": q(0.95),
-        "p99": q(0.99),
-        "max": ordered[-1],
-    }
-
-
-class _Core:
-    """The engine side: runs inside the engine's own event loop."""
-
-    def __init__(
-        self, conn: Connection, ring_name: str, config: EngineConfig, foreign: bool
-    ) -> None:
-        self.conn = conn
-        self.foreign = foreign
-        self.ring_name = ring_name
-        self.config = config
-        self.stats = _Stats(config.inflight)
-        self.rng = random.Random(config.seed)
-        self.pending: collections.deque[tuple[int, ChunkRequest]] = collections.deque()
-        self.tasks: set[asyncio.Task[None]] = set()
-        self.orphaned = False
-        self.active = 0  # chunk downloads running (hedges not counted)
-        self.aimd = Aimd(config.inflight, enabled=config.adaptive)
-        self.latency = LatencyModel()
-        self.hedging = Hedging(
-            enabled=config.hedge, factor=config.hedge_factor, budget=config.hedge_budget
-        )
-        self.stores: dict[str, Store] = {}
-
-    async def run(self) -> None:
-        loop = asyncio.get_running_loop()
-        self.work = asyncio.Event()
-        self.slot_freed = asyncio.Event()
-        self.capacity = asyncio.Event()
-        self.stop = asyncio.Event()
-        self.ring = Ring.attach(self.ring_name, foreign=self.foreign)
-        self.coalescing = Coalescing(
-            limit_bytes=self.config.coalesce_bytes,
-            slot_bytes=self.ring.slot_bytes,
-            look=2 * self.config.inflight,
-        )
-        try:
-            # A blocking reader thread, not loop.add_reader: the event loop would make the
-            # pipe non-blocking, and a large message could then be read half-way.
-            reader = threading.Thread(
-                target=self._read_control, args=(loop,), name="asyncstream-control", daemon=True
-            )
-            reader.start()
-            self.stores = {"file": LocalStore()}
-            try:
-                for number, options in enumerate((self.config.s3, *self.config.s3_extra)):
-                    await self._open_s3(_store_key(number), options)
-                self._send(("started",))
-                scheduler = asyncio.create_task(self._schedule())
-                await self.stop.wait()
-                scheduler.cancel()
-                for task in list(self.tasks):
-                    task.cancel()
-                await asyncio.gather(scheduler, *self.tasks, return_exceptions=True)
-            finally:
-                for store in self.stores.values():
-                    await store.aclose()
-        finally:
-            if self.orphaned:
-                self.ring.unlink()  # the consumer died: nobody else will
-            self.ring.close()
-
-    async def _open_s3(self, key: str, options: S3Options) -> None:
-        """Open the S3 store of one endpoint's options as ``stores[key]``, behind the
-        cache where there is one (kept in ``stores`` from the start, so it is closed with
-        the others if opening fails)."""
-        s3 = S3Store(
-            options,
-            timeouts=self.config.timeouts,
-            check_etag=self.config.check_etag,
-            connections=max(self.config.inflight * 2, 4),
-            transport=self.config.transport,
-        )
-        self.stores[key] = s3
-        await s3.open()
-        if self.config.cache_dir is not None:  # local files need no cache
-            cache = CachedStore(
-                s3,
-                self.config.cache_dir,
-                grid=self.ring.slot_bytes,
-                limit=self.config.cache_limit,
-            )
-            self.stores[key] = await cache.open()
-
-    def _store(self, request: ChunkRequest) -> Store:
-        scheme = scheme_of(request.url)
-        return self.stores[_store_key(request.store) if scheme == "s3" else scheme]
-
-    def _read_control(self, loop: asyncio.AbstractEventLoop) -> None:
-        """Reader thread: hand each control message to the loop; stop at "stop" or EOF."""
-        while True:
-            try:
-                message = self.conn.recv()
-            except (EOFError, OSError):
-                message = ("orphaned",)
-            try:
-                loop.call_soon_threadsafe(self._handle, message)
-            except RuntimeError:  # the loop is closed: the engine has finished
-                return
-            if message[0] in ("stop", "orphaned"):
-                return
-
-    def _handle(self, message: tuple[Any, ...]) -> None:
-        kind = message[0]
-        if kind == "fetch":
-            self.pending.extend(message[1])
-            self.work.set()
-        elif kind == "release":
-            self.slot_freed.set()
-        elif kind == "stats":
-            stats = self.stats.as_dict()
-            stats["concurrency_limit"] = self.aimd.limit
-            stats.update(self.stores["s3"].stats())
-            extra = [self.stores[_store_key(n + 1)] for n in range(len(self.config.s3_extra))]
-            if extra:  # the other endpoints' stores, in the order of s3_extra
-                stats["endpoints"] = [store.stats() for store in extra]
-            stats["tasks"] = len(asyncio.all_tasks())
-            self._send(("stats", stats))
-        elif kind == "stop":
-            self.stop.set()
-        elif kind == "orphaned":  # the consumer is gone
-            self.orphaned = True
-            self.stop.set()
-
-    def _send(self, message: tuple[Any, ...]) -> None:
-        try:
-            self.conn.send(message)
-        except (BrokenPipeError, EOFError, OSError):
-            self.orphaned = True
-            self.stop.set()
-
-    async def _schedule(self) -> None:
-        while True:
-            while not self.pending:
-                self.work.clear()
-                await self.work.wait()
-            while self.active >= self.aimd.limit:
-                self.capacity.clear()
-                await self.capacity.wait()
-            slot = await self._free_slot()
-            rid, request = self.pending.popleft()
-            group = [(rid, request, slot), *self._followers(request)]
-            self.active += 1
-            self.stats.requests += 1
-            self.stats.coalesced += len(group) - 1
-            if len(group) == 1:
-                task = asyncio.create_task(self._fetch(rid, request, slot))
-            else:
-                task = asyncio.create_task(self._fetch_group(group))
-            self.tasks.add(task)
-            task.add_done_callback(self.tasks.discard)
-
-    def _followers(self, first: ChunkRequest) -> list[tuple[int, ChunkRequest, int]]:
-        """Waiting chunks that continue ``first``'s range of its object, each with a free
-        slot: fetched by the same GET (see :class:`~._policies.Coalescing`)."""
-        if not self._store(first).coalesces:
-            return []
-        share = Coalescing.share(
-            free=self.ring.free_count(),
-            held_back=self.hedging.held_back,
-            starts=self.aimd.limit - self.active,
-        )
-        group = []
-        for rid, request in self.coalescing.followers(first, self.pending, share):
-            slot = self.ring.acquire()
-            assert slot is not None  # share counts only FREE slots, and only we take them
-            group.append((rid, request, slot))
-        return group
-
-    async def _free_slot(self) -> int:
-        while True:
-            self.slot_freed.clear()  # before looking, so a release in between is not lost
-            # The hedge reserve: slots a hedge may take that new downloads may not.
-            if self.ring.free_count() > self.hedging.held_back:
-                slot = self.ring.acquire()
-                assert slot is not None
-                return slot
-            await self.slot_freed.wait()
-
-    def _abandon(self, slot: int) -> None:
-        self.ring.abandon(slot)
-        self.slot_freed.set()
-
-    def _on_retry(self, cause: str) -> None:
-        self.stats.retries.update((cause,))
-        if cause == "slowdown" and self.aimd.throttled(self.latency.median_total()):
-            self.stats.throttle_cuts += 1
-            self.stats.limit_min = min(self.stats.limit_min, self.aimd.limit)
-
-    # -- downloads -------------------------------------------------------------------
-
-    async def _fetch(self, rid: int, request: ChunkRequest, slot: int) -> None:
-        stats = self.stats
-        stats.add_inflight(1)
-        self.hedging.start(1)
-        try:
-            if request.length > self.ring.slot_bytes:
-                self._abandon(slot)
-                raise EngineError(
-                    f"{request.url}: a chunk of {request.length} bytes does not fit a slot of "
-                    f"{self.ring.slot_bytes}"
-                )
-            began = time.monotonic()
-            slot, timing = await self._hedged(request, slot)
-            waited = time.monotonic() - began  # what the consumer saw, hedge or not
-        except asyncio.CancelledError:
-            raise
-        except Exception as exc:
-            stats.failed += 1
-            error = (
-                exc if isinstance(exc, AsyncStreamError) else EngineError(f"{request.url}: {exc!r}")
-            )
-            self._send(("error", rid, error, traceback.format_exc()))
-        else:
-            self.ring.publish(slot)
-            stats.bytes += request.length
-            stats.chunks += 1
-            stats.shards += request.final
-            stats.first_byte.append(timing.first_byte)
-            stats.total.append(max(waited, timing.total))
-            if not timing.cached:
-                self.latency.add(request.length, timing)  # the winner's own timing
-            self.aimd.completed()
-            self._send(("ready", rid, slot, request.length))
-        finally:
-            stats.add_inflight(-1)
-            self.active -= 1
-            self.capacity.set()
-
-    async def _fetch_group(self, group: list[tuple[int, ChunkRequest, int]]) -> None:
-        """Consecutive chunks of one object by one GET (with retries: a failed attempt
-        is taken up again from the first chunk not yet whole); each is handed over the
-        moment its slot is full. Not hedged."""
-        stats = self.stats
-        stats.add_inflight(1)
-        self.hedging.start(len(group))
-        done = 0  # chunks handed over: a prefix of the group
-        began = time.monotonic()
-        first = group[0][1]
-        store = self._store(first)
-
-        def filled(i: int) -> None:
-            nonlocal done
-            rid, request, slot = group[done]
-            self.ring.publish(slot)
-            stats.bytes += request.length
-            stats.chunks += 1
-            stats.shards += request.final
-            self._send(("ready", rid, slot, request.length))
-            done += 1
-
-        async def attempt() -> Timing:
-            rest = group[done:]
-            slots = [self.ring.view(slot) for _, _, slot in rest]
-            views = [
-                whole[: request.length] for whole, (_, request, _) in zip(slots, rest, strict=True)
-            ]
-            merged = dataclasses.replace(
-                first,
-                offset=rest[0][1].offset,
-                length=sum(request.length for _, request, _ in rest),
-                final=rest[-1][1].final,
-            )
-            try:
-                return await store.read_group(merged, views, filled)
-            finally:
-                for view in (*views, *slots):
-                    view.release()
-
-        try:
-            timing = await retrying(
-                attempt,
-                url=first.url,
-                policy=self.config.retry,
-                rng=self.rng,
-                on_retry=self._on_retry,
-            )
-        except asyncio.CancelledError:
-            for _, _, slot in group[done:]:
-                self._abandon(slot)
-            raise
-        except Exception as exc:
-            stats.failed += len(group) - done
-            error = (
-                exc if isinstance(exc, AsyncStreamError) else EngineError(f"{first.url}: {exc!r}")
-            )
-            trace = traceback.format_exc()
-            for rid, _, slot in group[done:]:
-                self._abandon(slot)
-                self._send(("error", rid, error, trace))
-        else:
-            stats.first_byte.append(timing.first_byte)
-            stats.total.append(time.monotonic() - began)
-            self.aimd.completed()
-        finally:
-            stats.add_inflight(-1)
-            self.active -= 1
-            self.capacity.set()
-
-    async def _download(self, request: ChunkRequest, slot: int) -> Timing:
-        """One chunk into one slot, with retries; the slot stays FILLING either way."""
-        out = self.ring.view(slot)
-        try:
-            store = self._store(request)
-            return await retrying(
-                lambda: store.read_into(request, out),
-                url=request.url,
-                policy=self.config.retry,
-                rng=self.rng,
-                on_retry=self._on_retry,
-            )
-        finally:
-            out.release()
-
-    def _hedge_after(self, request: ChunkRequest) -> float | None:
-        """Seconds after which this chunk gets a hedge, or None for no hedge."""
-        if not self._store(request).hedgeable:
-            return None
-        return self.hedging.delay(self.latency.predict(request.length))
-
-    async def _hedged(self, request: ChunkRequest, slot: int) -> tuple[int, Timing]:
-        """Download into ``slot``; past the hedge time, race a second request.
-
-        Returns the slot that holds the chunk; every other slot used is FREE again.
-        """
-        primary = asyncio.ensure_future(self._download(request, slot))
-        racing: dict[asyncio.Future[Timing], int] = {primary: slot}
-        hedging = False
-        try:
-            after = self._hedge_after(request)
-            if after is not None:
-                await asyncio.wait([primary], timeout=after)
-                if not primary.done() and self.hedging.allowed():
-                    spare = self.ring.acquire()
-                    if spare is not None:
-                        self.stats.hedged += 1
-                        self.hedging.fire()
-                        hedging = True
-                        racing[asyncio.ensure_future(self._download(request, spare))] = spare
-            running = set(racing)
-            while True:
-                done, running = await asyncio.wait(running, return_when=asyncio.FIRST_COMPLETED)
-                winner = next((f for f in done if f.exception() is None), None)
-                if winner is not None or not running:
-                    break
-            if winner is None:
-                # Every request failed: the first one's error tells the story.
-                await asyncio.gather(*racing, return_exceptions=True)
-                for used in racing.values():
-                    self._abandon(used)
-                racing.clear()
-                return slot, primary.result()
-            if winner is not primary:
-                self.stats.hedge_wins += 1
-            won = racing.pop(winner)
-            return won, winner.result()
-        finally:
-            # Losers (and everything, when cancelled): stop them, free their slots.
-            for future in racing:
-                future.cancel()
-            if racing:
-                await asyncio.gather(*racing, return_exceptions=True)
-            for used in racing.values():
-                self._abandon(used)  # FILLING, never published, whether it finished or not
-            if hedging:
-                self.hedging.finished()
-
-
-def _run_core(conn: Connection, ring_name: str, config: EngineConfig, foreign: bool) -> None:
-    """Engine entry point, in the engine's process or thread."""
-    core = _Core(conn, ring_name, config, foreign)
-    try:
-        try:
-            import uvloop
-        except ImportError:  # pragma: no cover - uvloop is a dependency on Linux and macOS
-            asyncio.run(core.run())
-        else:
-            uvloop.run(core.run())
-    except BaseException as exc:
-        with contextlib.suppress(Exception):
-            conn.send(("fatal", exc, traceback.format_exc()))
-        if not isinstance(exc, Exception):
-            raise
-    finally:
-        conn.close()
 
 
 class Engine:
@@ -701,10 +100,10 @@ class Engine:
         self.mode = mode
         self.ring = Ring.create(n_slots + Hedging(enabled=config.hedge).reserve, slot_bytes)
         self._conn: Connection | None = None
-        self._proc: Any = None
+        self._proc: subprocess.Popen[bytes] | None = None
         self._thread: threading.Thread | None = None
         self._next_id = 0
-        self._arrived: dict[int, tuple[Any, ...]] = {}
+        self._arrived: dict[int, ChunkReady | ChunkFailed] = {}
         self._requests: dict[int, ChunkRequest] = {}
         self._stats: dict[str, Any] | None = None
         self._starved = 0.0
@@ -749,12 +148,12 @@ class Engine:
                 )
             finally:
                 os.close(fd)
-            self._conn.send((self.ring.name, self.config))
+            self._conn.send(Hello(self.ring.name, self.config))
         else:
             ours, theirs = multiprocessing.Pipe(duplex=True)
             self._conn = ours
             self._thread = threading.Thread(
-                target=_run_core,
+                target=run_engine,
                 args=(theirs, self.ring.name, self.config, False),
                 name="asyncstream-engine",
                 daemon=True,
@@ -790,7 +189,7 @@ class Engine:
         for rid, request in zip(ids, requests, strict=True):
             self._requests[rid] = request
         if requests:
-            self._send(("fetch", list(zip(ids, requests, strict=True))))
+            self._send(Fetch(list(zip(ids, requests, strict=True))))
         return ids
 
     def next(self, timeout: float | None = None) -> Ready:
@@ -819,11 +218,10 @@ class Engine:
         self._starved += time.monotonic() - began
         message = self._arrived.pop(rid)
         request = self._requests.pop(rid)
-        if message[0] == "error":
-            raise _with_remote_cause(message[2], message[3])
-        _, _, slot, nbytes = message
-        self.ring.take(slot)
-        return Ready(rid, slot, nbytes, request)
+        if isinstance(message, ChunkFailed):
+            raise with_remote_cause(message.error, message.trace)
+        self.ring.take(message.slot)
+        return Ready(rid, message.slot, message.nbytes, request)
 
     def view(self, ready: Ready) -> memoryview:
         """The chunk's bytes in the ring (valid until :meth:`release`)."""
@@ -833,7 +231,7 @@ class Engine:
         """Give a slot back to the engine (IN_USE to FREE)."""
         self._check_open()
         self.ring.release(slot)
-        self._send(("release", slot))
+        self._send(Release(slot))
 
     def stats(self) -> dict[str, Any]:
         """The engine's statistics, plus ``starved_s``: the consumer's time spent waiting.
@@ -843,7 +241,7 @@ class Engine:
         """
         self._check_open()
         self._stats = None
-        self._send(("stats",))
+        self._send(AskStats())
         deadline = time.monotonic() + 10.0
         while self._stats is None:
             self._receive(deadline)
@@ -856,18 +254,17 @@ class Engine:
         ready = multiprocessing.connection.wait([self._conn], timeout=max(0.0, remaining))
         if self._conn in ready:
             try:
-                message = self._conn.recv()
+                message: FromEngine = self._conn.recv()
             except (EOFError, OSError) as exc:
                 raise self._died() from exc
-            kind = message[0]
-            if kind in ("ready", "error"):
-                self._arrived[message[1]] = message
-            elif kind == "stats":
-                self._stats = message[1]
-            elif kind == "fatal":
-                raise EngineError(f"the fetch engine failed: {message[1]!r}") from _RemoteTraceback(
-                    message[2]
-                )
+            if isinstance(message, ChunkReady | ChunkFailed):
+                self._arrived[message.id] = message
+            elif isinstance(message, Stats):
+                self._stats = message.stats
+            elif isinstance(message, Fatal):
+                raise EngineError(
+                    f"the fetch engine failed: {message.error!r}"
+                ) from RemoteTraceback(message.trace)
             return
         raise EngineError(
             f"the fetch engine sent nothing in time (waited {remaining:.0f} s); it may be stuck"
@@ -883,7 +280,7 @@ class Engine:
             return EngineError(f"the fetch engine process {how}")
         return EngineError("the fetch engine thread stopped")
 
-    def _send(self, message: tuple[Any, ...]) -> None:
+    def _send(self, message: ToEngine) -> None:
         assert self._conn is not None
         try:
             self._conn.send(message)
@@ -922,7 +319,7 @@ class Engine:
         try:
             if self._conn is not None:
                 with contextlib.suppress(OSError):
-                    self._conn.send(("stop",))
+                    self._conn.send(Stop())
             if self._proc is not None:
                 # At interpreter exit a new thread may never start (Python 3.11 waits for
                 # it forever): reap inline then, which is bounded.
@@ -1011,16 +408,3 @@ def _reap(proc: subprocess.Popen[bytes]) -> None:
     except subprocess.TimeoutExpired:
         proc.kill()
         proc.wait()
-
-
-def _main(fd: int) -> None:
-    """``python -m asyncstream.engine FD``: the engine process (:mod:`.__main__`)."""
-    # Ctrl-C reaches the whole process group; the consumer stops the engine (or its pipe
-    # closes when the consumer dies), so the engine itself ignores it.
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
-    conn = Connection(fd)
-    try:
-        ring_name, config = conn.recv()
-    except (EOFError, OSError):
-        return  # the consumer died before it sent anything
-    _run_core(conn, ring_name, config, True)

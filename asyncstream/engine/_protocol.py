@@ -1,0 +1,141 @@
+"""The wire protocol between an :class:`~._engine.Engine` handle and its engine.
+
+The engine runs in its own process (``python -m asyncstream.engine FD``) or in a thread
+of the consumer; either way the two sides talk over one duplex
+:class:`multiprocessing.connection.Connection`, each message one pickled object of the
+types below (small named tuples: cheap to pickle, matched by type).
+
+At start, a process (not a thread, which is handed them directly) first receives
+:class:`Hello`: the ring's name and the :class:`~._config.EngineConfig`. Then:
+
+    consumer -> engine   Fetch(chunks)                    more work, in need order
+                         Release(slot)                    a slot went back to FREE
+                         AskStats()                       ask for statistics
+                         Stop()                           finish and exit
+    engine -> consumer   Started()                        once, when it can fetch
+                                                          (informative; not awaited)
+                         ChunkReady(id, slot, nbytes)     as each chunk completes
+                         ChunkFailed(id, error, trace)    at the chunk's place
+                         Stats(stats)                     the answer to AskStats
+                         Fatal(error, trace)              the engine itself broke
+
+Chunk ids are the consumer's: it numbers the chunks it submits, and the engine answers
+each id exactly once, with :class:`ChunkReady` or :class:`ChunkFailed`, in the order
+downloads finish (the consumer takes them by id, so what it sees never depends on network
+timing). Errors travel pickled, with their traceback as text (:func:`with_remote_cause`
+chains it to the error raised at the consumer). End of file on the connection means the
+other side is gone: the consumer then reports the engine dead; the engine unlinks the
+ring and exits.
+"""
+
+from __future__ import annotations
+
+from typing import Any, NamedTuple
+
+from ..stores._store import ChunkRequest
+from ._config import EngineConfig
+
+__all__ = [
+    "AskStats",
+    "ChunkFailed",
+    "ChunkReady",
+    "Fatal",
+    "Fetch",
+    "FromEngine",
+    "Hello",
+    "Release",
+    "Started",
+    "Stats",
+    "Stop",
+    "ToEngine",
+    "with_remote_cause",
+]
+
+
+class Hello(NamedTuple):
+    """The first message to an engine process: what to attach to and how to fetch."""
+
+    ring_name: str
+    config: EngineConfig
+
+
+# -- consumer to engine -------------------------------------------------------------------
+
+
+class Fetch(NamedTuple):
+    """More chunks to download, ``(id, request)`` each, in the order they will be needed."""
+
+    chunks: list[tuple[int, ChunkRequest]]
+
+
+class Release(NamedTuple):
+    """The consumer put ``slot`` back to FREE (the engine may fill it again)."""
+
+    slot: int
+
+
+class AskStats(NamedTuple):
+    """Ask for the engine's statistics (answered by :class:`Stats`)."""
+
+
+class Stop(NamedTuple):
+    """Cancel what runs, close the stores, and exit."""
+
+
+ToEngine = Fetch | Release | AskStats | Stop
+
+
+# -- engine to consumer -------------------------------------------------------------------
+
+
+class Started(NamedTuple):
+    """The engine's stores are open: it can fetch."""
+
+
+class ChunkReady(NamedTuple):
+    """Chunk ``id`` is READY in ``slot``, ``nbytes`` long."""
+
+    id: int
+    slot: int
+    nbytes: int
+
+
+class ChunkFailed(NamedTuple):
+    """Chunk ``id`` could not be fetched; its slot is FREE again."""
+
+    id: int
+    error: BaseException
+    trace: str
+
+
+class Stats(NamedTuple):
+    """The engine's statistics (:meth:`~._stats.EngineStats.as_dict`)."""
+
+    stats: dict[str, Any]
+
+
+class Fatal(NamedTuple):
+    """The engine itself broke and has stopped."""
+
+    error: BaseException
+    trace: str
+
+
+FromEngine = Started | ChunkReady | ChunkFailed | Stats | Fatal
+
+
+class RemoteTraceback(Exception):
+    """The traceback of an error raised on the engine's side, as text."""
+
+    def __init__(self, tb: str) -> None:
+        super().__init__(tb)
+        self.tb = tb
+
+    def __str__(self) -> str:
+        return f'\n"""\n{self.tb}"""'
+
+
+def with_remote_cause(exc: BaseException, tb: str) -> BaseException:
+    """``exc``, chained to the engine-side traceback ``tb`` it was sent with."""
+    exc.__cause__ = RemoteTraceback(tb)
+    return exc

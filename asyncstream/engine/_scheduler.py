@@ -1,0 +1,341 @@
+"""The scheduler: which chunk downloads run, into which slots, and what each one tells.
+
+It runs in the engine's event loop (:mod:`._server` feeds it the consumer's messages and
+sends what it reports). Backpressure is the ring: a download starts only when a slot is
+FREE and fewer than the concurrency limit run. Downloads start in submission order (the
+order the consumer will need them) and are reported as they finish; the consumer takes
+each chunk by id when it needs it, so what it sees never depends on network timing.
+
+The decisions are the policies' (:mod:`._policies`): the adaptive concurrency limit
+(:class:`~._policies.Aimd`), which waiting chunks ride on one GET
+(:class:`~._policies.Coalescing`), when a slow download gets a second request
+(:class:`~._policies.Hedging`, from :class:`~._policies.LatencyModel`'s prediction), and
+the retry timing (:class:`~asyncstream.stores._retry.RetryPolicy`). This module does the
+I/O they decide: slots, tasks, store reads, retries. It counts in one
+:class:`~._stats.EngineStats`.
+
+Hedged requests: the first to finish is published and the other is cancelled (its
+connection closed, its slot FREE again). The ring has one slot more than asked for, kept
+for hedges (:attr:`~._policies.Hedging.reserve`). A coalesced group is not hedged.
+
+Cache: the S3 store may be a :class:`~._cache.CachedStore`, which serves the chunks it
+holds from local disk into the same slots; the scheduler does not otherwise know about
+it, except that timings of chunks served from the cache do not feed the latency model
+(they say nothing about the store's speed).
+
+Failure: a chunk that fails permanently or outlasts its retries is reported with
+:class:`~._protocol.ChunkFailed` at its place in the order; its slot is FREE again.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import dataclasses
+import random
+import time
+import traceback
+from collections.abc import Callable
+
+from .._exceptions import AsyncStreamError, EngineError
+from ..stores._retry import retrying
+from ..stores._store import ChunkRequest, Store, Timing
+from ._config import EngineConfig
+from ._policies import Aimd, Coalescing, Hedging, LatencyModel
+from ._protocol import ChunkFailed, ChunkReady, FromEngine
+from ._ring import Ring
+from ._stats import EngineStats
+
+__all__ = ["Scheduler"]
+
+
+class Scheduler:
+    """Chunk downloads into the ring, as many at once as the policies allow.
+
+    Args:
+        ring: the ring, attached.
+        config: the engine's settings.
+        store_for: the store that serves a request.
+        send: reports each chunk (:class:`~._protocol.ChunkReady` or
+            :class:`~._protocol.ChunkFailed`) to the consumer.
+    """
+
+    def __init__(
+        self,
+        ring: Ring,
+        config: EngineConfig,
+        *,
+        store_for: Callable[[ChunkRequest], Store],
+        send: Callable[[FromEngine], None],
+    ) -> None:
+        self.ring = ring
+        self.config = config
+        self._store = store_for
+        self._send = send
+        self.stats = EngineStats(limit=config.inflight)
+        self.rng = random.Random(config.seed)
+        self.pending: collections.deque[tuple[int, ChunkRequest]] = collections.deque()
+        self.tasks: set[asyncio.Task[None]] = set()
+        self.active = 0  # chunk downloads running (hedges not counted)
+        self.aimd = Aimd(config.inflight, enabled=config.adaptive)
+        self.latency = LatencyModel()
+        self.hedging = Hedging(
+            enabled=config.hedge, factor=config.hedge_factor, budget=config.hedge_budget
+        )
+        self.coalescing = Coalescing(
+            limit_bytes=config.coalesce_bytes, slot_bytes=ring.slot_bytes, look=2 * config.inflight
+        )
+        self.work = asyncio.Event()
+        self.slot_freed = asyncio.Event()
+        self.capacity = asyncio.Event()
+
+    def submit(self, chunks: list[tuple[int, ChunkRequest]]) -> None:
+        """More chunks to download, after those already waiting."""
+        self.pending.extend(chunks)
+        self.work.set()
+
+    def released(self) -> None:
+        """The consumer put a slot back to FREE."""
+        self.slot_freed.set()
+
+    async def run(self) -> None:
+        """Start downloads as slots and the limit allow, until cancelled; then cancel
+        every download still running and wait for them."""
+        try:
+            await self._schedule()
+        finally:
+            for task in list(self.tasks):
+                task.cancel()
+            await asyncio.gather(*self.tasks, return_exceptions=True)
+
+    async def _schedule(self) -> None:
+        while True:
+            while not self.pending:
+                self.work.clear()
+                await self.work.wait()
+            while self.active >= self.aimd.limit:
+                self.capacity.clear()
+                await self.capacity.wait()
+            slot = await self._free_slot()
+            rid, request = self.pending.popleft()
+            group = [(rid, request, slot), *self._followers(request)]
+            self.active += 1
+            self.stats.requests += 1
+            self.stats.coalesced_chunks += len(group) - 1
+            if len(group) == 1:
+                task = asyncio.create_task(self._fetch(rid, request, slot))
+            else:
+                task = asyncio.create_task(self._fetch_group(group))
+            self.tasks.add(task)
+            task.add_done_callback(self.tasks.discard)
+
+    def _followers(self, first: ChunkRequest) -> list[tuple[int, ChunkRequest, int]]:
+        """Waiting chunks that continue ``first``'s range of its object, each with a free
+        slot: fetched by the same GET (see :class:`~._policies.Coalescing`)."""
+        if not self._store(first).coalesces:
+            return []
+        share = Coalescing.share(
+            free=self.ring.free_count(),
+            held_back=self.hedging.held_back,
+            starts=self.aimd.limit - self.active,
+        )
+        group = []
+        for rid, request in self.coalescing.followers(first, self.pending, share):
+            slot = self.ring.acquire()
+            assert slot is not None  # share counts only FREE slots, and only we take them
+            group.append((rid, request, slot))
+        return group
+
+    async def _free_slot(self) -> int:
+        while True:
+            self.slot_freed.clear()  # before looking, so a release in between is not lost
+            # The hedge reserve: slots a hedge may take that new downloads may not.
+            if self.ring.free_count() > self.hedging.held_back:
+                slot = self.ring.acquire()
+                assert slot is not None
+                return slot
+            await self.slot_freed.wait()
+
+    def _abandon(self, slot: int) -> None:
+        self.ring.abandon(slot)
+        self.slot_freed.set()
+
+    def _on_retry(self, cause: str) -> None:
+        self.stats.retries.update((cause,))
+        if cause == "slowdown" and self.aimd.throttled(self.latency.median_total()):
+            self.stats.throttle_cuts += 1
+            self.stats.concurrency_limit_min = min(
+                self.stats.concurrency_limit_min, self.aimd.limit
+            )
+
+    # -- downloads -------------------------------------------------------------------
+
+    async def _fetch(self, rid: int, request: ChunkRequest, slot: int) -> None:
+        stats = self.stats
+        stats.add_inflight(1)
+        self.hedging.start(1)
+        try:
+            if request.length > self.ring.slot_bytes:
+                self._abandon(slot)
+                raise EngineError(
+                    f"{request.url}: a chunk of {request.length} bytes does not fit a slot of "
+                    f"{self.ring.slot_bytes}"
+                )
+            began = time.monotonic()
+            slot, timing = await self._hedged(request, slot)
+            waited = time.monotonic() - began  # what the consumer saw, hedge or not
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:
+            stats.failed_chunks += 1
+            error = (
+                exc if isinstance(exc, AsyncStreamError) else EngineError(f"{request.url}: {exc!r}")
+            )
+            self._send(ChunkFailed(rid, error, traceback.format_exc()))
+        else:
+            self.ring.publish(slot)
+            stats.handed_over(request.length, request.final)
+            stats.timed(timing.first_byte, max(waited, timing.total))
+            if not timing.cached:
+                self.latency.add(request.length, timing)  # the winner's own timing
+            self.aimd.completed()
+            self._send(ChunkReady(rid, slot, request.length))
+        finally:
+            stats.add_inflight(-1)
+            self.active -= 1
+            self.capacity.set()
+
+    async def _fetch_group(self, group: list[tuple[int, ChunkRequest, int]]) -> None:
+        """Consecutive chunks of one object by one GET (with retries: a failed attempt
+        is taken up again from the first chunk not yet whole); each is handed over the
+        moment its slot is full. Not hedged."""
+        stats = self.stats
+        stats.add_inflight(1)
+        self.hedging.start(len(group))
+        done = 0  # chunks handed over: a prefix of the group
+        began = time.monotonic()
+        first = group[0][1]
+        store = self._store(first)
+
+        def filled(i: int) -> None:
+            nonlocal done
+            rid, request, slot = group[done]
+            self.ring.publish(slot)
+            stats.handed_over(request.length, request.final)
+            self._send(ChunkReady(rid, slot, request.length))
+            done += 1
+
+        async def attempt() -> Timing:
+            rest = group[done:]
+            slots = [self.ring.view(slot) for _, _, slot in rest]
+            views = [
+                whole[: request.length] for whole, (_, request, _) in zip(slots, rest, strict=True)
+            ]
+            merged = dataclasses.replace(
+                first,
+                offset=rest[0][1].offset,
+                length=sum(request.length for _, request, _ in rest),
+                final=rest[-1][1].final,
+            )
+            try:
+                return await store.read_group(merged, views, filled)
+            finally:
+                for view in (*views, *slots):
+                    view.release()
+
+        try:
+            timing = await retrying(
+                attempt,
+                url=first.url,
+                policy=self.config.retry,
+                rng=self.rng,
+                on_retry=self._on_retry,
+            )
+        except asyncio.CancelledError:
+            for _, _, slot in group[done:]:
+                self._abandon(slot)
+            raise
+        except Exception as exc:
+            stats.failed_chunks += len(group) - done
+            error = (
+                exc if isinstance(exc, AsyncStreamError) else EngineError(f"{first.url}: {exc!r}")
+            )
+            trace = traceback.format_exc()
+            for rid, _, slot in group[done:]:
+                self._abandon(slot)
+                self._send(ChunkFailed(rid, error, trace))
+        else:
+            stats.timed(timing.first_byte, time.monotonic() - began)
+            self.aimd.completed()
+        finally:
+            stats.add_inflight(-1)
+            self.active -= 1
+            self.capacity.set()
+
+    async def _download(self, request: ChunkRequest, slot: int) -> Timing:
+        """One chunk into one slot, with retries; the slot stays FILLING either way."""
+        out = self.ring.view(slot)
+        try:
+            store = self._store(request)
+            return await retrying(
+                lambda: store.read_into(request, out),
+                url=request.url,
+                policy=self.config.retry,
+                rng=self.rng,
+                on_retry=self._on_retry,
+            )
+        finally:
+            out.release()
+
+    def _hedge_after(self, request: ChunkRequest) -> float | None:
+        """Seconds after which this chunk gets a hedge, or None for no hedge."""
+        if not self._store(request).hedgeable:
+            return None
+        return self.hedging.delay(self.latency.predict(request.length))
+
+    async def _hedged(self, request: ChunkRequest, slot: int) -> tuple[int, Timing]:
+        """Download into ``slot``; past the hedge time, race a second request.
+
+        Returns the slot that holds the chunk; every other slot used is FREE again.
+        """
+        primary = asyncio.ensure_future(self._download(request, slot))
+        racing: dict[asyncio.Future[Timing], int] = {primary: slot}
+        hedging = False
+        try:
+            after = self._hedge_after(request)
+            if after is not None:
+                await asyncio.wait([primary], timeout=after)
+                if not primary.done() and self.hedging.allowed():
+                    spare = self.ring.acquire()
+                    if spare is not None:
+                        self.stats.hedged += 1
+                        self.hedging.fire()
+                        hedging = True
+                        racing[asyncio.ensure_future(self._download(request, spare))] = spare
+            running = set(racing)
+            while True:
+                done, running = await asyncio.wait(running, return_when=asyncio.FIRST_COMPLETED)
+                winner = next((f for f in done if f.exception() is None), None)
+                if winner is not None or not running:
+                    break
+            if winner is None:
+                # Every request failed: the first one's error tells the story.
+                await asyncio.gather(*racing, return_exceptions=True)
+                for used in racing.values():
+                    self._abandon(used)
+                racing.clear()
+                return slot, primary.result()
+            if winner is not primary:
+                self.stats.hedge_wins += 1
+            won = racing.pop(winner)
+            return won, winner.result()
+        finally:
+            # Losers (and everything, when cancelled): stop them, free their slots.
+            for future in racing:
+                future.cancel()
+            if racing:
+                await asyncio.gather(*racing, return_exceptions=True)
+            for used in racing.values():
+                self._abandon(used)  # FILLING, never published, whether it finished or not
+            if hedging:
+                self.hedging.finished()

@@ -1,0 +1,205 @@
+"""The engine's side of the connection: it opens the stores, runs the
+:class:`~._scheduler.Scheduler` in an event loop (uvloop where installed), and speaks the
+protocol of :mod:`._protocol`.
+
+:func:`run_engine` is the entry point in the engine's thread (``mode="thread"``) and in
+its own process, where :func:`serve` (``python -m asyncstream.engine FD``) first reads the
+:class:`~._protocol.Hello`. A blocking reader thread hands each message to the loop. End
+of file on the connection (the consumer was killed) makes the engine unlink the ring and
+exit: nobody else will. The ring otherwise belongs to the consumer, whose resource
+tracker also removes it if the consumer is killed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import signal
+import threading
+import traceback
+from multiprocessing.connection import Connection
+
+from ..shards._urls import scheme_of
+from ..stores._localstore import LocalStore
+from ..stores._s3 import S3Options
+from ..stores._s3store import S3Store
+from ..stores._store import ChunkRequest, Store
+from ._cache import CachedStore
+from ._config import EngineConfig
+from ._protocol import (
+    AskStats,
+    Fatal,
+    Fetch,
+    FromEngine,
+    Hello,
+    Release,
+    Started,
+    Stats,
+    Stop,
+    ToEngine,
+)
+from ._ring import Ring
+from ._scheduler import Scheduler
+
+__all__ = ["run_engine", "serve"]
+
+
+def _store_key(number: int) -> str:
+    """The key of S3 store ``number`` (0: ``EngineConfig.s3``, n: ``s3_extra[n - 1]``)."""
+    return "s3" if number == 0 else f"s3:{number}"
+
+
+class _Server:
+    """The engine side: runs inside the engine's own event loop."""
+
+    def __init__(
+        self, conn: Connection, ring_name: str, config: EngineConfig, foreign: bool
+    ) -> None:
+        self.conn = conn
+        self.foreign = foreign
+        self.ring_name = ring_name
+        self.config = config
+        self.orphaned = False
+        self.stores: dict[str, Store] = {}
+        self.scheduler: Scheduler | None = None
+
+    async def run(self) -> None:
+        loop = asyncio.get_running_loop()
+        self.stop = asyncio.Event()
+        self.ring = Ring.attach(self.ring_name, foreign=self.foreign)
+        try:
+            self.scheduler = Scheduler(
+                self.ring, self.config, store_for=self._store, send=self._send
+            )
+            # A blocking reader thread, not loop.add_reader: the event loop would make the
+            # pipe non-blocking, and a large message could then be read half-way.
+            reader = threading.Thread(
+                target=self._read_control, args=(loop,), name="asyncstream-control", daemon=True
+            )
+            reader.start()
+            self.stores = {"file": LocalStore()}
+            try:
+                for number, options in enumerate((self.config.s3, *self.config.s3_extra)):
+                    await self._open_s3(_store_key(number), options)
+                self._send(Started())
+                scheduling = asyncio.create_task(self.scheduler.run())
+                await self.stop.wait()
+                scheduling.cancel()
+                await asyncio.gather(scheduling, return_exceptions=True)
+            finally:
+                for store in self.stores.values():
+                    await store.aclose()
+        finally:
+            if self.orphaned:
+                self.ring.unlink()  # the consumer died: nobody else will
+            self.ring.close()
+
+    async def _open_s3(self, key: str, options: S3Options) -> None:
+        """Open the S3 store of one endpoint's options as ``stores[key]``, behind the
+        cache where there is one (kept in ``stores`` from the start, so it is closed with
+        the others if opening fails)."""
+        s3 = S3Store(
+            options,
+            timeouts=self.config.timeouts,
+            check_etag=self.config.check_etag,
+            connections=max(self.config.inflight * 2, 4),
+            transport=self.config.transport,
+        )
+        self.stores[key] = s3
+        await s3.open()
+        if self.config.cache_dir is not None:  # local files need no cache
+            cache = CachedStore(
+                s3,
+                self.config.cache_dir,
+                grid=self.ring.slot_bytes,
+                limit=self.config.cache_limit,
+            )
+            self.stores[key] = await cache.open()
+
+    def _store(self, request: ChunkRequest) -> Store:
+        scheme = scheme_of(request.url)
+        return self.stores[_store_key(request.store) if scheme == "s3" else scheme]
+
+    def _read_control(self, loop: asyncio.AbstractEventLoop) -> None:
+        """Reader thread: hand each control message to the loop; stop at Stop or EOF."""
+        while True:
+            try:
+                message: ToEngine | None = self.conn.recv()
+            except (EOFError, OSError):
+                message = None  # the consumer is gone
+            try:
+                loop.call_soon_threadsafe(self._handle, message)
+            except RuntimeError:  # the loop is closed: the engine has finished
+                return
+            if message is None or isinstance(message, Stop):
+                return
+
+    def _handle(self, message: ToEngine | None) -> None:
+        assert self.scheduler is not None
+        if isinstance(message, Fetch):
+            self.scheduler.submit(message.chunks)
+        elif isinstance(message, Release):
+            self.scheduler.released()
+        elif isinstance(message, AskStats):
+            self._send(Stats(self._stats()))
+        elif isinstance(message, Stop):
+            self.stop.set()
+        else:  # None: end of file, the consumer is gone
+            self.orphaned = True
+            self.stop.set()
+
+    def _stats(self) -> dict[str, object]:
+        assert self.scheduler is not None
+        extra = [self.stores[_store_key(n + 1)] for n in range(len(self.config.s3_extra))]
+        return self.scheduler.stats.as_dict(
+            concurrency_limit=self.scheduler.aimd.limit,
+            store=self.stores["s3"].stats(),
+            endpoints=[store.stats() for store in extra],  # in the order of s3_extra
+            tasks=len(asyncio.all_tasks()),
+        )
+
+    def _send(self, message: FromEngine) -> None:
+        try:
+            self.conn.send(message)
+        except (BrokenPipeError, EOFError, OSError):
+            self.orphaned = True
+            self.stop.set()
+
+
+def run_engine(conn: Connection, ring_name: str, config: EngineConfig, foreign: bool) -> None:
+    """Run the engine until it is stopped, in the engine's process or thread.
+
+    Args:
+        conn: the engine's end of the connection to the consumer.
+        ring_name: the ring to attach.
+        config: the engine's settings.
+        foreign: the ring was created by another process (whose resource tracker owns it).
+    """
+    server = _Server(conn, ring_name, config, foreign)
+    try:
+        try:
+            import uvloop
+        except ImportError:  # pragma: no cover - uvloop is a dependency on Linux and macOS
+            asyncio.run(server.run())
+        else:
+            uvloop.run(server.run())
+    except BaseException as exc:
+        with contextlib.suppress(Exception):
+            conn.send(Fatal(exc, traceback.format_exc()))
+        if not isinstance(exc, Exception):
+            raise
+    finally:
+        conn.close()
+
+
+def serve(fd: int) -> None:
+    """``python -m asyncstream.engine FD``: the engine process (:mod:`.__main__`)."""
+    # Ctrl-C reaches the whole process group; the consumer stops the engine (or its pipe
+    # closes when the consumer dies), so the engine itself ignores it.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    conn = Connection(fd)
+    try:
+        hello: Hello = conn.recv()
+    except (EOFError, OSError):
+        return  # the consumer died before it sent anything
+    run_engine(conn, hello.ring_name, hello.config, True)
