@@ -29,6 +29,7 @@ from ._exceptions import (
 )
 
 if TYPE_CHECKING:
+    from ._config import CacheConfig, FetchConfig, IndexConfig, OrderConfig
     from .dataset._resolve import resolve_shards
     from .dataset._sources import Source
     from .order._mixquality import MixingQuality, mixing_quality
@@ -49,16 +50,20 @@ __version__ = "0.1.0"
 __all__ = [
     "AccessDeniedError",
     "AsyncStreamError",
+    "CacheConfig",
     "CorruptTarError",
     "DataError",
     "DecodeError",
     "EngineError",
+    "FetchConfig",
     "FetchError",
+    "IndexConfig",
     "IndexResult",
     "LocalS3",
     "MappedStream",
     "MixingQuality",
     "NotFoundError",
+    "OrderConfig",
     "PackResult",
     "PackedShard",
     "PermanentFetchError",
@@ -92,6 +97,10 @@ __all__ = [
 
 # Where each name lives: loaded on first use (see the module docstring).
 _LAZY = {
+    "CacheConfig": "_config",
+    "FetchConfig": "_config",
+    "IndexConfig": "_config",
+    "OrderConfig": "_config",
     "IndexResult": "packing._indexer",
     "index_dataset": "packing._indexer",
     "ShardLoader": "stream._loader",

@@ -31,7 +31,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from asyncstream import LocalS3, index_dataset
+from asyncstream import FetchConfig, LocalS3, index_dataset
 from asyncstream.dataset._count import CountProgress, CountSettings
 from asyncstream.testing import generate_imagefolder
 
@@ -104,7 +104,9 @@ def main() -> None:
         total = sum(p.stat().st_size for p in paths)
         out["dataset"] = f"{images} JPEGs in {n_shards} webdataset shards, {total / MB:.0f} MB"
         options = replace(server.options(), endpoint_url=proxy.endpoint_url)
-        settings = CountSettings(inflight=INFLIGHT, chunk_bytes=CHUNK, s3=options)
+        settings = CountSettings(
+            fetch=FetchConfig(inflight=INFLIGHT, chunk_bytes=CHUNK), s3=options
+        )
         raws, indexes, walls = [], [], []
         for rep in range(args.repeat):
             raws.append(raw_fetch(url, options, CHUNK, INFLIGHT, INFLIGHT)["MB/s"])

@@ -82,12 +82,12 @@ def mid_epoch_state(stream: ShardStream) -> dict[str, Any]:
     lanes = []
     for piece in range(WINDOW):
         count = settings.counts[piece]
-        per_chunk = max(1, count * settings.slot_bytes // settings.shards[piece].size)
+        per_chunk = max(1, count * settings.chunk_bytes // settings.shards[piece].size)
         first = count - per_chunk
         lanes.append(
             {
                 "piece": piece,
-                "chunk": first * SAMPLE_BYTES // settings.slot_bytes,
+                "chunk": first * SAMPLE_BYTES // settings.chunk_bytes,
                 "reader_start": 0,
                 "returned_before": first,
                 "returned": count,

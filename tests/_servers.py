@@ -9,15 +9,12 @@ check the epoch is exact.
 
 from __future__ import annotations
 
-import functools
 import tarfile
 from collections import Counter
 from collections.abc import Iterable
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
-
-import pytest
 
 from asyncstream import RetryPolicy, S3Credentials, S3Options, Timeouts
 from asyncstream.stores._s3 import sync_client
@@ -35,7 +32,6 @@ __all__ = [
     "assert_exact_epoch",
     "open_stream",
     "upload_foreign",
-    "use_transport",
 ]
 
 FAST_RETRY = RetryPolicy(max_attempts=12, base_delay=0.005, max_delay=0.05, deadline=60)
@@ -126,35 +122,26 @@ def upload_foreign(client: Any, bucket: str, folder: Path, n_shards: int, **kwar
     return Dataset(bucket, shards, blobs, _samples(paths))
 
 
-def use_transport(monkeypatch: pytest.MonkeyPatch, transport: str) -> None:
-    """Make the engines of ShardStreams opened from now on take ``transport``.
+def open_stream(
+    dataset: Dataset, options: S3Options, *, transport: str = "auto", **kwargs: Any
+) -> ShardStream:
+    """A ShardStream over the whole dataset: small chunks (many requests), fast retries,
+    the engine on ``transport``; ``kwargs`` are ShardStream's flat settings."""
+    from asyncstream import FetchConfig, ShardStream
 
-    ShardStream has no transport argument (EngineConfig has): the stream's run builds
-    its EngineConfig through this name, which gets the transport bound here.
-    """
-    import asyncstream.stream._run  # imports PyTorch: only in the tests that stream
-    from asyncstream.engine._engine import EngineConfig
-
-    bound = functools.partial(EngineConfig, transport=transport)  # type: ignore[arg-type]
-    monkeypatch.setattr(asyncstream.stream._run, "EngineConfig", bound)
-
-
-def open_stream(dataset: Dataset, options: S3Options, **kwargs: Any) -> ShardStream:
-    """A ShardStream over the whole dataset: small chunks (many requests), fast retries."""
-    from asyncstream import ShardStream
-
+    fetching = {"inflight": 4, "chunk_bytes": 16 << 10, "retry": FAST_RETRY, "timeouts": SHORT}
+    for name in ("inflight", "chunk_bytes", "retry", "timeouts", "check_etag", "hedge"):
+        if name in kwargs:
+            fetching[name] = kwargs.pop(name)
+    fetch = FetchConfig(**fetching, transport=transport)
     settings: dict[str, Any] = {
         "s3": options,
         "samples_per_shard": dataset.shards.counts,
-        "inflight": 4,
         "window": 4,
-        "chunk_bytes": 16 << 10,
-        "retry": FAST_RETRY,
-        "timeouts": SHORT,
         "seed": 3,
         **kwargs,
     }
-    return ShardStream(dataset.prefix, **settings)
+    return ShardStream(dataset.prefix, fetch=fetch, **settings)
 
 
 def assert_exact_epoch(samples: list[dict[str, Any]], dataset: Dataset) -> None:

@@ -7,11 +7,16 @@ that ``pack`` did not write.
 
 from __future__ import annotations
 
-from dataclasses import replace
-
 import pytest
 
-from asyncstream import LocalS3, NotFoundError, S3Options, ShardStream, resolve_shards
+from asyncstream import (
+    FetchConfig,
+    LocalS3,
+    NotFoundError,
+    S3Options,
+    ShardStream,
+    resolve_shards,
+)
 from asyncstream.engine._engine import Engine, EngineConfig
 from asyncstream.testing import FaultProxy
 from tests._foreign import ForeignShards, write_foreign_shards
@@ -157,13 +162,10 @@ def test_a_stream_of_small_chunks_coalesces_and_stays_exact(
             "s3://coalesce/c/",
             s3=S3Options(endpoint_url=proxy.endpoint_url),
             samples_per_shard=shards.counts,
-            chunk_bytes=CHUNK,
             window=3,
-            inflight=4,
             seed=2,
-            hedge=False,
+            fetch=FetchConfig(chunk_bytes=CHUNK, inflight=4, hedge=False, coalesce_bytes=coalesce),
         ) as stream:
-            stream._settings = replace(stream._settings, coalesce_bytes=coalesce)
             keys = [s["__key__"] for s in stream]
         return keys, shard_gets(proxy) - before
 

@@ -19,7 +19,15 @@ import pytest
 from _foreign import foreign_shards, upload
 from _torchrun import torchrun
 
-from asyncstream import CorruptTarError, LocalS3, RetryPolicy, S3Options, Timeouts, resolve_shards
+from asyncstream import (
+    CorruptTarError,
+    FetchConfig,
+    LocalS3,
+    RetryPolicy,
+    S3Options,
+    Timeouts,
+    resolve_shards,
+)
 from asyncstream.dataset._count import CountProgress, CountSettings, count_shards
 from asyncstream.dataset._index_cache import IndexCache
 from asyncstream.testing import FaultPlan, FaultProxy
@@ -51,7 +59,7 @@ def test_every_shard_is_read_once_in_chunks_and_counted(
         shards = resolve_shards(dataset["url"], options)
         seen: list[tuple[str, int]] = []
         reports: list[CountProgress] = []
-        settings = CountSettings(inflight=3, chunk_bytes=4096, s3=options)
+        settings = CountSettings(fetch=FetchConfig(inflight=3, chunk_bytes=4096), s3=options)
         before = len(proxy.requests())
         counted = count_shards(
             shards,
@@ -81,7 +89,8 @@ def test_counting_reads_through_ten_percent_faulted_gets(
         options = proxied(s3_server, proxy)
         shards = resolve_shards(dataset["url"], options)
         settings = CountSettings(
-            inflight=4, chunk_bytes=4096, s3=options, retry=FAST_RETRY, timeouts=SHORT
+            fetch=FetchConfig(inflight=4, chunk_bytes=4096, retry=FAST_RETRY, timeouts=SHORT),
+            s3=options,
         )
         counted = count_shards(shards, settings)
         faults = proxy.stats()
@@ -102,7 +111,10 @@ def test_a_corrupt_shard_is_named_with_its_offset(
     s3_client.put_object(Bucket=bucket, Key="bad.tar", Body=bytes(bad))
     shards = resolve_shards(f"s3://{bucket}/bad.tar", s3_server.options())
     with pytest.raises(CorruptTarError) as info:
-        count_shards(shards, CountSettings(inflight=2, chunk_bytes=1024, s3=s3_server.options()))
+        count_shards(
+            shards,
+            CountSettings(fetch=FetchConfig(inflight=2, chunk_bytes=1024), s3=s3_server.options()),
+        )
     assert info.value.url == f"s3://{bucket}/bad.tar"
     assert info.value.offset == offset
     assert f"s3://{bucket}/bad.tar" in str(info.value)

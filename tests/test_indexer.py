@@ -19,6 +19,7 @@ import pytest
 from _foreign import Foreign, foreign_shards, upload
 
 from asyncstream import (
+    FetchConfig,
     LocalS3,
     S3Options,
     ShardStream,
@@ -100,7 +101,7 @@ def test_an_interrupted_index_resumes_without_rereading_finished_shards(
     s3_server: LocalS3, bucket: str, shards: list[Foreign], proxy: FaultProxy, tmp_path: Path
 ) -> None:
     options = options_for(s3_server, proxy)
-    settings = CountSettings(inflight=1, chunk_bytes=8192, s3=options)
+    settings = CountSettings(fetch=FetchConfig(inflight=1, chunk_bytes=8192), s3=options)
     url, cache = f"s3://{bucket}/raw/", tmp_path / "cache"
     with pytest.raises(KeyboardInterrupt):
         index_dataset(

@@ -35,7 +35,6 @@ from _servers import (
     assert_exact_epoch,
     open_stream,
     upload_foreign,
-    use_transport,
 )
 
 from asyncstream import (
@@ -58,9 +57,8 @@ def scheme(request: pytest.FixtureRequest) -> str:
 
 
 @pytest.fixture(params=["auto", "aiohttp"])
-def transport(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
-    """The transport of the engines of the streams the test opens."""
-    use_transport(monkeypatch, str(request.param))
+def transport(request: pytest.FixtureRequest) -> str:
+    """The transport of the engines of the streams the test opens (``FetchConfig``)."""
     return str(request.param)
 
 
@@ -96,7 +94,9 @@ def test_exact_epoch_through_faults(
         # One of each for sure, on top of the seeded rates; a stall of an hour, too.
         for shard, kind in enumerate(["slowdown", "internal_error", "reset", "truncate", "stall"]):
             proxy.inject(kind, match=dataset.name(shard), method="GET")
-        with open_stream(dataset, backend.options(proxy.endpoint_url)) as stream:
+        with open_stream(
+            dataset, backend.options(proxy.endpoint_url), transport=transport
+        ) as stream:
             samples = list(stream)
             fetch = stream.stats()["fetch"]
         injected = proxy.stats()
@@ -118,7 +118,7 @@ def test_exact_epoch_from_the_server_itself(
 ) -> None:
     """No proxy: the server's own HTTP or TLS listener (werkzeug's, Node's)."""
     options = backend.options(backend.endpoint(scheme))
-    with open_stream(dataset, options) as stream:
+    with open_stream(dataset, options, transport=transport) as stream:
         samples = list(stream)
         fetch = stream.stats()["fetch"]
     assert_exact_epoch(samples, dataset)
@@ -141,7 +141,7 @@ def test_403_and_404_are_permanent_at_once(
         with proxy_for(backend, scheme, certs) as proxy:
             options = backend.options(proxy.endpoint_url)
             proxy.inject("status", status=status, match=dataset.name(2), method="GET")
-            with open_stream(dataset, options, shuffle=False) as stream:
+            with open_stream(dataset, options, transport=transport, shuffle=False) as stream:
                 started = time.monotonic()
                 with pytest.raises(error) as info:
                     list(stream)
@@ -157,7 +157,7 @@ def test_an_object_deleted_after_listing_is_not_found_at_once(
 ) -> None:
     """The server's own 404 (moto's and s3rver's NoSuchKey documents), no proxy."""
     options = backend.options(backend.endpoint(scheme))
-    with open_stream(dataset, options, shuffle=False) as stream:
+    with open_stream(dataset, options, transport=transport, shuffle=False) as stream:
         backend.client().delete_object(Bucket=dataset.bucket, Key=dataset.name(1))
         with pytest.raises(NotFoundError, match="not found") as info:
             list(stream)
@@ -177,7 +177,9 @@ def test_a_replaced_object_is_permanent_at_once(
     strip = ("if-match",) if via != "server" else ()
     with proxy_for(backend, scheme, certs, strip_request_headers=strip) as proxy:
         endpoint = backend.endpoint(scheme) if via == "server" else proxy.endpoint_url
-        with open_stream(dataset, backend.options(endpoint), shuffle=False) as stream:
+        with open_stream(
+            dataset, backend.options(endpoint), transport=transport, shuffle=False
+        ) as stream:
             old = dataset.blobs[dataset.url(3)]
             new = bytes(b ^ 0xFF for b in old)  # same length, another ETag
             backend.client().put_object(Bucket=dataset.bucket, Key=dataset.name(3), Body=new)
@@ -201,7 +203,9 @@ def test_a_resized_object_is_permanent_without_the_etag_check(
     differing from the listed size still says the object changed."""
     with proxy_for(backend, "https", certs) as proxy:
         options = backend.options(proxy.endpoint_url)
-        with open_stream(dataset, options, shuffle=False, check_etag=False) as stream:
+        with open_stream(
+            dataset, options, transport=transport, shuffle=False, check_etag=False
+        ) as stream:
             grown = dataset.blobs[dataset.url(0)] + bytes(1024)
             backend.client().put_object(Bucket=dataset.bucket, Key=dataset.name(0), Body=grown)
             with pytest.raises(PermanentFetchError, match="its size is") as info:

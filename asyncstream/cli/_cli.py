@@ -198,11 +198,13 @@ def _cmd_ls(args: argparse.Namespace) -> int:
 
 
 def _cmd_index(args: argparse.Namespace) -> int:
+    from .._config import FetchConfig
     from ..dataset._count import CountSettings
     from ..packing._indexer import index_dataset
 
     options = _options(args)
-    settings = CountSettings(inflight=args.inflight, chunk_bytes=args.chunk_bytes, s3=options)
+    fetch = FetchConfig(inflight=args.inflight, chunk_bytes=args.chunk_bytes)
+    settings = CountSettings(fetch=fetch, s3=options)
     try:
         with _count_bar(not args.no_progress, "indexing") as update:
             result = index_dataset(

@@ -26,15 +26,16 @@ import sys
 import time
 from collections import deque
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field
 from typing import Any, Literal
 
+from .._config import FetchConfig
 from .._exceptions import AsyncStreamError, EngineError
-from ..engine._engine import Engine, EngineConfig
+from ..engine._configure import engine_config
+from ..engine._engine import Engine
 from ..shards._compressed import open_reader
 from ..shards._tar import check_not_empty
 from ..shards._urls import Shard
-from ..stores._retry import RetryPolicy, Timeouts
 from ..stores._s3 import S3Options
 from ..stores._store import ChunkRequest
 
@@ -52,33 +53,16 @@ _PROGRESS_EVERY_S = 0.25  # engine statistics (retries) asked at most this often
 
 @dataclass(frozen=True, kw_only=True)
 class CountSettings:
-    """How shards are read to be counted: the fetch engine's settings, as a stream's.
+    """How shards are read to be counted: with a stream's fetch settings.
 
     Args:
-        inflight: K, chunk downloads in flight.
-        chunk_bytes: bytes per ranged GET (capped at the largest shard).
+        fetch: how chunks are fetched (inflight, chunk size, retries, timeouts, ETag
+            checks, adaptive concurrency, hedging, transport).
         s3: how to reach the store.
-        retry: retries of one chunk.
-        timeouts: time limits of one attempt.
-        check_etag: require every chunk to come from the listed object version.
-        adaptive: cut concurrency on throttling and grow it back.
-        hedge: a second request for a chunk far slower than recent ones.
     """
 
-    inflight: int = 8
-    chunk_bytes: int = 16 << 20
+    fetch: FetchConfig = field(default_factory=FetchConfig)
     s3: S3Options = field(default_factory=S3Options)
-    retry: RetryPolicy = field(default_factory=RetryPolicy)
-    timeouts: Timeouts = field(default_factory=Timeouts)
-    check_etag: bool = True
-    adaptive: bool = True
-    hedge: bool = True
-
-    def __post_init__(self) -> None:
-        for name in ("inflight", "chunk_bytes"):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise ValueError(f"{name} must be an integer >= 1, got {value!r}")
 
 
 @dataclass(frozen=True)
@@ -146,11 +130,9 @@ def count_shards(
         return Counted([], 0, 0.0, 0)
     for shard in shards:
         check_not_empty(shard.url, shard.size)  # an empty object has no chunk to count
-    slot = max(1, min(settings.chunk_bytes, max(s.size for s in shards)))
-    n_slots = 2 * settings.inflight
-    # Every setting but the chunk size is the engine's own, under the same name.
-    reading = {f.name: getattr(settings, f.name) for f in fields(settings)}
-    config = EngineConfig(**{k: v for k, v in reading.items() if k != "chunk_bytes"})
+    slot = settings.fetch.chunk_for(max(s.size for s in shards))
+    n_slots = 2 * settings.fetch.inflight
+    config = engine_config(settings.fetch, s3=settings.s3)
     # DataLoader workers are daemonic and may not start processes.
     mode: Literal["thread", "process"] = (
         "thread" if multiprocessing.current_process().daemon else "process"

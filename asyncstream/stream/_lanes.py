@@ -8,7 +8,7 @@ a lane needs one), takes them when the shuffle needs them, indexes them in place
 hands each slot back as soon as its lane moves on.
 
 Chunks of a piece: a piece starts reading at byte ``offset`` (0 for a fresh plan), so
-its first chunk runs from there to the next multiple of ``slot_bytes`` and every later
+its first chunk runs from there to the next multiple of ``chunk_bytes`` and every later
 chunk is aligned: ``[(k + j) * slot, (k + j + 1) * slot)`` for ``k = offset // slot``.
 Aligned chunks are what every reader of the shard asks for, so the numbering of a piece
 that starts at 0 is the shard's own. A compressed shard's pieces all start at stored byte
@@ -47,9 +47,9 @@ def fetch_offset(piece: Piece, shard: Shard) -> int:
     return fetch_start(shard.url, piece.offset)
 
 
-def chunk_count(piece: Piece, shard: Shard, slot_bytes: int) -> int:
+def chunk_count(piece: Piece, shard: Shard, chunk_bytes: int) -> int:
     """Chunks a piece reads when it runs to its shard's end."""
-    return max(1, math.ceil(shard.size / slot_bytes) - fetch_offset(piece, shard) // slot_bytes)
+    return max(1, math.ceil(shard.size / chunk_bytes) - fetch_offset(piece, shard) // chunk_bytes)
 
 
 @dataclass
@@ -61,7 +61,7 @@ class LaneReader:
     shard: Shard
     reader: ShardReader | CompressedReader
     count: int  # samples in the whole shard
-    slot_bytes: int
+    chunk_bytes: int
     chunk: int = -1  # the resident chunk, numbered from the piece's first
     returned: int = 0  # in-shard index of the next sample the reader returns
     returned_before: int = 0  # ... before the resident chunk was fed
@@ -73,7 +73,7 @@ class LaneReader:
 
     @property
     def n_chunks(self) -> int:
-        return chunk_count(self.piece, self.shard, self.slot_bytes)
+        return chunk_count(self.piece, self.shard, self.chunk_bytes)
 
     @property
     def to_end(self) -> bool:
@@ -88,7 +88,7 @@ class LaneReader:
     def chunk_range(self, chunk: int) -> tuple[int, int]:
         """``(offset, length)`` of the piece's chunk number ``chunk``."""
         first = fetch_offset(self.piece, self.shard)
-        slot, base = self.slot_bytes, first // self.slot_bytes
+        slot, base = self.chunk_bytes, first // self.chunk_bytes
         start = first if chunk == 0 else (base + chunk) * slot
         end = min((base + chunk + 1) * slot, self.shard.size)
         return start, end - start
@@ -132,7 +132,7 @@ class ChunkReader:
             shard,
             open_reader(shard.url, shard.size, piece.offset),
             self.settings.counts[piece.shard],
-            self.settings.slot_bytes,
+            self.settings.chunk_bytes,
             returned=piece.index0,
             returned_before=piece.index0,
             reader_start=piece.offset,
@@ -143,7 +143,7 @@ class ChunkReader:
         piece = self.pieces[position]
         shard = self.settings.shards[piece.shard]
         first = fetch_offset(piece, shard)
-        slot, base = self.settings.slot_bytes, first // self.settings.slot_bytes
+        slot, base = self.settings.chunk_bytes, first // self.settings.chunk_bytes
         start = first if chunk == 0 else (base + chunk) * slot
         end = min((base + chunk + 1) * slot, shard.size)
         return ChunkRequest(
@@ -209,7 +209,7 @@ class ChunkReader:
         offset = fetch_start(lane.shard.url, saved.reader_start)
         engine = self.engine()
         while offset < chunk_start:  # the carried sample's earlier bytes (compressed: all)
-            length = min(self.settings.slot_bytes, chunk_start - offset)
+            length = min(self.settings.chunk_bytes, chunk_start - offset)
             (rid,) = engine.submit(
                 [
                     ChunkRequest(

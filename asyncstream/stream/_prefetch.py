@@ -36,7 +36,7 @@ def soonest(
     upcoming: Sequence[tuple[int, Piece, Shard, int]],
     *,
     window: int,
-    slot_bytes: int,
+    chunk_bytes: int,
     budget: int,
 ) -> list[tuple[int, int]]:
     """The ``budget`` chunks needed soonest, as ``(piece position, chunk)``, soonest first.
@@ -46,7 +46,7 @@ def soonest(
         upcoming: the pieces still to open, in plan order: ``(position, piece, shard,
             samples in the whole shard)``; only the first ``budget`` matter.
         window: the most lanes open at once.
-        slot_bytes: bytes per chunk.
+        chunk_bytes: bytes per chunk.
         budget: how many chunks to name.
     """
     streams: list[Iterator[tuple[float, int, int]]] = []
@@ -64,7 +64,7 @@ def soonest(
     heapq.heapify(finish)
     for position, piece, shard, count in upcoming[:budget]:
         t = heapq.heappop(finish)
-        n_chunks = chunk_count(piece, shard, slot_bytes)
+        n_chunks = chunk_count(piece, shard, chunk_bytes)
         last = n_chunks if piece.stop == count else 1
         per = (count - piece.index0) / n_chunks
         streams.append(_chunk_needs(t, position, 0, last, per))

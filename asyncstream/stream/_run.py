@@ -34,7 +34,7 @@ from collections.abc import Iterator
 from typing import Any, Literal
 
 from .._exceptions import AsyncStreamError, StateError
-from ..engine._engine import Engine, EngineConfig
+from ..engine._engine import Engine
 from ..order._mix import Blend
 from ..order._plan import Piece, Topology
 from ..order._shuffle import Lane, Need, WindowShuffle, mix_key
@@ -141,26 +141,15 @@ class EpochRun(Iterator[dict[str, Any]]):
     def _engine(self) -> Engine:
         if self.engine is None:
             s = self.settings
-            config = EngineConfig(
-                inflight=s.inflight,
-                retry=s.retry,
-                timeouts=s.timeouts,
-                check_etag=s.check_etag,
-                adaptive=s.adaptive,
-                hedge=s.hedge,
-                s3=s.s3,
-                s3_extra=s.s3_extra,
-                cache_dir=s.cache_dir,
-                cache_limit=s.cache_limit,
-                coalesce_bytes=s.coalesce_bytes,
-                seed=mix_key(s.seed, self.epoch, self.topology.rank, self.topology.worker),
+            config = s.engine_config(
+                mix_key(s.seed, self.epoch, self.topology.rank, self.topology.worker)
             )
             # DataLoader workers are daemonic and may not start processes.
             mode: Literal["thread", "process"] = (
                 "thread" if multiprocessing.current_process().daemon else "process"
             )
             self.engine = Engine(
-                config, n_slots=s.lanes + s.prefetch_slots, slot_bytes=s.slot_bytes, mode=mode
+                config, n_slots=s.lanes + s.prefetch_slots, slot_bytes=s.chunk_bytes, mode=mode
             )
         return self.engine
 
@@ -188,7 +177,7 @@ class EpochRun(Iterator[dict[str, Any]]):
             [(lane.remaining, self._lane(lane)) for lane in self.shuffle.lanes],
             upcoming,
             window=self.shuffle.window,
-            slot_bytes=s.slot_bytes,
+            chunk_bytes=s.chunk_bytes,
             budget=budget,
         )
         fresh = [key for key in wanted if key not in self.reader.requested][:room]

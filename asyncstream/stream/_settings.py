@@ -10,13 +10,15 @@ from __future__ import annotations
 import bisect
 import functools
 import hashlib
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field
 from typing import Literal
 
+from .._config import FetchConfig, OrderConfig
 from ..dataset._count import CountSettings
+from ..engine._configure import engine_config
+from ..engine._engine import EngineConfig
 from ..order._mix import SourcePlan
 from ..shards._urls import Shard
-from ..stores._retry import RetryPolicy, Timeouts
 from ..stores._s3 import S3Options
 
 __all__ = ["StreamSettings"]
@@ -24,29 +26,39 @@ __all__ = ["StreamSettings"]
 
 @dataclass(frozen=True, kw_only=True)
 class StreamSettings:
-    """Everything that decides an epoch's order and how it is fetched."""
+    """A stream's dataset and its settings: what decides an epoch's order (``order``)
+    and how it is fetched (``fetch``, ``cache``), each group whole."""
 
     shards: tuple[Shard, ...]
     counts: tuple[int, ...]
-    window: int
-    inflight: int
-    prefetch: int
-    chunk_bytes: int
-    shuffle: bool
-    seed: int
-    mode: Literal["samples", "shards"]
-    remainder: Literal["drop", "pad"]
+    order: OrderConfig
+    fetch: FetchConfig = field(default_factory=FetchConfig)
     s3: S3Options
-    retry: RetryPolicy = field(default_factory=RetryPolicy)
-    timeouts: Timeouts = field(default_factory=Timeouts)
-    check_etag: bool = True
-    adaptive: bool = True
-    hedge: bool = True
-    cache_dir: str | None = None
+    cache_dir: str | None = None  # validated, absolute (``CacheConfig.path``)
     cache_limit: int | None = None
-    coalesce_bytes: int = 8 << 20
     sources: tuple[SourcePlan, ...] = ()  # a mixed stream's sources (:mod:`._mix`)
     s3_extra: tuple[S3Options, ...] = ()  # the sources' other S3 endpoints
+
+    # The order settings, read by the plan, the shuffle and the state.
+    @property
+    def window(self) -> int:
+        return self.order.window
+
+    @property
+    def shuffle(self) -> bool:
+        return self.order.shuffle
+
+    @property
+    def seed(self) -> int:
+        return self.order.seed
+
+    @property
+    def mode(self) -> Literal["samples", "shards"]:
+        return self.order.mode
+
+    @property
+    def remainder(self) -> Literal["drop", "pad"]:
+        return self.order.remainder
 
     def fingerprint(self) -> str:
         """Identifies the dataset: URLs, sizes, ETags and sample counts."""
@@ -89,10 +101,10 @@ class StreamSettings:
         smaller. The same number sizes the ring's prefetch slots: every requested chunk
         fits at once, so a chunk a lane waits for never queues behind prefetched ones."""
         chunks = sum(
-            n * -(-s.size // self.slot_bytes)
+            n * -(-s.size // self.chunk_bytes)
             for s, n in zip(self.shards, self._passes, strict=True)
         )
-        return max(1, min(self.prefetch, chunks))
+        return max(1, min(self.fetch.prefetch_chunks, chunks))
 
     @functools.cached_property
     def _source_starts(self) -> list[int]:
@@ -111,13 +123,25 @@ class StreamSettings:
     @property
     def ring_bytes(self) -> int:
         """Shared memory of one reader's ring: lane, prefetch and hedge slots."""
-        return (self.lanes + self.prefetch_slots + int(self.hedge)) * self.slot_bytes
+        return (self.lanes + self.prefetch_slots + self.fetch.hedge_slots) * self.chunk_bytes
 
-    @property
-    def slot_bytes(self) -> int:
-        return max(1, min(self.chunk_bytes, max((s.size for s in self.shards), default=1)))
+    @functools.cached_property
+    def chunk_bytes(self) -> int:
+        """The chunk size used: ``fetch.chunk_bytes`` capped at the largest shard."""
+        return self.fetch.chunk_for(max((s.size for s in self.shards), default=1))
+
+    def engine_config(self, seed: int) -> EngineConfig:
+        """The fetch engine's settings for one reader (``seed``: its backoff jitter)."""
+        return engine_config(
+            self.fetch,
+            s3=self.s3,
+            s3_extra=self.s3_extra,
+            cache_dir=self.cache_dir,
+            cache_limit=self.cache_limit,
+            seed=seed,
+        )
 
     def counting(self) -> CountSettings:
-        """How this stream's shards are read when they must be counted: as an epoch reads
-        them (the engine settings that :class:`~._count.CountSettings` names)."""
-        return CountSettings(**{f.name: getattr(self, f.name) for f in fields(CountSettings)})
+        """How this stream's shards are read when they must be counted: as an epoch
+        reads them."""
+        return CountSettings(fetch=self.fetch, s3=self.s3)

@@ -101,6 +101,15 @@ BASE = "base"
 _DIGEST = re.compile(r"[0-9a-f]{16,64}")
 
 
+# The one tuning setting still in the identity, and why (see the README's configuration).
+_WHY = {
+    "chunk_bytes": (
+        ": the window shuffle draws from each open shard's resident chunk, so the chunk "
+        "size is part of the order; resume with FetchConfig(chunk_bytes=...) as saved"
+    )
+}
+
+
 @dataclass(frozen=True)
 class Identity:
     """What a state must share with the stream that loads it."""
@@ -123,7 +132,7 @@ class Identity:
             shuffle=settings.shuffle,
             mode=settings.mode,
             window=settings.window,
-            chunk_bytes=settings.slot_bytes,
+            chunk_bytes=settings.chunk_bytes,
             remainder=settings.remainder,
             sources=tuple((s.name, s.stop - s.first, s.quota) for s in settings.sources),
         )
@@ -143,8 +152,9 @@ class Identity:
                 )
             if data[name] != value:
                 what = "another dataset" if name == "dataset" else f"{name}={data[name]!r}"
+                why = _WHY.get(name, "")
                 raise StateError(
-                    f"state_dict was saved from {what}, this stream has {name}={value!r}"
+                    f"state_dict was saved from {what}, this stream has {name}={value!r}{why}"
                 )
 
 

@@ -7,16 +7,16 @@ the engine process, which imports the package too, never pays for torch.
 from __future__ import annotations
 
 import functools
-import os
 import threading
 import warnings
 import weakref
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import replace
-from typing import Any, Literal, TypeVar
+from typing import Any, TypeVar, Unpack
 
 from torch.utils.data import IterableDataset, get_worker_info
 
+from .._config import CacheConfig, FetchConfig, FlatSettings, IndexConfig, OrderConfig, group
 from .._exceptions import StateError
 from ..dataset._dataset import open_dataset
 from ..dataset._sources import Source, open_sources, split_sources
@@ -24,7 +24,6 @@ from ..engine._cache import cache_options
 from ..engine._engine import Engine
 from ..engine._ring import check_node_room, local_ranks
 from ..order._plan import Topology, reader_samples
-from ..stores._retry import RetryPolicy, Timeouts
 from ..stores._s3 import S3Options
 from ._epochs import Pending
 from ._iteration import Iteration
@@ -100,44 +99,29 @@ class ShardStream(IterableDataset[dict[str, Any]]):
             together; default: the absolute counts plus every weighted source's size.
         endpoint_url: an S3-compatible endpoint; default from ``AWS_ENDPOINT_URL`` or AWS.
             With sources, the default of those without their own (so is ``s3``).
-        inflight: K, chunk downloads in flight at most (fewer while throttled).
-        window: shards open at once for the window shuffle.
-        prefetch: chunks requested ahead of need, downloading or waiting for their
-            shard's turn; default ``2 * inflight``, so ``inflight`` downloads keep running
-            while some finished chunks wait (at least ``inflight`` to use them all).
-        chunk_bytes: bytes per ranged GET and per ring slot.
-        shuffle: ``False`` reads shards in order and samples in shard order.
-        seed: the run's seed.
-        rank: this process's rank; default torch.distributed, else ``RANK``, else 0.
-        world_size: number of ranks; default torch.distributed, else ``WORLD_SIZE``, else 1.
-        samples_per_shard: samples in each shard (one number or a list); default: an
-            index, else the local index cache, else counted once. Given, no index is read.
-        shuffle_mode: pick the next sample uniformly over resident samples
-            (``"samples"``) or over open shards (``"shards"``).
-        remainder: when the total does not divide by ``world_size``: ``"drop"`` the last
-            few samples of the epoch, or ``"pad"`` by repeating the first few.
         s3: full S3 options (credentials, timeouts, profile); ``endpoint_url`` overrides.
-        retry: the chunk download retry policy.
-        timeouts: the chunk download timeouts.
-        check_etag: require every chunk to come from the object version that was listed.
-        adaptive: halve the downloads in flight on throttling (503 SlowDown) and grow
-            them back when it stops (see :mod:`asyncstream.engine._engine`).
-        hedge: send a second request for a chunk far slower than recent ones; the first
-            to finish wins.
-        split: the split to read, for an index with splits (``_info.json``; required
-            when it has several).
-        strict: a shard under the prefix that the index does not list is a
-            ``DataError`` rather than a warning.
-        index_cache: the local index cache of counted shards: ``None`` for the default
-            folder (``$ASYNCSTREAM_CACHE_DIR``, else ``~/.cache/asyncstream``),
-            ``False`` for none, or a folder.
-        cache_dir: a local folder (created if missing) that keeps every S3 chunk fetched,
-            so later epochs, and other streams and processes given the same folder, read
-            it from disk instead of S3, in the same order and with the same resume. Keyed
-            by URL, ETag (else size) and range; each file is checksummed and a bad one is
-            fetched again. Local shards are never cached. See the README.
-        cache_limit: the most bytes the cache folder may hold (least recently used
-            chunks are evicted); default None: no limit.
+        order: what decides the sample order, and so what a checkpoint must share
+            (:class:`~asyncstream.OrderConfig`: seed, shuffle, window, mode, remainder,
+            rank, world size).
+        fetch: how chunks are fetched (:class:`~asyncstream.FetchConfig`: inflight,
+            prefetch, chunk size, coalescing, retries, timeouts, adaptive concurrency,
+            hedging, transport, ETag checks): speed and memory only.
+        cache: the local chunk cache (:class:`~asyncstream.CacheConfig`): a folder that
+            keeps every S3 chunk fetched, so later epochs, and other streams and
+            processes given the same folder, read it from disk instead of S3, in the same
+            order and with the same resume. Keyed by URL, ETag (else size) and range;
+            each file is checksummed and a bad one is fetched again. Local shards are
+            never cached. See the README.
+        index: where sample counts come from (:class:`~asyncstream.IndexConfig`).
+        **flat: each group's settings as flat keyword arguments, as before the config
+            objects (one table maps them, ``asyncstream._config.FLAT``): ``seed``,
+            ``shuffle``, ``window``, ``shuffle_mode``, ``remainder``, ``rank``,
+            ``world_size`` (``order``); ``inflight``, ``prefetch``, ``chunk_bytes``,
+            ``retry``, ``timeouts``, ``check_etag``, ``adaptive``, ``hedge`` (``fetch``);
+            ``cache_dir``, ``cache_limit`` (``cache``: ``path``, ``limit``);
+            ``samples_per_shard``, ``split``, ``strict``, ``index_cache`` (``index``:
+            ``cache`` for the last). A flat argument and the group that holds it, both
+            given, is a ``TypeError`` naming both.
 
     Raises:
         ShardURLError, NotFoundError, AccessDeniedError: at construction, for bad URLs,
@@ -154,7 +138,8 @@ class ShardStream(IterableDataset[dict[str, Any]]):
             weights zero in total, an ``epoch_size`` the absolute counts do not fit, two
             sources of one name, or a ``window`` smaller than the number of sources; the
             message names the source. An error opening a source starts with its name.
-        TypeError: Sources and URL strings in one list.
+        TypeError: Sources and URL strings in one list; an unknown keyword argument; a
+            flat setting given with the config object that holds it.
     """
 
     def __init__(
@@ -163,68 +148,34 @@ class ShardStream(IterableDataset[dict[str, Any]]):
         *,
         epoch_size: int | None = None,
         endpoint_url: str | None = None,
-        inflight: int = 8,
-        window: int = 64,
-        prefetch: int | None = None,
-        chunk_bytes: int = 16 << 20,
-        shuffle: bool = True,
-        seed: int = 0,
-        rank: int | None = None,
-        world_size: int | None = None,
-        samples_per_shard: int | Sequence[int] | None = None,
-        shuffle_mode: Literal["samples", "shards"] = "shards",
-        remainder: Literal["drop", "pad"] = "drop",
         s3: S3Options | None = None,
-        retry: RetryPolicy | None = None,
-        timeouts: Timeouts | None = None,
-        check_etag: bool = True,
-        adaptive: bool = True,
-        hedge: bool = True,
-        split: str | None = None,
-        strict: bool = False,
-        index_cache: str | os.PathLike[str] | bool | None = None,
-        cache_dir: str | os.PathLike[str] | None = None,
-        cache_limit: int | None = None,
+        order: OrderConfig | None = None,
+        fetch: FetchConfig | None = None,
+        cache: CacheConfig | None = None,
+        index: IndexConfig | None = None,
+        **flat: Unpack[FlatSettings],
     ) -> None:
-        for name, value in (
-            ("inflight", inflight),
-            ("window", window),
-            ("chunk_bytes", chunk_bytes),
-            ("prefetch", 2 if prefetch is None else prefetch),
-        ):
-            if not isinstance(value, int) or value < 1:
-                raise ValueError(f"{name} must be an integer >= 1, got {value!r}")
-        if shuffle_mode not in ("samples", "shards"):
-            raise ValueError(f"shuffle_mode must be 'samples' or 'shards', got {shuffle_mode!r}")
-        if remainder not in ("drop", "pad"):
-            raise ValueError(f"remainder must be 'drop' or 'pad', got {remainder!r}")
-        cache_path, cache_limit = cache_options(cache_dir, cache_limit)
+        configs = group(flat, order=order, fetch=fetch, cache=cache, index=index)
+        order, fetch, index = configs.order, configs.fetch, configs.index
+        cache_path, cache_limit = cache_options(configs.cache.path, configs.cache.limit)
         options = s3 or S3Options()
         if endpoint_url is not None:
             options = replace(options, endpoint_url=endpoint_url)
         options = options.resolve()
-        self._rank, self._world_size = default_topology(rank, world_size)
+        self._rank, self._world_size = default_topology(order.rank, order.world_size)
         Topology(self._rank, self._world_size)  # validates
         settings = StreamSettings(
             shards=(),
             counts=(),
-            window=window,
-            inflight=inflight,
-            prefetch=2 * inflight if prefetch is None else prefetch,
-            chunk_bytes=chunk_bytes,
-            shuffle=shuffle,
-            seed=seed,
-            mode=shuffle_mode,
-            remainder=remainder,
+            order=order,
+            fetch=fetch,
             s3=options,
-            retry=retry or RetryPolicy(),
-            timeouts=timeouts or Timeouts(),
-            check_etag=check_etag,
-            adaptive=adaptive,
-            hedge=hedge,
             cache_dir=cache_path,
             cache_limit=cache_limit,
         )
+        samples_per_shard, split = index.samples_per_shard, index.split
+        strict, index_cache = index.strict, index.cache
+        shuffle, window = order.shuffle, order.window
         sources, plain = split_sources(urls)
         if sources is None:
             if epoch_size is not None:
@@ -286,8 +237,8 @@ class ShardStream(IterableDataset[dict[str, Any]]):
         return (
             f"ShardStream({mixed}{len(s.shards)} shards, {s.epoch_samples} samples per epoch, "
             f"epoch={self.epoch}, "
-            f"window={s.window}, inflight={s.inflight}, prefetch={s.prefetch}, "
-            f"chunk_bytes={s.slot_bytes}, "
+            f"window={s.window}, inflight={s.fetch.inflight}, prefetch={s.fetch.prefetch_chunks}, "
+            f"chunk_bytes={s.chunk_bytes}, "
             f"shuffle={s.shuffle}, rank={self._rank}/{self._world_size})"
         )
 

@@ -1,0 +1,315 @@
+"""Configuration objects: a stream's settings, grouped by concern.
+
+As httpx's ``Timeout`` / ``Limits``: small frozen, keyword-only objects with a readable
+``repr``, passed whole across a seam and never copied by reflection.
+
+* :class:`OrderConfig`: what decides the sample order (seed, shuffle, window, mode,
+  remainder, topology), and so what a saved checkpoint must share with the stream that
+  loads it;
+* :class:`FetchConfig`: how chunks are fetched (inflight, prefetch, chunk size,
+  coalescing, retries, timeouts, adaptive concurrency, hedging, transport, ETag checks):
+  speed and memory only, never the order, so a checkpoint resumes under any of them;
+* :class:`CacheConfig`: the local chunk cache;
+* :class:`IndexConfig`: where sample counts come from.
+
+``ShardStream``'s flat keyword arguments (``seed=``, ``inflight=``, ...) map onto these
+through one table, :data:`FLAT`; :func:`group` applies it.
+
+Its own layer, below the engine and above the stores (it holds their
+:class:`~asyncstream.RetryPolicy` and :class:`~asyncstream.Timeouts`), so that the engine,
+the dataset and the stream all stand on it.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Literal, TypedDict
+
+from .stores._retry import RetryPolicy, Timeouts
+
+__all__ = [
+    "FLAT",
+    "CacheConfig",
+    "Configs",
+    "FetchConfig",
+    "FlatSettings",
+    "IndexConfig",
+    "OrderConfig",
+    "group",
+]
+
+
+def _positive(owner: str, name: str, value: object) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ValueError(f"{owner}.{name} must be an integer >= 1, got {value!r}")
+
+
+@dataclass(frozen=True, kw_only=True)
+class OrderConfig:
+    """What decides the sample order, and so what a checkpoint must share.
+
+    Args:
+        seed: the run's seed.
+        shuffle: ``False`` reads shards in order and samples in shard order.
+        window: shards open at once for the window shuffle.
+        mode: pick the next sample uniformly over resident samples (``"samples"``) or
+            over open shards (``"shards"``).
+        remainder: when the total does not divide by the world size: ``"drop"`` the last
+            few samples of the epoch, or ``"pad"`` by repeating the first few.
+        rank: this process's rank; default torch.distributed, else ``RANK``, else 0.
+        world_size: number of ranks; default torch.distributed, else ``WORLD_SIZE``,
+            else 1.
+
+    Raises:
+        ValueError: a window below 1, or an unknown mode or remainder policy.
+    """
+
+    seed: int = 0
+    shuffle: bool = True
+    window: int = 64
+    mode: Literal["samples", "shards"] = "shards"
+    remainder: Literal["drop", "pad"] = "drop"
+    rank: int | None = None
+    world_size: int | None = None
+
+    def __post_init__(self) -> None:
+        _positive("OrderConfig", "window", self.window)
+        if self.mode not in ("samples", "shards"):
+            raise ValueError(f"OrderConfig.mode must be 'samples' or 'shards', got {self.mode!r}")
+        if self.remainder not in ("drop", "pad"):
+            raise ValueError(
+                f"OrderConfig.remainder must be 'drop' or 'pad', got {self.remainder!r}"
+            )
+
+
+@dataclass(frozen=True, kw_only=True)
+class FetchConfig:
+    """How chunks are fetched: speed and memory, never the order.
+
+    Args:
+        inflight: K, chunk downloads in flight at most (fewer while throttled).
+        prefetch: chunks requested ahead of need; default ``2 * inflight``
+            (:attr:`prefetch_chunks`).
+        chunk_bytes: bytes per ranged GET and per ring slot (capped at the largest
+            shard: :meth:`chunk_for`).
+        coalesce_bytes: the most bytes one GET fetches for consecutive chunks of one
+            object; 0 fetches every chunk alone.
+        retry: the chunk download retry policy.
+        timeouts: the chunk download timeouts.
+        adaptive: halve the downloads in flight on throttling and grow them back.
+        hedge: send a second request for a chunk far slower than recent ones.
+        hedge_factor: how many times the predicted time a chunk may take before its
+            hedge (>= 1).
+        hedge_budget: the most hedges, as a fraction of the chunks started (0 to 1).
+        transport: ``"auto"`` (the S3 store's direct transport where no HTTP proxy is
+            configured) or ``"aiohttp"`` (always botocore's).
+        check_etag: require every chunk to come from the object version that was listed.
+
+    Raises:
+        ValueError: a count below 1, a negative ``coalesce_bytes``, a hedge factor below
+            1, a budget outside [0, 1] or an unknown transport.
+    """
+
+    inflight: int = 8
+    prefetch: int | None = None
+    chunk_bytes: int = 16 << 20
+    coalesce_bytes: int = 8 << 20
+    retry: RetryPolicy = field(default_factory=RetryPolicy)
+    timeouts: Timeouts = field(default_factory=Timeouts)
+    adaptive: bool = True
+    hedge: bool = True
+    hedge_factor: float = 2.0
+    hedge_budget: float = 0.05
+    transport: Literal["auto", "aiohttp"] = "auto"
+    check_etag: bool = True
+
+    def __post_init__(self) -> None:
+        _positive("FetchConfig", "inflight", self.inflight)
+        _positive("FetchConfig", "chunk_bytes", self.chunk_bytes)
+        if self.prefetch is not None:
+            _positive("FetchConfig", "prefetch", self.prefetch)
+        c = self.coalesce_bytes
+        if isinstance(c, bool) or not isinstance(c, int) or c < 0:
+            raise ValueError(f"FetchConfig.coalesce_bytes must be an integer >= 0, got {c!r}")
+        if not self.hedge_factor >= 1.0:
+            raise ValueError(f"FetchConfig.hedge_factor must be >= 1, got {self.hedge_factor}")
+        if not 0.0 <= self.hedge_budget <= 1.0:
+            raise ValueError(f"FetchConfig.hedge_budget must be in [0, 1], got {self.hedge_budget}")
+        if self.transport not in ("auto", "aiohttp"):
+            raise ValueError(
+                f"FetchConfig.transport must be 'auto' or 'aiohttp', got {self.transport!r}"
+            )
+
+    @property
+    def prefetch_chunks(self) -> int:
+        """``prefetch``, or its default ``2 * inflight``."""
+        return 2 * self.inflight if self.prefetch is None else self.prefetch
+
+    @property
+    def hedge_slots(self) -> int:
+        """Ring slots the engine keeps back for hedges: 1 with ``hedge``, else 0."""
+        return 1 if self.hedge else 0
+
+    def chunk_for(self, largest: int) -> int:
+        """The chunk size used for shards of at most ``largest`` bytes: ``chunk_bytes``,
+        capped at ``largest`` (a chunk never holds more than one shard)."""
+        return max(1, min(self.chunk_bytes, largest))
+
+
+@dataclass(frozen=True, kw_only=True)
+class CacheConfig:
+    """The local chunk cache (see the README's cache section).
+
+    Args:
+        path: a local folder (created if missing) that keeps every S3 chunk fetched;
+            None: no cache.
+        limit: the most bytes the folder may hold (least recently used chunks are
+            evicted); None: no limit.
+    """
+
+    path: str | os.PathLike[str] | None = None
+    limit: int | None = None
+
+
+@dataclass(frozen=True, kw_only=True)
+class IndexConfig:
+    """Where the sample counts come from.
+
+    Args:
+        samples_per_shard: samples in each shard (one number or a list); given, no index
+            is read.
+        split: the split to read, for an index with splits.
+        strict: a shard under the prefix that the index does not list is a ``DataError``
+            rather than a warning.
+        cache: the local index cache of counted shards: None for the default folder,
+            ``False`` for none, or a folder.
+    """
+
+    samples_per_shard: int | Sequence[int] | None = None
+    split: str | None = None
+    strict: bool = False
+    cache: str | os.PathLike[str] | bool | None = None
+
+
+Group = Literal["order", "fetch", "cache", "index"]
+
+FLAT: Mapping[str, tuple[Group, str]] = {
+    # ShardStream's flat keyword argument -> (config group, field): the one table.
+    "seed": ("order", "seed"),
+    "shuffle": ("order", "shuffle"),
+    "window": ("order", "window"),
+    "shuffle_mode": ("order", "mode"),
+    "remainder": ("order", "remainder"),
+    "rank": ("order", "rank"),
+    "world_size": ("order", "world_size"),
+    "inflight": ("fetch", "inflight"),
+    "prefetch": ("fetch", "prefetch"),
+    "chunk_bytes": ("fetch", "chunk_bytes"),
+    "retry": ("fetch", "retry"),
+    "timeouts": ("fetch", "timeouts"),
+    "check_etag": ("fetch", "check_etag"),
+    "adaptive": ("fetch", "adaptive"),
+    "hedge": ("fetch", "hedge"),
+    "cache_dir": ("cache", "path"),
+    "cache_limit": ("cache", "limit"),
+    "samples_per_shard": ("index", "samples_per_shard"),
+    "split": ("index", "split"),
+    "strict": ("index", "strict"),
+    "index_cache": ("index", "cache"),
+}
+
+_CLASSES: dict[Group, type[Any]] = {
+    "order": OrderConfig,
+    "fetch": FetchConfig,
+    "cache": CacheConfig,
+    "index": IndexConfig,
+}
+
+
+@dataclass(frozen=True)
+class Configs:
+    """The four groups of one stream."""
+
+    order: OrderConfig
+    fetch: FetchConfig
+    cache: CacheConfig
+    index: IndexConfig
+
+
+def group(
+    flat: Mapping[str, Any],
+    *,
+    order: OrderConfig | None = None,
+    fetch: FetchConfig | None = None,
+    cache: CacheConfig | None = None,
+    index: IndexConfig | None = None,
+) -> Configs:
+    """The config objects of flat keyword arguments and the groups given whole.
+
+    Raises:
+        TypeError: an unknown keyword argument, a group of the wrong type, or a flat
+            argument given with the group that holds it (naming both).
+        ValueError: a value the group refuses.
+    """
+    given: dict[Group, Any] = {"order": order, "fetch": fetch, "cache": cache, "index": index}
+    for name, value in given.items():
+        cls = _CLASSES[name]
+        if value is not None and not isinstance(value, cls):
+            raise TypeError(f"{name}= must be an asyncstream.{cls.__name__}, got {value!r}")
+    changes: dict[Group, dict[str, Any]] = {name: {} for name in _CLASSES}
+    for key, value in flat.items():
+        if key not in FLAT:
+            raise TypeError(f"ShardStream() got an unexpected keyword argument {key!r}")
+        name, attr = FLAT[key]
+        if given[name] is not None:
+            owner = _CLASSES[name].__name__
+            raise TypeError(
+                f"{key}= and {name}= were both given: {key} is {owner}.{attr}; give it "
+                f"inside {name}={owner}({attr}=...) or drop {name}="
+            )
+        if value is None and key in ("retry", "timeouts"):
+            continue  # None was their default: the group's own
+        changes[name][attr] = value
+    made: dict[str, Any] = {}
+    for name, cls in _CLASSES.items():
+        if given[name] is not None:
+            made[name] = given[name]
+            continue
+        try:
+            made[name] = cls(**changes[name])
+        except ValueError as exc:  # say it by the flat name it was given as
+            message = str(exc)
+            for key, (g, attr) in FLAT.items():
+                if g == name and key in flat and key != attr:
+                    message = message.replace(f"{cls.__name__}.{attr} ", f"{key} ")
+            raise ValueError(message) from None
+    return Configs(**made)
+
+
+class FlatSettings(TypedDict, total=False):
+    """``ShardStream``'s flat keyword arguments (typed), each one field of a group as
+    :data:`FLAT` maps it."""
+
+    seed: int
+    shuffle: bool
+    window: int
+    shuffle_mode: Literal["samples", "shards"]
+    remainder: Literal["drop", "pad"]
+    rank: int | None
+    world_size: int | None
+    inflight: int
+    prefetch: int | None
+    chunk_bytes: int
+    retry: RetryPolicy | None
+    timeouts: Timeouts | None
+    check_etag: bool
+    adaptive: bool
+    hedge: bool
+    cache_dir: str | os.PathLike[str] | None
+    cache_limit: int | None
+    samples_per_shard: int | Sequence[int] | None
+    split: str | None
+    strict: bool
+    index_cache: str | os.PathLike[str] | bool | None

@@ -1,0 +1,49 @@
+"""The one place a :class:`~asyncstream.FetchConfig` becomes the engine's
+:class:`~._engine.EngineConfig`: every setting by name, checked by the type checker, so a
+renamed field fails there and not at run time."""
+
+from __future__ import annotations
+
+from .._config import FetchConfig
+from ..stores._s3 import S3Options
+from ._engine import EngineConfig
+
+__all__ = ["engine_config"]
+
+
+def engine_config(
+    fetch: FetchConfig,
+    *,
+    s3: S3Options,
+    s3_extra: tuple[S3Options, ...] = (),
+    cache_dir: str | None = None,
+    cache_limit: int | None = None,
+    seed: int = 0,
+) -> EngineConfig:
+    """The engine's settings for a stream (or a count) fetching with ``fetch``.
+
+    Args:
+        fetch: how to fetch.
+        s3: how to reach the store.
+        s3_extra: more S3 endpoints (a mixed stream's sources with options of their own).
+        cache_dir: the chunk cache's folder, already validated (None: no cache).
+        cache_limit: its size limit.
+        seed: seeds the backoff jitter.
+    """
+    return EngineConfig(
+        inflight=fetch.inflight,
+        retry=fetch.retry,
+        timeouts=fetch.timeouts,
+        check_etag=fetch.check_etag,
+        s3=s3,
+        s3_extra=s3_extra,
+        seed=seed,
+        adaptive=fetch.adaptive,
+        hedge=fetch.hedge,
+        hedge_factor=fetch.hedge_factor,
+        hedge_budget=fetch.hedge_budget,
+        transport=fetch.transport,
+        cache_dir=cache_dir,
+        cache_limit=cache_limit,
+        coalesce_bytes=fetch.coalesce_bytes,
+    )
