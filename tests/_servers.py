@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any
 
 from asyncstream import RetryPolicy, S3Credentials, S3Options, Timeouts
 from asyncstream.stores._s3 import sync_client
+from asyncstream.testing._s3rver import S3rver, S3rverUnavailable
 
 if TYPE_CHECKING:
     from _foreign import ForeignShards
@@ -31,6 +32,7 @@ __all__ = [
     "Dataset",
     "assert_exact_epoch",
     "open_stream",
+    "start_s3rver_or_skip",
     "upload_foreign",
 ]
 
@@ -153,3 +155,13 @@ def assert_exact_epoch(samples: list[dict[str, Any]], dataset: Dataset) -> None:
         fields = {k: v for k, v in sample.items() if not k.startswith("__")}
         assert fields == dataset.samples[sample["__key__"]], sample["__key__"]
         assert sample["__url__"] in dataset.blobs
+
+
+def start_s3rver_or_skip(server: S3rver) -> S3rver:
+    """Started, or the test skipped where s3rver cannot be installed; an installed s3rver
+    that does not start raises :class:`~asyncstream.testing.S3rverStartError`, which fails
+    its tests instead of skipping them."""
+    try:
+        return server.start()
+    except S3rverUnavailable as exc:
+        pytest.skip(f"s3rver, the second S3 server, cannot be installed here: {exc}")

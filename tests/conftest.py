@@ -11,12 +11,12 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from _servers import Backend
+from _servers import Backend, start_s3rver_or_skip
 
 from asyncstream.testing import FaultProxy, TestCertificates, make_test_certificates
 from asyncstream.testing._local import LOCAL_CREDENTIALS, LocalS3
 from asyncstream.testing._s3rver import CREDENTIALS as S3RVER_CREDENTIALS
-from asyncstream.testing._s3rver import S3rver, S3rverUnavailable
+from asyncstream.testing._s3rver import S3rver
 
 _FAKE_ENV = {
     "AWS_ACCESS_KEY_ID": "asyncstream-test-key",
@@ -88,18 +88,11 @@ def s3_tls_server(s3_server: LocalS3, certs: TestCertificates) -> Iterator[Local
         yield server
 
 
-def _start_s3rver(server: S3rver) -> S3rver:
-    try:
-        return server.start()
-    except S3rverUnavailable as exc:
-        pytest.skip(f"s3rver, the second S3 server, cannot run here: {exc}")
-
-
 @pytest.fixture(scope="session")
 def s3rver(tmp_path_factory: pytest.TempPathFactory, aws_env: dict[str, str]) -> Iterator[S3rver]:
     """s3rver (npm, installed once into a cache folder) over HTTP, for the whole session;
-    skipped, with the reason, where it cannot be installed or started."""
-    with _start_s3rver(S3rver(tmp_path_factory.mktemp("s3rver"))) as server:
+    skipped, with the reason, where it cannot be installed; a failure to start fails."""
+    with start_s3rver_or_skip(S3rver(tmp_path_factory.mktemp("s3rver"))) as server:
         yield server
 
 
@@ -107,7 +100,9 @@ def s3rver(tmp_path_factory: pytest.TempPathFactory, aws_env: dict[str, str]) ->
 def s3rver_tls(s3rver: S3rver, certs: TestCertificates) -> Iterator[S3rver]:
     """s3rver over HTTPS with ``certs``, for the whole session, serving the same folder as
     ``s3rver`` (a bucket made on one is on both; skipped as ``s3rver``)."""
-    with _start_s3rver(S3rver(s3rver.directory, tls=certs.server, ca_bundle=certs.ca)) as server:
+    with start_s3rver_or_skip(
+        S3rver(s3rver.directory, tls=certs.server, ca_bundle=certs.ca)
+    ) as server:
         yield server
 
 

@@ -143,6 +143,48 @@ def test_second_epoch_zero_gets_identical_samples(
         assert stream.stats()["fetch"]["cache"]["checked"] == data["chunks"]
 
 
+def test_an_object_replaced_after_it_was_cached_is_read_anew(
+    s3_server: LocalS3, proxy: FaultProxy, tmp_path: Path
+) -> None:
+    """A shard cached by one stream, then replaced in the bucket (other samples, another
+    size and ETag): the next stream over the same cache folder reads the new version, from
+    the server, and only that shard; the others still come from the cache."""
+    shards = write_foreign_shards(tmp_path / "old", 3, seed=11)
+    url = upload(s3_server, shards, "cache-replaced")
+    names = sorted(p.name for p in shards.folder.glob("*.tar"))
+    cache = tmp_path / "cache"
+    # Counted once into an index cache of its own (keyed by size and ETag, as the chunk
+    # cache): later streams make no counting GET but for a shard that changed.
+    settings = {**SETTINGS, "index_cache": tmp_path / "index"}
+
+    def read() -> tuple[list[str], dict[str, int]]:
+        """One epoch with the cache on, and the GETs per object the server answered."""
+        seen = len(proxy.requests())
+        with ShardStream(url, endpoint_url=proxy.endpoint_url, cache_dir=cache, **settings) as st:
+            got = digests(st)
+        served: dict[str, int] = {}
+        for method, path, _status in proxy.requests()[seen:]:
+            if method == "GET" and path.endswith(".tar"):
+                name = path.rsplit("/", 1)[1]
+                served[name] = served.get(name, 0) + 1
+        return got, served
+
+    before, served = read()
+    assert set(served) == set(names)  # the cold epoch fetched every shard
+    assert read()[1] == {}  # ... and the warm one none
+    new = write_foreign_shards(tmp_path / "new", 1, seed=12, prefix="other")
+    (new_tar,) = new.folder.glob("*.tar")
+    s3_server.client().put_object(
+        Bucket="cache-replaced", Key=f"d/{names[1]}", Body=new_tar.read_bytes()
+    )
+    after, served = read()
+    assert set(served) == {names[1]}  # the replaced shard from the server, the rest cached
+    with ShardStream(url, endpoint_url=s3_server.endpoint_url, **settings) as stream:
+        assert after == digests(stream)  # what the bucket holds now, without a cache
+    assert after != before
+    assert len(after) == shards.total - shards.counts[1] + new.total
+
+
 def test_dataloader_workers_hit_on_every_epoch_whatever_the_split(
     data: dict[str, Any], proxy: FaultProxy, tmp_path: Path
 ) -> None:

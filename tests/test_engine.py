@@ -214,13 +214,11 @@ def test_stall_is_abandoned_and_retried(
     with Engine(
         config(proxy.endpoint_url, transport=transport), n_slots=2, slot_bytes=size
     ) as engine:
-        started = time.monotonic()
         got = drain(engine, [ChunkRequest(url, 0, size)])
-        elapsed = time.monotonic() - started
         stats = engine.stats()
     assert got[url] == dataset["blobs"][url]
+    # The injected stall lasts an hour: the bytes came from the one retry that replaced it.
     assert stats["retries"] == {"stall": 1}
-    assert elapsed < 10  # the stall timeout is 0.5 s; the injected stall lasts an hour
 
 
 def test_retries_run_out_with_a_clear_error(
@@ -265,7 +263,7 @@ def test_chunk_larger_than_slot_is_refused(proxy: FaultProxy, dataset: dict[str,
             engine.next()
 
 
-def test_sigkill_of_the_engine_is_noticed_within_5_s(
+def test_sigkill_of_the_engine_is_noticed_by_its_pipe_not_a_timeout(
     proxy: FaultProxy, dataset: dict[str, Any]
 ) -> None:
     url = f"s3://{dataset['bucket']}/shard-004.tar"
@@ -277,10 +275,10 @@ def test_sigkill_of_the_engine_is_noticed_within_5_s(
         engine.submit([ChunkRequest(url, 0, 1000)])
         assert engine.pid is not None
         os.kill(engine.pid, signal.SIGKILL)
-        started = time.monotonic()
+        # The download stalls for an hour and its stall timeout is 10 minutes: only the end
+        # of the engine's pipe can end this wait, and the error names the signal.
         with pytest.raises(EngineError, match="killed by signal 9"):
             engine.next()
-        assert time.monotonic() - started < 5
     finally:
         engine.close()
     assert engine.ring.name not in shm_names()
@@ -418,9 +416,7 @@ def test_a_slow_request_is_hedged_and_the_hedge_wins(
         transport=transport,
     )
     with Engine(cfg, n_slots=10, slot_bytes=1 << 20) as engine:
-        started = time.monotonic()
         got = drain(engine, requests)
-        elapsed = time.monotonic() - started
         stats = engine.stats()
     assert got == {url: dataset["blobs"][url] for url in got}
     assert len(got) == 60
@@ -429,7 +425,6 @@ def test_a_slow_request_is_hedged_and_the_hedge_wins(
     assert stats["hedged"] <= 0.05 * len(requests) + 1  # the budget
     assert stats["retries_total"] == 0  # hedged, not timed out and retried
     assert stats["inflight"] == 0
-    assert elapsed < 15  # the late response (20 s) was not waited for
 
 
 def test_hedging_off_waits_for_the_slow_request(proxy: FaultProxy, dataset: dict[str, Any]) -> None:

@@ -250,7 +250,6 @@ def test_sigkill_of_the_engine_is_a_clear_error_and_resume_recovers(
     raised = outcome.event("raised")
     assert raised["type"] == "EngineError"
     assert "fetch engine process was killed by signal 9" in raised["message"]
-    assert raised["seconds"] < 10  # seen by end of file on its pipe, not by a timeout
     assert_clean_in_process(outcome)
     resumed = outcome.event("resumed")
     assert len(resumed["after_kill"]) < N_SAMPLES - AT  # the error came mid-epoch
@@ -311,7 +310,6 @@ def test_sigkill_of_a_dataloader_worker(data: Data, proxy: FaultProxy) -> None:
     assert raised["type"] == "RuntimeError"
     assert "DataLoader worker" in raised["message"]
     assert str(victim) in raised["message"]
-    assert raised["seconds"] < 30  # the DataLoader checks its workers every 5 s
     assert outcome.event("after")["workers"] == []
     assert outcome.returncode == 0, outcome.stderr
     assert_nothing_left(outcome)
@@ -337,7 +335,6 @@ def ctrl_c(data: Data, proxy: FaultProxy, case: str) -> Outcome:
 def test_ctrl_c_during_iteration(data: Data, proxy: FaultProxy, case: str) -> None:
     outcome = ctrl_c(data, proxy, case)
     raised = outcome.event("raised")
-    assert raised["seconds"] < 10
     assert raised["type"] == "KeyboardInterrupt"
     assert "\nKeyboardInterrupt\n" in outcome.stderr  # the traceback of the interrupt
     assert outcome.returncode == -signal.SIGINT  # Python's exit by an unhandled Ctrl-C

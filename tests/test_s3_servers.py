@@ -15,6 +15,7 @@ s3rver, which checks them.
 from __future__ import annotations
 
 import itertools
+import json
 import os
 import signal
 import subprocess
@@ -34,6 +35,7 @@ from _servers import (
     Dataset,
     assert_exact_epoch,
     open_stream,
+    start_s3rver_or_skip,
     upload_foreign,
 )
 
@@ -46,7 +48,13 @@ from asyncstream import (
 from asyncstream.engine._engine import Engine, EngineConfig
 from asyncstream.stores._store import ChunkRequest
 from asyncstream.testing import FaultPlan, FaultProxy, TestCertificates
-from asyncstream.testing._s3rver import VERSION, S3rver, S3rverUnavailable, install
+from asyncstream.testing._s3rver import (
+    VERSION,
+    S3rver,
+    S3rverStartError,
+    S3rverUnavailable,
+    install,
+)
 
 _buckets = itertools.count()
 
@@ -141,15 +149,22 @@ def test_403_and_404_are_permanent_at_once(
         with proxy_for(backend, scheme, certs) as proxy:
             options = backend.options(proxy.endpoint_url)
             proxy.inject("status", status=status, match=dataset.name(2), method="GET")
-            with open_stream(dataset, options, transport=transport, shuffle=False) as stream:
-                started = time.monotonic()
-                with pytest.raises(error) as info:
-                    list(stream)
-                elapsed = time.monotonic() - started
+            with (
+                open_stream(
+                    dataset, options, transport=transport, shuffle=False, hedge=False
+                ) as stream,
+                pytest.raises(error) as info,
+            ):
+                list(stream)
             assert dataset.url(2) in str(info.value)
             assert "attempts" not in str(info.value)  # not "giving up after N attempts"
-            assert elapsed < 5
             assert proxy.pending() == 0
+            # The fault was injected once: asking for its range again would have read it.
+            gets = [r for r in proxy.ranged_requests() if r[0] == "GET"]
+            (failed,) = [rng for _, path, rng, code in gets if code == status]
+            assert [rng for _, path, rng, _ in gets if path.endswith(dataset.name(2))].count(
+                failed
+            ) == 1
 
 
 def test_an_object_deleted_after_listing_is_not_found_at_once(
@@ -183,13 +198,11 @@ def test_a_replaced_object_is_permanent_at_once(
             old = dataset.blobs[dataset.url(3)]
             new = bytes(b ^ 0xFF for b in old)  # same length, another ETag
             backend.client().put_object(Bucket=dataset.bucket, Key=dataset.name(3), Body=new)
-            started = time.monotonic()
             with pytest.raises(PermanentFetchError, match="changed since it was listed") as info:
                 list(stream)
-            elapsed = time.monotonic() - started
     message = str(info.value)
     assert dataset.url(3) in message
-    assert elapsed < 5
+    assert "attempts" not in message  # permanent at its first answer, not retried
     if via == "server" and backend.honours_if_match:
         assert "its ETag no longer matches" in message  # the server's 412
     else:
@@ -259,6 +272,28 @@ def test_s3rver_cannot_run_says_why(tmp_path: Path, monkeypatch: pytest.MonkeyPa
         S3rverUnavailable, match=f"s3rver@{VERSION} failed .exit 1.: npm error code"
     ):
         install(tmp_path / "cache")
+
+
+def test_an_installed_s3rver_that_does_not_start_fails_instead_of_skipping(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Installed (the cache holds s3rver's package), but ``node`` dies at start: the error
+    is :class:`S3rverStartError`, which the fixtures let through (a failure), not
+    :class:`S3rverUnavailable` (a skip), and it says how it ended, with its log."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    monkeypatch.setenv("PATH", str(bin_dir))
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    package = tmp_path / "cache" / "asyncstream-tests" / f"s3rver-{VERSION}" / "node_modules"
+    (package / "s3rver" / "bin").mkdir(parents=True)
+    (package / "s3rver" / "package.json").write_text(json.dumps({"version": VERSION}))
+    (package / "s3rver" / "bin" / "s3rver.js").write_text("")
+    _fake_tool(bin_dir, "npm", "exit 0")
+    _fake_tool(bin_dir, "node", "echo 'Error: Cannot find module' >&2; exit 3")
+    with pytest.raises(S3rverStartError, match="installed but exited with code 3") as info:
+        start_s3rver_or_skip(S3rver(tmp_path / "server"))
+    assert "Cannot find module" in str(info.value)
+    assert not isinstance(info.value, S3rverUnavailable)
 
 
 _PARENT = """

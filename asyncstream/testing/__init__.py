@@ -118,7 +118,7 @@ from ._local import LocalS3
 from ._moto_ranges import MotoRangesWarning
 from ._network import NetworkProfile
 from ._proxy import FaultProxy
-from ._s3rver import S3rver, S3rverUnavailable
+from ._s3rver import S3rver, S3rverStartError, S3rverUnavailable
 
 if TYPE_CHECKING:
     from ._datagen import class_names, generate_imagefolder, make_jpeg
@@ -131,6 +131,7 @@ __all__ = [
     "MotoRangesWarning",
     "NetworkProfile",
     "S3rver",
+    "S3rverStartError",
     "S3rverUnavailable",
     "TestCertificates",
     "class_names",

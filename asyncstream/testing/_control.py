@@ -54,6 +54,7 @@ class Control:
         self._injections: list[Injection] = []
         self._counts = dict.fromkeys(STAT_KEYS, 0)
         self._answered: list[tuple[str, str, int]] = []
+        self._ranges: list[str | None] = []  # each answered request's Range header
         self._request_ids = 0
         self._active_gets = 0
 
@@ -82,11 +83,18 @@ class Control:
         with self._lock:
             return list(self._answered)
 
+    def ranged_requests(self) -> list[tuple[str, str, str | None, int]]:
+        """The request log with each request's ``Range`` header (see
+        :meth:`FaultProxy.ranged_requests`)."""
+        with self._lock:
+            return [(m, p, r, s) for (m, p, s), r in zip(self._answered, self._ranges, strict=True)]
+
     def log_request(self, request: Request, status: int) -> None:
         """Record that ``request`` was answered with ``status``."""
         path = urllib.parse.unquote(urllib.parse.urlsplit(request.target).path)
         with self._lock:
             self._answered.append((request.method, path, status))
+            self._ranges.append(_range_of(request))
 
     def count(self, key: str, n: int = 1) -> None:
         """Add ``n`` to the counter ``key``."""
@@ -160,3 +168,11 @@ class Control:
             and request.method == "GET"
             and self._active_gets >= self.capacity
         )
+
+
+def _range_of(request: Request) -> str | None:
+    """The request's ``Range`` header, if it has one."""
+    for name, value in request.headers:
+        if name.lower() == "range":
+            return value
+    return None

@@ -306,6 +306,12 @@ class FaultProxy:
         """
         return self._control.requests()
 
+    def ranged_requests(self) -> list[tuple[str, str, str | None, int]]:
+        """:meth:`requests` with each request's ``Range`` header (``None`` without one):
+        ``(method, path, range, status)``, so a test can tell a retry of one chunk (the same
+        range asked again) from the other chunks of its object."""
+        return self._control.ranged_requests()
+
     # ---------------------------------------------------------------- internals
 
     def _track(self, transport: asyncio.WriteTransport) -> None:

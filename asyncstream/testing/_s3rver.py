@@ -9,7 +9,9 @@ preferring npm's offline cache), shared by every test session of this user, unde
 lock. :class:`S3rver` runs it on a free loopback port (HTTP, or HTTPS with a test
 certificate) in a child process that exits when its stdin closes, so it cannot outlive a
 test process killed with SIGKILL. Anything missing (node, npm, the package registry)
-raises :class:`S3rverUnavailable`, which the fixtures turn into a skip with the reason.
+raises :class:`S3rverUnavailable`, which the fixtures turn into a skip with the reason. An
+s3rver that is installed but does not start raises :class:`S3rverStartError` instead, which
+fails the run: a broken second server must not quietly turn its tests into skips.
 """
 
 from __future__ import annotations
@@ -31,6 +33,7 @@ __all__ = [
     "CREDENTIALS",
     "VERSION",
     "S3rver",
+    "S3rverStartError",
     "S3rverUnavailable",
     "cache_folder",
     "install",
@@ -46,7 +49,12 @@ _WATCHDOG = "process.stdin.on('end', () => process.exit(0)).resume(); require(pr
 
 
 class S3rverUnavailable(Exception):
-    """s3rver cannot run here; the message says why."""
+    """s3rver cannot be installed here (no Node.js or npm, or offline with nothing cached);
+    the message says why."""
+
+
+class S3rverStartError(RuntimeError):
+    """s3rver is installed but did not start: a failure, not a reason to skip."""
 
 
 def cache_folder() -> Path:
@@ -143,7 +151,9 @@ class S3rver:
         """Install if need be, start, and wait until it listens (once).
 
         Raises:
-            S3rverUnavailable: it cannot be installed or does not start.
+            S3rverUnavailable: it cannot be installed.
+            S3rverStartError: it is installed but does not start (the message holds the
+                end of its log).
         """
         if self._proc is not None:
             return self
@@ -160,11 +170,12 @@ class S3rver:
         assert self._proc.stdout is not None
         line = wait_for_line(self._proc.stdout, "S3rver listening on ", _START_TIMEOUT)
         if line is None:
+            code = self._proc.poll()
             self.close()
             log_tail = (self.directory / "s3rver.log").read_text()[-500:]
-            raise S3rverUnavailable(
-                f"s3rver did not start within {_START_TIMEOUT:.0f} s: {log_tail}"
-            )
+            how = f"exited with code {code}" if code is not None else "did not start within "
+            how += "" if code is not None else f"{_START_TIMEOUT:.0f} s"
+            raise S3rverStartError(f"s3rver {VERSION} is installed but {how}: {log_tail}")
         port = int(line.rsplit(":", 1)[1])
         self.endpoint_url = f"{'https' if self.tls else 'http'}://127.0.0.1:{port}"
         return self
