@@ -8,13 +8,13 @@ BIN := $(VENV)/bin
 TORCH_VERSION ?= 2.13.0
 TORCH_PIP_ARGS ?=
 
-.PHONY: install demo test lint check clean
+.PHONY: install demo test lint docs check clean
 
 $(BIN)/asyncstream: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
 	$(BIN)/python -m pip install --quiet torch==$(TORCH_VERSION) $(TORCH_PIP_ARGS)
-	$(BIN)/python -m pip install --quiet -e '.[test]'
+	$(BIN)/python -m pip install --quiet -e '.[test,docs]'
 	touch $@
 
 install: $(BIN)/asyncstream
@@ -27,6 +27,12 @@ lint: install
 	$(BIN)/ruff format --check .
 	$(BIN)/mypy
 	$(BIN)/lint-imports --no-cache
+	$(MAKE) docs
+
+# The documentation site (docs/, mkdocs.yml) into site/, warnings as errors: a broken
+# link, a page left out of the navigation or a docstring that does not parse fails.
+docs: install
+	$(BIN)/mkdocs build --strict --quiet
 
 test: install
 	$(BIN)/python -m pytest
@@ -34,4 +40,4 @@ test: install
 check: lint test
 
 clean:
-	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache *.egg-info
+	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache *.egg-info site

@@ -16,6 +16,8 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+import pytest
+
 from asyncstream import RetryPolicy, S3Credentials, S3Options, Timeouts
 from asyncstream.stores._s3 import sync_client
 from asyncstream.testing._s3rver import S3rver, S3rverUnavailable

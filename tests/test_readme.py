@@ -1,6 +1,9 @@
-"""The README's examples run as written, top to bottom, against ``asyncstream serve``.
+"""The examples of the README and of the docs run as written, against ``asyncstream serve``.
 
-The fenced blocks of README.md are read in order and run as a reader would run them:
+The fenced blocks of README.md, then those of every page of the documentation in the
+order of ``mkdocs.yml``'s navigation (``docs/*.md``; their examples go on from the
+README's first run: the served bucket, the packed images), are read in order and run as
+a reader would run them, in one session:
 
 * the block marked ``<!-- readme-test: server -->`` (``asyncstream serve --port 9000
   --bucket my-bucket``) starts the installed console script as a child process, with the
@@ -19,9 +22,9 @@ The fenced blocks of README.md are read in order and run as a reader would run t
 
 Substitutions, so that the README's literal text runs here: ``/tmp/`` becomes this test's
 ``tmp_path`` (shell and Python blocks alike), and ``127.0.0.1:9000`` the served port.
-Each block must exit 0; a failing block is reported with its README line and its output
-(Python tracebacks name README.md lines). The ``ls`` block must list at least ten shards,
-as many as the README's prose says.
+Each block must exit 0; a failing block is reported with its file and line and its
+output (Python tracebacks name the file's lines: ``README.md``, ``docs/mixing.md``). The
+README's ``ls`` block must list at least ten shards, as many as the README's prose says.
 """
 
 from __future__ import annotations
@@ -46,7 +49,10 @@ from asyncstream.testing._local import _read_until
 
 pytestmark = pytest.mark.skipif(sys.platform == "win32", reason="POSIX shell and signals")
 
-README = Path(__file__).resolve().parent.parent / "README.md"
+ROOT = Path(__file__).resolve().parent.parent
+README = ROOT / "README.md"
+MKDOCS = ROOT / "mkdocs.yml"
+_NAV_PAGE = re.compile(r"^\s+- (?:[^:]+: )?(?P<page>\S+\.md)\s*$")
 _FENCE = re.compile(r"^(?P<indent>\s*)```(?P<lang>[\w-]*)\s*$")
 _MARKER = re.compile(r"^\s*<!-- readme-test: (?P<what>server|skip \((?P<reason>.+)\)) -->\s*$")
 _BLOCK_TIMEOUT = 300.0  # seconds for any one block (pytest's own timeout bounds the whole)
@@ -56,16 +62,29 @@ _MIN_SHARDS = 10
 
 @dataclass
 class Block:
-    """One fenced block of the README."""
+    """One fenced block of the README or of a docs page."""
 
     line: int  # of the opening fence, 1-based
     lang: str
     code: str
     marker: str | None  # "server", "skip" or None
     reason: str | None = None
+    file: str = "README.md"  # relative to the repository
+
+    @property
+    def where(self) -> str:
+        return f"{self.file}:{self.line}"
 
 
-def readme_blocks(text: str) -> list[Block]:
+def docs_pages() -> list[Path]:
+    """The pages of ``docs/`` in the order of mkdocs.yml's navigation."""
+    lines = MKDOCS.read_text().splitlines()
+    nav = lines[lines.index("nav:") + 1 :]
+    pages = [ROOT / "docs" / m["page"] for line in nav if (m := _NAV_PAGE.match(line))]
+    return [page for page in pages if page.exists()]  # bench/RESULTS.md is added by a hook
+
+
+def readme_blocks(text: str, file: str = "README.md") -> list[Block]:
     """The fenced blocks of ``text`` in order, dedented, with the marker line before each."""
     blocks: list[Block] = []
     lines = text.splitlines()
@@ -88,8 +107,9 @@ def readme_blocks(text: str) -> list[Block]:
             body.append(lines[j][indent:])
             j += 1
         if j == len(lines):
-            raise AssertionError(f"README.md:{i + 1}: the block is never closed")
-        blocks.append(Block(i + 1, fence["lang"], "\n".join(body) + "\n", marker, reason))
+            raise AssertionError(f"{file}:{i + 1}: the block is never closed")
+        code = "\n".join(body) + "\n"
+        blocks.append(Block(i + 1, fence["lang"], code, marker, reason, file))
         i = j + 1
     return blocks
 
@@ -170,7 +190,7 @@ class Shell:
         )
         if done.returncode != 0:
             raise AssertionError(
-                f"README.md:{block.line}: the bash block exited {done.returncode}:\n"
+                f"{block.where}: the bash block exited {done.returncode}:\n"
                 f"{code}\n--- output ---\n{done.stdout[-6000:]}"
             )
         names = dict(
@@ -190,11 +210,11 @@ os.dup2(2, 1)  # the blocks' own output goes to the log, with their children's
 namespace = {"__name__": "__main__"}
 for message in sys.stdin:
     block = json.loads(message)
-    print(f"=== README.md:{block['line']} ===", file=sys.stderr, flush=True)
-    # Padded so that a traceback's line numbers are README.md's.
+    print(f"=== {block['file']}:{block['line']} ===", file=sys.stderr, flush=True)
+    # Padded so that a traceback's line numbers are the file's.
     source = "\n" * block["line"] + block["code"]
     try:
-        exec(compile(source, "README.md", "exec"), namespace)
+        exec(compile(source, block["file"], "exec"), namespace)
         ok = True
     except BaseException:
         traceback.print_exc()
@@ -206,7 +226,7 @@ for message in sys.stdin:
 
 
 class Notebook:
-    """One Python process that runs the README's Python blocks in one namespace."""
+    """One Python process that runs the Python blocks in one namespace."""
 
     def __init__(self, env: dict[str, str], cwd: Path) -> None:
         self.log = cwd / ".readme-python.log"
@@ -226,21 +246,21 @@ class Notebook:
         stdout: IO[str] | None = self.proc.stdout
         assert stdin is not None
         assert stdout is not None
-        stdin.write(json.dumps({"line": block.line, "code": code}) + "\n")
+        stdin.write(json.dumps({"line": block.line, "file": block.file, "code": code}) + "\n")
         stdin.flush()
         ready, _, _ = select.select([stdout], [], [], _BLOCK_TIMEOUT)
         reply = stdout.readline() if ready else ""
         if not reply or not json.loads(reply)["ok"]:
             why = "failed" if reply else f"gave no answer in {_BLOCK_TIMEOUT:.0f} s"
             raise AssertionError(
-                f"README.md:{block.line}: the python block {why}:\n{code}\n"
+                f"{block.where}: the python block {why}:\n{code}\n"
                 f"--- output ---\n{self.output(block)[-6000:]}"
             )
 
     def output(self, block: Block) -> str:
         """What the process wrote from ``block`` on."""
         text = self.log.read_text(errors="replace")
-        return text.partition(f"=== README.md:{block.line} ===\n")[2]
+        return text.partition(f"=== {block.where} ===\n")[2]
 
     def close(self) -> None:
         """End of input: the process finishes (killed if it does not within a minute)."""
@@ -251,24 +271,27 @@ class Notebook:
         except subprocess.TimeoutExpired:
             self.proc.kill()
             self.proc.wait()
-            raise AssertionError("the README's Python process did not exit") from None
+            raise AssertionError("the examples' Python process did not exit") from None
         finally:
             if self.proc.stdout is not None:
                 self.proc.stdout.close()
             self._log.close()
-        assert returncode == 0, f"the README's Python process exited {returncode}"
+        assert returncode == 0, f"the examples' Python process exited {returncode}"
 
 
-def test_readme_blocks(tmp_path: Path) -> None:
+def test_readme_and_docs_blocks(tmp_path: Path) -> None:
     text = README.read_text()
     blocks = readme_blocks(text)
+    readme_count = len(blocks)
+    for page in docs_pages():
+        blocks += readme_blocks(page.read_text(), page.relative_to(ROOT).as_posix())
     port = _free_port()
     served: Served | None = None
     shell: Shell | None = None
     notebook: Notebook | None = None
-    outputs: dict[int, str] = {}
-    ran: list[tuple[int, str, float]] = []
-    skipped: list[tuple[int, str]] = []
+    outputs: dict[str, str] = {}
+    ran: list[tuple[str, str, float]] = []
+    skipped: list[tuple[str, str]] = []
 
     def substitute(code: str) -> str:
         code = re.sub(r"(?<![\w/.])/tmp/", f"{tmp_path}/", code)
@@ -281,10 +304,10 @@ def test_readme_blocks(tmp_path: Path) -> None:
     try:
         for block in blocks:
             if block.marker == "skip":
-                skipped.append((block.line, block.reason or ""))
+                skipped.append((block.where, block.reason or ""))
                 continue
             if block.marker == "server":
-                assert served is None, f"README.md:{block.line}: a second server block"
+                assert served is None, f"{block.where}: a second server block"
                 served = Served(block.code.strip(), port, tmp_path / "serve.log")
                 continue
             if block.lang not in ("bash", "python"):
@@ -294,12 +317,12 @@ def test_readme_blocks(tmp_path: Path) -> None:
             if block.lang == "bash":
                 if shell is None:
                     shell = Shell(dict(base_env), tmp_path)
-                outputs[block.line] = shell.run(block, code)
+                outputs[block.where] = shell.run(block, code)
             else:
                 if notebook is None:
                     notebook = Notebook(shell.env if shell else dict(base_env), tmp_path)
                 notebook.run(block, code)
-            ran.append((block.line, block.lang, time.monotonic() - started))
+            ran.append((block.where, block.lang, time.monotonic() - started))
         if notebook is not None:
             notebook.close()
             notebook = None
@@ -310,10 +333,11 @@ def test_readme_blocks(tmp_path: Path) -> None:
         if served is not None:
             served.stop()
 
-    for line, reason in skipped:
-        print(f"README.md:{line}: skipped ({reason})")
-    for line, lang, seconds in ran:
-        print(f"README.md:{line}: {lang} block ran in {seconds:.1f} s")
+    for where, reason in skipped:
+        print(f"{where}: skipped ({reason})")
+    for where, lang, seconds in ran:
+        print(f"{where}: {lang} block ran in {seconds:.1f} s")
+    blocks = blocks[:readme_count]  # what follows checks the README's own blocks
 
     # The server block, its transcript and the export line are the README's, port aside.
     assert served is not None, "the README has no <!-- readme-test: server --> block"
@@ -326,7 +350,7 @@ def test_readme_blocks(tmp_path: Path) -> None:
     assert [b.code.strip() for b in exports] == [export_line]
 
     # The ls block lists many shards, as many as the prose says.
-    listing = next(out for line, out in outputs.items() if _block(blocks, line, "asyncstream ls"))
+    listing = next(out for where, out in outputs.items() if _block(blocks, where, "asyncstream ls"))
     shards = re.findall(r"^s3://\S+\.tar\s", listing, flags=re.MULTILINE)
     assert len(shards) >= _MIN_SHARDS, listing
     claimed = re.search(r"make (\d+) shards", text)
@@ -334,5 +358,5 @@ def test_readme_blocks(tmp_path: Path) -> None:
     assert int(claimed[1]) == len(shards), listing
 
 
-def _block(blocks: list[Block], line: int, needle: str) -> bool:
-    return any(b.line == line and needle in b.code for b in blocks)
+def _block(blocks: list[Block], where: str, needle: str) -> bool:
+    return any(b.where == where and needle in b.code for b in blocks)
