@@ -93,7 +93,8 @@ def _side(source: Path, url: str, endpoint: str | None, epochs: int) -> dict[str
     return result
 
 
-def _baseline(rev: str, folder: Path) -> Path:
+def baseline_tree(rev: str, folder: Path) -> Path:
+    """Git revision ``rev``'s ``asyncstream`` package, extracted into ``folder``."""
     archive = subprocess.run(
         ["git", "-C", str(ROOT), "archive", rev, "asyncstream"], check=True, capture_output=True
     ).stdout
@@ -125,7 +126,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp, _server(args.s3) as server:
         sides = {"after": ROOT}
         if args.baseline:
-            sides = {"before": _baseline(args.baseline, Path(tmp)), **sides}
+            sides = {"before": baseline_tree(args.baseline, Path(tmp)), **sides}
         sources = [("local files", args.url, None)]
         if server is not None:
             sources.append(("S3, loopback", _upload(server, Path(args.url)), server.endpoint_url))
