@@ -121,7 +121,8 @@ def run(args: argparse.Namespace) -> int:
     from tqdm import tqdm
 
     from asyncstream import LocalS3, S3Options, ShardStream, pack
-    from asyncstream.cli._cli import human, list_shards
+    from asyncstream.cli._cli import human
+    from asyncstream.cli._commands import list_shards
     from asyncstream.testing import generate_imagefolder
 
     from ._loader import DALIImageLoader
