@@ -33,6 +33,7 @@ from ._state import (
     Position,
     ReaderState,
     Start,
+    find_states,
     segment_from_json,
     segment_to_json,
 )
@@ -123,6 +124,17 @@ class Checkpoint:
         """The reader's state as plain JSON data: ``state_dict()``'s layout."""
         return self.build(stages).to_dict()
 
+    def at(self, start: Start) -> dict[str, Any]:
+        """The state of a reader that has not begun: at ``start``, plain JSON data."""
+        return ReaderState(
+            Identity.of(self.settings),
+            start.epoch,
+            self.topology,
+            start.lineage,
+            start.assignment,
+            start.position or Position(),
+        ).to_dict()
+
     def load(self, data: Any) -> ReaderState:
         """A saved state, read and checked (older versions converted).
 
@@ -131,6 +143,29 @@ class Checkpoint:
                 corrupted; the message says which.
         """
         return ReaderState.from_dict(data, self.settings)
+
+    def load_all(self, data: Any) -> list[ReaderState]:
+        """Every reader state of one save inside ``data`` (a state, a list of them, or a
+        loader's state that holds them: :func:`~._state.find_states`), read and checked.
+
+        Raises:
+            StateError: no state found, a state :meth:`load` refuses, or states of
+                different epochs.
+        """
+        found = list(find_states(data))
+        if not found and isinstance(data, dict):
+            found = [data]  # parsing it says what it lacks
+        if not found:
+            raise StateError(
+                f"no ShardStream state in the {type(data).__name__} given to load_state_dict"
+            )
+        states = [self.load(state) for state in found]
+        epochs = {state.epoch for state in states}
+        if len(epochs) > 1:
+            raise StateError(
+                f"the states come from different epochs {sorted(epochs)}; pass one save's"
+            )
+        return states
 
     @staticmethod
     def split(start: Start, position: Position | None) -> StageStates:
