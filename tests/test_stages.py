@@ -15,6 +15,7 @@ from types import SimpleNamespace
 from typing import Any, cast
 
 import pytest
+from torchdata.stateful_dataloader import StatefulDataLoader
 
 from asyncstream import ShardStream, Source
 from asyncstream.engine._engine import Engine
@@ -218,3 +219,45 @@ def test_the_checkpoint_splits_a_position_into_the_stages_and_builds_it_back(
     assert checkpoint.build(stages) == state
     assert checkpoint.load(checkpoint.save(stages)) == state
     assert Checkpoint.version == state.to_dict()["version"] == 3
+
+
+class _Loading:
+    """A StatefulDataLoader over a stream, with one worker, a batch per step: the
+    workers' stages are saved in the loader's state."""
+
+    def __init__(self, shards: ForeignShards) -> None:
+        folder = str(shards.folder)
+        self.stream = ShardStream(folder, samples_per_shard=shards.counts, **STREAM)
+        self.loader = StatefulDataLoader(self.stream, batch_size=4, num_workers=1, collate_fn=_keys)
+        self.it: Iterator[list[str]] | None = None
+
+    def step(self) -> list[str]:
+        if self.it is None:
+            self.it = iter(self.loader)
+        return next(self.it)
+
+    def save(self) -> dict[str, Any]:
+        state: dict[str, Any] = self.loader.state_dict()
+        return state
+
+    def load(self, state: dict[str, Any]) -> None:
+        self.loader.load_state_dict(state)
+
+
+def _keys(samples: list[dict[str, Any]]) -> list[str]:
+    return [f"{s['__key__']}|{s['__url__'].rsplit('/', 1)[-1]}" for s in samples]
+
+
+def test_the_stream_in_a_stateful_dataloader_saved_at_midpoints_continues_exactly(
+    shards: ForeignShards,
+) -> None:
+    batches = check_save_restore(
+        lambda: _Loading(shards),
+        _Loading.step,
+        midpoints=[3, 11],
+        save=_Loading.save,
+        load=_Loading.load,
+        close=lambda loading: loading.stream.close(),
+    )
+    keys = [key for batch in batches for key in batch]
+    assert len(keys) == len(set(keys)) == sum(shards.counts)

@@ -1,6 +1,8 @@
-"""The stream's state: one typed object that builds, validates, versions, merges and restores.
+"""The stream's saved state: its typed form, its layout and versions, and resume.
 
-A :class:`ReaderState` is the position of one reader (one rank, or one DataLoader worker
+:class:`~._checkpoint.Checkpoint` is the one object that builds a reader's state from its
+stages' states and splits it back into them; this module holds what it builds with. A
+:class:`ReaderState` is the position of one reader (one rank, or one DataLoader worker
 of a rank) in one epoch:
 
 * **identity**: the dataset's fingerprint and every setting that decides the order (seed,
