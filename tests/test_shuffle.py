@@ -520,3 +520,14 @@ def test_a_shuffle_state_that_does_not_fit_is_refused() -> None:
     lanes = [{"piece": 0, "remaining": [1]}] * 3
     with pytest.raises(ValueError, match="at most window"):
         shuffle.reset({"draws": 0, "next_piece": 3, "lanes": lanes})
+
+
+def test_the_outlook_shows_the_lanes_and_the_pieces_to_open_next() -> None:
+    shuffle: WindowShuffle[int] = WindowShuffle(6, window=3, key=2)
+    shuffle.open([1, 2, 3], {"name": "a"})
+    shuffle.draw()
+    shuffle.open([7], {"name": "b"})
+    outlook = shuffle.outlook(3)
+    assert outlook.lanes == [(2, {"name": "a"}), (1, {"name": "b"})]
+    assert (outlook.upcoming, outlook.window) == (range(2, 5), 3)
+    assert shuffle.outlook(10).upcoming == range(2, 6)

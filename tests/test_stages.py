@@ -17,10 +17,10 @@ from typing import Any, cast
 import pytest
 from torchdata.stateful_dataloader import StatefulDataLoader
 
-from asyncstream import ShardStream, Source
+from asyncstream import ShardStream, Source, StateError
 from asyncstream.engine._engine import Engine
 from asyncstream.order._plan import Topology
-from asyncstream.stream._checkpoint import Checkpoint
+from asyncstream.stream._checkpoint import Checkpoint, StageStates
 from asyncstream.stream._emit import Emit
 from asyncstream.stream._lanes import ChunkReader, LaneReader
 from asyncstream.stream._plansource import PlanSource
@@ -121,7 +121,9 @@ def test_the_chunk_reader_saved_at_midpoints_continues_exactly(settings: StreamS
     per_piece: dict[int, list[int]] = {}
     for position, _, items, _ in chunks:
         per_piece.setdefault(position, []).extend(items)
-    assert all(items == sorted(set(items)) for items in per_piece.values())
+    pieces = PlanSource(settings, fresh(settings, 1, Topology())).pieces
+    assert {p: list(range(pieces[p].first, pieces[p].stop)) for p in per_piece} == per_piece
+    assert len(per_piece) == len(pieces)
 
 
 # -- emit -----------------------------------------------------------------------------------
@@ -261,3 +263,15 @@ def test_the_stream_in_a_stateful_dataloader_saved_at_midpoints_continues_exactl
     )
     keys = [key for batch in batches for key in batch]
     assert len(keys) == len(set(keys)) == sum(shards.counts)
+
+
+def test_the_checkpoint_refuses_stages_that_disagree() -> None:
+    plan = {"epoch": 0, "lineage": "base", "assignment": [], "next_piece": 2}
+    shuffle = {"draws": 3, "next_piece": 2, "lanes": [{"piece": 1, "remaining": [4]}]}
+    reader = {"lanes": [{"piece": 0, "chunk": 0, "reader_start": 0, "returned_before": 0}]}
+    with pytest.raises(StateError, match="holds no lane of piece 1"):
+        Checkpoint.position(StageStates(plan, reader, shuffle, None, {"emitted": 3}))
+    with pytest.raises(StateError, match="disagree on the pieces opened"):
+        Checkpoint.position(
+            StageStates({**plan, "next_piece": 1}, reader, shuffle, None, {"emitted": 3})
+        )
