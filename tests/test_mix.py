@@ -16,6 +16,7 @@ from asyncstream import MixingQuality, mixing_quality
 from asyncstream.order._mix import Blend, SourcePlan, mixed_entries, quotas, source_entries
 from asyncstream.order._plan import EpochSequence, Span, Topology, assign
 from asyncstream.order._shuffle import WindowShuffle, mix_key
+from tests._stages import check_save_restore
 
 # -- quotas -----------------------------------------------------------------------------
 
@@ -153,7 +154,7 @@ def test_the_blend_follows_the_remaining_counts_smoothly() -> None:
     assert picks.count(0) == 75
     for k in range(0, 100, 4):  # every 4 draws: 3 of a, 1 of b
         assert picks[k : k + 4].count(1) == 1
-    assert blend.state()[0] == (75, 25)
+    assert blend.state()["drawn"] == [75, 25]
 
 
 def test_a_source_without_an_open_lane_catches_up_gently() -> None:
@@ -170,7 +171,7 @@ def test_a_blend_restored_from_its_state_continues_exactly() -> None:
     for _ in range(37):
         blend.choose([0, 1, 2])
     again = Blend([30, 20, 50])
-    again.restore(blend.state())
+    again.reset(blend.state())
     assert [blend.choose([0, 2]) for _ in range(20)] == [again.choose([0, 2]) for _ in range(20)]
 
 
@@ -319,3 +320,23 @@ def test_mixing_quality_refuses_bad_input(
 ) -> None:
     with pytest.raises(ValueError, match=message):
         mixing_quality(list("aabb"), weights, **kwargs)
+
+
+def _blend_step(blend: Blend) -> int:
+    """One draw, among the sources that a lane pattern leaves open at this draw."""
+    n = sum(blend.drawn)
+    if n == 120:
+        raise StopIteration
+    return blend.choose([g for g in range(3) if (n + g) % 5])
+
+
+def test_the_blend_saved_at_midpoints_continues_exactly() -> None:
+    picks = check_save_restore(
+        lambda: Blend([50, 30, 40]), _blend_step, midpoints=[0, 1, 7, 33, 119, 120]
+    )
+    assert len(picks) == 120
+    fresh = Blend([50, 30, 40])
+    fresh.reset(None)
+    assert fresh.state() == {"drawn": [0, 0, 0], "credit": [0, 0, 0]}
+    with pytest.raises(ValueError, match="one entry per source"):
+        fresh.reset({"drawn": [1], "credit": [0]})

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import math
 import random
-from typing import Literal
+from typing import Any, Literal
 
 import pytest
 from hypothesis import given, settings
@@ -20,6 +20,7 @@ from asyncstream.order._shuffle import (
     simulate_buffer_order,
     simulate_window_order,
 )
+from tests._stages import check_save_restore
 
 Mode = Literal["samples", "shards"]
 MODES: tuple[Mode, ...] = ("samples", "shards")
@@ -441,10 +442,9 @@ def test_draws_are_the_per_draw_formula(
             expected = _reference_draw(state)
             assert state.draw() == expected
             if state.draws == restore_at:  # a fresh state from this one's
-                lanes = [(lane.piece, list(lane.items), {}) for lane in state.lanes]
-                draws, next_piece = state.state()
+                saved = state.state()
                 state = WindowShuffle(len(sizes), window=window, key=key, mode=mode)
-                state.reset(draws, next_piece, lanes)
+                state.reset(saved)
 
 
 @given(key=st.integers(0, 2**64 - 1), n=st.integers(0, 2**40))
@@ -453,3 +453,81 @@ def test_batched_random_numbers_are_splitmix(key: int, n: int) -> None:
     batch = _splitmix_batch(key, n)
     assert batch[0] == _splitmix(key + n)
     assert batch[-1] == _splitmix(key + n + len(batch) - 1)
+
+
+# -- save and restore at several midpoints (tests/_stages.py) ------------------------------
+
+
+class _Driven:
+    """A window shuffle and the chunks it is fed: each piece's chunks of 5 items, as the
+    stream's chunk reader would give them (the driver's state: each open piece's next
+    chunk)."""
+
+    def __init__(self, sizes: list[int], **kwargs: Any) -> None:
+        self.sizes = sizes
+        self.shuffle: WindowShuffle[int] = WindowShuffle(len(sizes), **kwargs)
+        self.next_chunk: dict[int, int] = {}
+
+    def chunk(self, piece: int) -> list[int]:
+        c = self.next_chunk.get(piece, 0)
+        self.next_chunk[piece] = c + 1
+        return [piece * 1000 + i for i in range(c * 5, min((c + 1) * 5, self.sizes[piece]))]
+
+    def step(self) -> int:
+        shuffle = self.shuffle
+        while (need := shuffle.need()).kind != "draw":
+            if need.kind == "done":
+                raise StopIteration
+            if need.kind == "open":
+                shuffle.open(self.chunk(need.piece))
+            else:
+                piece = shuffle.lanes[need.lane].piece
+                if self.next_chunk[piece] * 5 < self.sizes[piece]:
+                    shuffle.refill(need.lane, self.chunk(piece))
+                else:
+                    shuffle.close(need.lane)
+        return shuffle.draw()[1]
+
+    def state(self) -> dict[str, Any]:
+        return {"shuffle": self.shuffle.state(), "next_chunk": list(self.next_chunk.items())}
+
+    def reset(self, state: dict[str, Any]) -> None:
+        self.shuffle.reset(state["shuffle"])
+        self.next_chunk = dict(map(tuple, state["next_chunk"]))
+
+
+@pytest.mark.parametrize(
+    "kwargs",
+    [
+        {"window": 3, "key": 7},
+        {"window": 4, "key": 9, "mode": "shards"},
+        {"window": 3, "key": 1, "shuffle": False},
+        {"window": 1, "key": 5},
+    ],
+)
+def test_the_shuffle_saved_at_midpoints_continues_exactly(kwargs: dict[str, Any]) -> None:
+    sizes = [12, 3, 0, 17, 8, 11, 6]
+    order = check_save_restore(
+        lambda: _Driven(sizes, **kwargs), _Driven.step, midpoints=[0, 1, 4, 5, 23, 40, 56, 57]
+    )
+    assert sorted(order) == sorted(p * 1000 + i for p, n in enumerate(sizes) for i in range(n))
+
+
+def test_a_shuffle_state_that_does_not_fit_is_refused() -> None:
+    shuffle: WindowShuffle[int] = WindowShuffle(3, window=2, key=0)
+    with pytest.raises(ValueError, match="not among the pieces opened"):
+        shuffle.reset({"draws": 0, "next_piece": 1, "lanes": [{"piece": 1, "remaining": []}]})
+    lanes = [{"piece": 0, "remaining": [1]}] * 3
+    with pytest.raises(ValueError, match="at most window"):
+        shuffle.reset({"draws": 0, "next_piece": 3, "lanes": lanes})
+
+
+def test_the_outlook_shows_the_lanes_and_the_pieces_to_open_next() -> None:
+    shuffle: WindowShuffle[int] = WindowShuffle(6, window=3, key=2)
+    shuffle.open([1, 2, 3], {"name": "a"})
+    shuffle.draw()
+    shuffle.open([7], {"name": "b"})
+    outlook = shuffle.outlook(3)
+    assert outlook.lanes == [(2, {"name": "a"}), (1, {"name": "b"})]
+    assert (outlook.upcoming, outlook.window) == (range(2, 5), 3)
+    assert shuffle.outlook(10).upcoming == range(2, 6)

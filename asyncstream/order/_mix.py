@@ -43,7 +43,7 @@ from __future__ import annotations
 
 import math
 import random
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from fractions import Fraction
 
@@ -229,13 +229,20 @@ class Blend:
         drawn[pick] += 1
         return pick
 
-    def state(self) -> tuple[tuple[int, ...], tuple[int, ...]]:
-        """``(drawn, credit)``, what :class:`Blend` needs to continue exactly."""
-        return tuple(self.drawn), tuple(self.credit)
+    def state(self) -> dict[str, list[int]]:
+        """The blend's state as plain data: ``drawn`` and ``credit``, per source."""
+        return {"drawn": list(self.drawn), "credit": list(self.credit)}
 
-    def restore(self, state: tuple[Sequence[int], Sequence[int]]) -> None:
-        """Continue from a saved :meth:`state`."""
-        drawn, credit = state
+    def reset(self, state: Mapping[str, Sequence[int]] | None = None) -> None:
+        """Start over (``None``: before the first draw) or continue exactly from a saved
+        :meth:`state`.
+
+        Raises:
+            ValueError: a state without one ``drawn`` and one ``credit`` per source.
+        """
+        if state is None:
+            state = {"drawn": [0] * len(self.totals), "credit": [0] * len(self.totals)}
+        drawn, credit = state["drawn"], state["credit"]
         if not len(drawn) == len(credit) == len(self.totals):
             raise ValueError("a blend's drawn and credit need one entry per source")
         self.drawn, self.credit = list(drawn), list(credit)

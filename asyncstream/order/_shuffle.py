@@ -24,7 +24,7 @@ its ``state_dict``).
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Generic, Literal, TypeVar
 
@@ -34,6 +34,7 @@ if TYPE_CHECKING:
     from ._mix import Blend
 
 __all__ = [
+    "Outlook",
     "ShuffleQuality",
     "WindowShuffle",
     "mix_key",
@@ -103,6 +104,21 @@ class Need:
     kind: Literal["refill", "open", "draw", "done"]
     lane: int = -1  # for "refill"
     piece: int = -1  # for "open"
+
+
+@dataclass(frozen=True)
+class Outlook:
+    """What the window holds and will open next (:meth:`WindowShuffle.outlook`).
+
+    Attributes:
+        lanes: each open lane's undrawn resident items and its ``meta``, in lane order.
+        upcoming: positions of the pieces still to open, soonest first.
+        window: the most lanes open at once.
+    """
+
+    lanes: list[tuple[int, dict[str, Any]]]
+    upcoming: range
+    window: int
 
 
 _DRAW, _DONE = Need("draw"), Need("done")  # the needs of every draw, made once
@@ -258,20 +274,48 @@ class WindowShuffle(Generic[T]):
             r -= len(self.lanes[index].items)
         return among[-1]
 
-    def state(self) -> tuple[int, int]:
-        """``(draws, next_piece)``: with each lane's piece and undrawn items, its state."""
-        return self.draws, self.next_piece
+    def state(self) -> dict[str, Any]:
+        """The shuffle's state as plain data: ``draws``, ``next_piece`` and each open
+        lane's ``piece`` and ``remaining`` (undrawn) items, in the lane's current order.
+        The items must be plain data (the stream's are in-shard sample indices)."""
+        return {
+            "draws": self.draws,
+            "next_piece": self.next_piece,
+            "lanes": [
+                {"piece": lane.piece, "remaining": lane.items[lane.cursor :]} for lane in self.lanes
+            ],
+        }
 
     def reset(
-        self, draws: int, next_piece: int, lanes: list[tuple[int, list[T], dict[str, Any]]]
+        self, state: Mapping[str, Any] | None = None, meta: Sequence[dict[str, Any]] = ()
     ) -> None:
-        """Restore a state: the draw count, the next piece to open, and the open lanes as
-        ``(piece, undrawn items in their saved order, meta)``."""
-        if any(not 0 <= piece < next_piece <= self.n_pieces for piece, _, _ in lanes):
+        """Start over (``state=None``: before the first draw) or continue exactly from a
+        saved :meth:`state`; ``meta`` gives each saved lane's ``meta``, in order.
+
+        Raises:
+            ValueError: a state that does not fit this shuffle (a lane's piece not among
+                the pieces opened, more lanes than the window, a malformed field).
+        """
+        if state is None:
+            state = {"draws": 0, "next_piece": 0, "lanes": []}
+        draws, next_piece, lanes = state["draws"], state["next_piece"], state["lanes"]
+        if not isinstance(lanes, list) or len(lanes) > self.window:
+            raise ValueError("a shuffle state's lanes must be a list of at most window lanes")
+        if meta and len(meta) != len(lanes):
+            raise ValueError("a shuffle reset needs the meta of every lane, or none")
+        if not 0 <= next_piece <= self.n_pieces or draws < 0:
+            raise ValueError("a shuffle state's draws or next_piece is out of range")
+        if any(not 0 <= lane["piece"] < next_piece for lane in lanes):
             raise ValueError("a lane's piece is not among the pieces opened")
         self.draws, self.next_piece = draws, next_piece
         self.lanes = [
-            Lane(piece, items, meta=meta, group=self._group(piece)) for piece, items, meta in lanes
+            Lane(
+                lane["piece"],
+                list(lane["remaining"]),
+                meta=dict(meta[i]) if meta else {},
+                group=self._group(lane["piece"]),
+            )
+            for i, lane in enumerate(lanes)
         ]
         self._lane_groups = [lane.group for lane in self.lanes]
         self._items = sum(len(lane.items) for lane in self.lanes)
@@ -279,6 +323,16 @@ class WindowShuffle(Generic[T]):
         for group in self._lane_groups:
             self._open[group] += 1
         self._empty = [lane for lane in self.lanes if not lane.items]
+
+    def outlook(self, budget: int) -> Outlook:
+        """What the window holds and opens next, for a prefetch stage to rank chunks by:
+        each open lane's undrawn resident count and meta, and the next ``budget`` pieces
+        it will open, in order."""
+        return Outlook(
+            lanes=[(lane.remaining, lane.meta) for lane in self.lanes],
+            upcoming=range(self.next_piece, min(self.n_pieces, self.next_piece + budget)),
+            window=self.window,
+        )
 
     def resident(self) -> int:
         """Samples resident and not yet emitted: the effective shuffle radius."""

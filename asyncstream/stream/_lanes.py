@@ -19,9 +19,9 @@ before the piece's offset), so their chunks are always the shard's own.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from .._exceptions import DataError, StateError
 from ..engine._engine import Engine, Ready
@@ -30,7 +30,6 @@ from ..shards._compressed import CompressedReader, fetch_start, open_reader
 from ..shards._tar import Record, ShardReader
 from ..shards._urls import Shard
 from ..stores._store import ChunkRequest
-from ._state import LaneState
 
 if TYPE_CHECKING:
     from ._settings import StreamSettings
@@ -93,16 +92,16 @@ class LaneReader:
         end = min((base + chunk + 1) * slot, self.shard.size)
         return start, end - start
 
-    def state(self, remaining: list[int]) -> LaneState:
-        """The lane's saved state, given its undrawn samples."""
-        return LaneState(
-            piece=self.position,
-            chunk=self.chunk,
-            reader_start=self.reader_start,
-            returned_before=self.returned_before,
-            returned=self.returned,
-            remaining=tuple(remaining),
-        )
+    def state(self) -> dict[str, int]:
+        """The lane's state as plain data: its piece (by position), resident chunk and
+        where its shard's reader stands (the undrawn samples are the shuffle's)."""
+        return {
+            "piece": self.position,
+            "chunk": self.chunk,
+            "reader_start": self.reader_start,
+            "returned_before": self.returned_before,
+            "returned": self.returned,
+        }
 
 
 class ChunkReader:
@@ -121,12 +120,13 @@ class ChunkReader:
         self.pieces = pieces
         self.engine = engine
         self.requested: dict[tuple[int, int], int] = {}  # (piece position, chunk) -> id
+        self.open: dict[int, LaneReader] = {}  # the open lanes by piece position, as opened
 
     def lane(self, position: int) -> LaneReader:
         """A new lane for the piece at ``position``, before its first chunk."""
         piece = self.pieces[position]
         shard = self.settings.shards[piece.shard]
-        return LaneReader(
+        lane = self.open[position] = LaneReader(
             position,
             piece,
             shard,
@@ -137,6 +137,7 @@ class ChunkReader:
             returned_before=piece.index0,
             reader_start=piece.offset,
         )
+        return lane
 
     def chunk_request(self, position: int, chunk: int) -> ChunkRequest:
         """The ranged GET of chunk ``chunk`` of the piece at ``position``."""
@@ -195,18 +196,18 @@ class ChunkReader:
             return list(range(lo, hi))
         return [i for i in range(first, first + len(samples)) if piece.wants(i)]
 
-    def restore(self, saved: LaneState) -> tuple[LaneReader, set[int]]:
+    def restore(self, saved: Mapping[str, Any]) -> set[int]:
         """Reopen a saved lane exactly: its reader where it was, its chunk resident.
 
-        Returns the lane and the in-shard indices of the samples of its resident chunk.
+        Returns the in-shard indices of the samples of its resident chunk.
         """
-        if saved.piece >= len(self.pieces):
+        if saved["piece"] >= len(self.pieces):
             raise StateError("state_dict names a piece this reader does not have")
-        lane = self.lane(saved.piece)
-        lane.reader = open_reader(lane.shard.url, lane.shard.size, saved.reader_start)
-        lane.returned = saved.returned_before
-        chunk_start, _ = lane.chunk_range(saved.chunk)
-        offset = fetch_start(lane.shard.url, saved.reader_start)
+        lane = self.lane(saved["piece"])
+        lane.reader = open_reader(lane.shard.url, lane.shard.size, saved["reader_start"])
+        lane.returned = saved["returned_before"]
+        chunk_start, _ = lane.chunk_range(saved["chunk"])
+        offset = fetch_start(lane.shard.url, saved["reader_start"])
         engine = self.engine()
         while offset < chunk_start:  # the carried sample's earlier bytes (compressed: all)
             length = min(self.settings.chunk_bytes, chunk_start - offset)
@@ -230,14 +231,42 @@ class ChunkReader:
             finally:
                 engine.release(ready.slot)
             offset += length
-        lane.chunk = saved.chunk - 1
+        lane.chunk = saved["chunk"] - 1
         items = set(self.load(lane))
-        if saved.returned is not None and lane.returned != saved.returned:
+        returned = saved.get("returned")
+        if returned is not None and lane.returned != returned:
             raise StateError(
-                f"state_dict does not match {lane.shard.url}: its chunk {saved.chunk} ends "
-                f"at sample {lane.returned}, the state says {saved.returned}"
+                f"state_dict does not match {lane.shard.url}: its chunk {saved['chunk']} "
+                f"ends at sample {lane.returned}, the state says {returned}"
             )
-        return lane, items
+        return items
+
+    def state(self) -> dict[str, Any]:
+        """The chunk reader's state as plain data: each open lane's (:meth:`LaneReader.
+        state`), in the order the lanes were opened."""
+        return {"lanes": [lane.state() for lane in self.open.values()]}
+
+    def reset(self, state: Mapping[str, Any] | None = None) -> dict[int, set[int]]:
+        """Close every open lane, then reopen a saved state's lanes exactly (``None``:
+        none, a fresh start), each with its chunk resident.
+
+        Returns each reopened lane's resident samples (in-shard indices), by piece.
+
+        Raises:
+            StateError: a lane that names no piece of this reader, or that does not
+                match its shard's contents.
+        """
+        for lane in list(self.open.values()):
+            self.close(lane)
+        held: dict[int, set[int]] = {}
+        for saved in state["lanes"] if state is not None else ():
+            held[saved["piece"]] = self.restore(saved)
+        return held
+
+    def close(self, lane: LaneReader) -> None:
+        """A lane is done: hand its chunk back and forget it."""
+        self.release(lane)
+        self.open.pop(lane.position, None)
 
     def release(self, lane: LaneReader) -> None:
         """Hand the lane's resident chunk back to the engine."""

@@ -3,18 +3,20 @@
 An :class:`EpochRun` chains small stages, in the manner of ``torchdata.nodes``, each of
 which can be changed alone:
 
-1. **plan** (:mod:`._plan`, :mod:`._state`): where the reader starts (a fresh epoch's
+1. **plan source** (:mod:`._plansource`): where the reader starts (a fresh epoch's
    share, a saved position, or a share of what several saved readers left) and the
-   pieces it reads;
+   pieces it reads, handed out in order;
 2. **chunk reader** (:mod:`._lanes`): each open piece read chunk by chunk out of the
    shared-memory ring that the fetch engine (:mod:`._engine`) fills, indexed in place;
 3. **prefetch** (:mod:`._prefetch`): which chunks to ask for ahead of need;
 4. **window shuffle** (:mod:`._shuffle`): which sample comes next;
-5. **emit**: each sample copied out of the ring into ``bytes``, so what user code holds
-   never changes under it; a chunk's slot goes back to the engine as soon as its lane
-   moves on.
+5. **emit** (:mod:`._emit`): each sample copied out of the ring into ``bytes``, so what
+   user code holds never changes under it; a chunk's slot goes back to the engine as
+   soon as its lane moves on.
 
-:meth:`EpochRun.state` is the reader's :class:`~._state.ReaderState`; a run started from
+Each stage owns its state (``state()`` / ``reset(state)``, plain data); one object,
+:class:`~._checkpoint.Checkpoint`, builds the reader's :class:`~._state.ReaderState` from
+them (:meth:`EpochRun.state`) and splits a saved one back into them; a run started from
 one (``Start.position``) continues exactly where it was.
 
 Prefetch memory: up to ``prefetch`` chunks are requested ahead; the ring has ``window +
@@ -38,10 +40,13 @@ from ..engine._engine import Engine
 from ..order._mix import Blend
 from ..order._plan import Piece, Topology
 from ..order._shuffle import Lane, Need, WindowShuffle, mix_key
+from ._checkpoint import Checkpoint, StageStates
+from ._emit import Emit
 from ._lanes import ChunkReader, Item, LaneReader
+from ._plansource import PlanSource
 from ._prefetch import soonest
 from ._settings import StreamSettings
-from ._state import BASE, Identity, Position, ReaderState, Start, epoch_sequence
+from ._state import BASE, Position, ReaderState, Start
 
 __all__ = ["EpochRun", "default_topology", "worker_topology"]
 
@@ -116,10 +121,10 @@ class EpochRun(Iterator[dict[str, Any]]):
         self.epoch = start.epoch
         self.topology = topology
         self.remainder_samples = start.extra
-        self.pieces = epoch_sequence(settings, start.epoch).pieces(start.assignment)
+        self.plan = PlanSource(settings, start)
+        self.pieces = self.plan.pieces
         self.groups = [settings.source_of(piece.shard) for piece in self.pieces]
         self.blend = _blend(settings, self.pieces, self.groups)
-        self._sources = settings.sources
         self.shuffle: WindowShuffle[Item] = WindowShuffle(
             len(self.pieces),
             window=settings.lanes,
@@ -131,7 +136,8 @@ class EpochRun(Iterator[dict[str, Any]]):
         )
         self.engine = engine  # an idle engine of the previous epoch, reused
         self.reader = ChunkReader(settings, self.pieces, self._engine)
-        self.emitted = 0
+        self.emit = Emit([source.name for source in settings.sources])
+        self.checkpoint = Checkpoint(settings, topology)
         self.last_fetch: dict[str, Any] | None = None  # the engine's counters, last asked
         self.closed = False
         self.primed = False
@@ -167,16 +173,15 @@ class EpochRun(Iterator[dict[str, Any]]):
         if room <= 0:
             return
         s = self.settings
+        outlook = self.shuffle.outlook(budget)
         upcoming = [
             (p, self.pieces[p], s.shards[self.pieces[p].shard], s.counts[self.pieces[p].shard])
-            for p in range(
-                self.shuffle.next_piece, min(len(self.pieces), self.shuffle.next_piece + budget)
-            )
+            for p in outlook.upcoming
         ]
         wanted = soonest(
-            [(lane.remaining, self._lane(lane)) for lane in self.shuffle.lanes],
+            [(remaining, meta["reader"]) for remaining, meta in outlook.lanes],
             upcoming,
-            window=self.shuffle.window,
+            window=outlook.window,
             chunk_bytes=s.chunk_bytes,
             budget=budget,
         )
@@ -185,7 +190,7 @@ class EpochRun(Iterator[dict[str, Any]]):
 
     def _release(self, lane: Lane[Item]) -> None:
         if self.engine is not None:
-            self.reader.release(self._lane(lane))
+            self.reader.close(self._lane(lane))
 
     # -- iteration ----------------------------------------------------------------------
 
@@ -204,18 +209,8 @@ class EpochRun(Iterator[dict[str, Any]]):
                 self._serve(need)
                 need = shuffle.need()
             index, sample = shuffle.draw()
-            self.emitted += 1
             drawn = shuffle.lanes[index]
-            lane: LaneReader = drawn.meta["reader"]
-            # emit: the one copy out of the ring, into the dict the API promises
-            record = lane.records[sample - lane.first]
-            out: dict[str, Any] = {"__key__": record[0], "__url__": lane.shard.url}
-            view = lane.view
-            for ext, start, stop, owned in record[2:]:
-                out[ext] = view[start:stop].tobytes() if owned is None else owned
-            if self._sources:
-                out["__source__"] = self._sources[drawn.group].name
-            return out
+            return self.emit.next(drawn.meta["reader"], sample, drawn.group)
         except StopIteration:
             self.closed = True  # the engine is idle again: finish() hands it back
             raise
@@ -259,7 +254,10 @@ class EpochRun(Iterator[dict[str, Any]]):
         if need.kind == "done":
             raise StopIteration
         if need.kind == "open":
-            lane = self.reader.lane(need.piece)
+            position, _ = self.plan.next()
+            if position != need.piece:
+                raise StateError(f"the plan source is at piece {position}, not {need.piece}")
+            lane = self.reader.lane(position)
             shuffle.open(self.reader.load(lane), {"reader": lane})
         else:
             lane = self._lane(shuffle.lanes[need.lane])
@@ -271,49 +269,56 @@ class EpochRun(Iterator[dict[str, Any]]):
 
     # -- state --------------------------------------------------------------------------
 
+    @property
+    def emitted(self) -> int:
+        """Samples emitted in this epoch by this reader (the saved ones included)."""
+        return self.emit.emitted
+
+    def stages(self) -> StageStates:
+        """The state of each stage, as each gives it."""
+        return StageStates(
+            plan=self.plan.state(),
+            reader=self.reader.state(),
+            shuffle=self.shuffle.state(),
+            blend=self.blend.state() if self.blend is not None else None,
+            emit=self.emit.state(),
+        )
+
     def position(self) -> Position:
         """Where the reader is."""
         if self._restore_pending is not None:
             return self._restore_pending
-        lanes = tuple(
-            self._lane(lane).state(lane.items[lane.cursor :]) for lane in self.shuffle.lanes
-        )
-        draws, next_piece = self.shuffle.state()
-        blend = self.blend.state() if self.blend is not None else None
-        return Position(draws, next_piece, self.emitted, lanes, blend)
+        return self.checkpoint.position(self.stages())
 
     def state(self) -> ReaderState:
-        """The reader's exact state (see :mod:`._state`)."""
-        return ReaderState(
-            Identity.of(self.settings),
-            self.epoch,
-            self.topology,
-            self.start.lineage,
-            self.start.assignment,
-            self.position(),
-        )
+        """The reader's exact state (see :mod:`._state`), built by its checkpoint."""
+        if self._restore_pending is not None:
+            return self.checkpoint.build(Checkpoint.split(self.start, self._restore_pending))
+        return self.checkpoint.build(self.stages())
 
     def reset(self, position: Position) -> None:
-        """Reopen the lanes of a saved position, each with its undrawn samples resident."""
-        if position.next_piece > len(self.pieces):
-            raise StateError("state_dict position is corrupted: next_piece is past the plan")
-        lanes = []
-        for saved in position.lanes:
-            lane, held = self.reader.restore(saved)
-            missing = [i for i in saved.remaining if i not in held]
+        """Give each stage its part of a saved position: the lanes reopen, each with its
+        undrawn samples resident."""
+        states = Checkpoint.split(self.start, position)
+        self.plan.reset(states.plan)
+        held = self.reader.reset(states.reader)
+        meta = []
+        for saved in states.shuffle["lanes"]:
+            lane = self.reader.open[saved["piece"]]
+            missing = [i for i in saved["remaining"] if i not in held[saved["piece"]]]
             if missing:
                 raise StateError(
                     f"state_dict names sample {missing[0]} that the resident chunk of "
                     f"{lane.shard.url} does not hold"
                 )
-            lanes.append((saved.piece, list(saved.remaining), {"reader": lane}))
-        self.shuffle.reset(position.draws, position.next_piece, lanes)
-        if self.blend is not None and position.blend is not None:
-            try:
-                self.blend.restore(position.blend)
-            except ValueError as exc:
-                raise StateError(f"state_dict is corrupted: {exc}") from None
-        self.emitted = position.emitted
+            meta.append({"reader": lane})
+        try:
+            self.shuffle.reset(states.shuffle, meta)
+            if self.blend is not None and states.blend is not None:
+                self.blend.reset(states.blend)
+        except ValueError as exc:
+            raise StateError(f"state_dict is corrupted: {exc}") from None
+        self.emit.reset(states.emit)
         self._prefetch()
 
     def stats(self, fetch: bool = True) -> dict[str, Any]:
@@ -332,7 +337,7 @@ class EpochRun(Iterator[dict[str, Any]]):
             "remainder_samples": self.remainder_samples,
         }
         if self.blend is not None:
-            drawn, _ = self.blend.state()
+            drawn = self.blend.drawn
             out["sources"] = {
                 source.name: {
                     "drawn": drawn[i],

@@ -1,6 +1,8 @@
-"""The stream's state: one typed object that builds, validates, versions, merges and restores.
+"""The stream's saved state: its typed form, its layout and versions, and resume.
 
-A :class:`ReaderState` is the position of one reader (one rank, or one DataLoader worker
+:class:`~._checkpoint.Checkpoint` is the one object that builds a reader's state from its
+stages' states and splits it back into them; this module holds what it builds with. A
+:class:`ReaderState` is the position of one reader (one rank, or one DataLoader worker
 of a rank) in one epoch:
 
 * **identity**: the dataset's fingerprint and every setting that decides the order (seed,
@@ -92,6 +94,8 @@ __all__ = [
     "fresh",
     "left_in",
     "resume",
+    "segment_from_json",
+    "segment_to_json",
 ]
 
 STATE_KIND = "asyncstream.ShardStream"
@@ -158,14 +162,16 @@ class Identity:
                 )
 
 
-def _segment_to_json(segment: Segment) -> list[Any]:
+def segment_to_json(segment: Segment) -> list[Any]:
+    """A segment of an assignment as plain data: ``["span", lo, hi]`` or ``["piece", ...]``."""
     if isinstance(segment, Span):
         return ["span", segment.lo, segment.hi]
     p = segment
     return ["piece", p.shard, p.first, p.stop, list(p.take), p.offset, p.index0]
 
 
-def _segment_from_json(data: Any, n_shards: int) -> Segment:
+def segment_from_json(data: Any, n_shards: int) -> Segment:
+    """Parse and check a segment saved by :func:`segment_to_json`."""
     if isinstance(data, list) and data[:1] == ["span"] and len(data) == 3:
         lo, hi = _ints(data[1:], "a span")
         if lo > hi:
@@ -204,7 +210,7 @@ class ReaderState:
             "epoch": self.epoch,
             "topology": [t.rank, t.world_size, t.worker, t.num_workers],
             "lineage": self.lineage,
-            "assignment": [_segment_to_json(s) for s in self.assignment],
+            "assignment": [segment_to_json(s) for s in self.assignment],
             "position": self.position.to_dict(),
         }
 
@@ -257,7 +263,7 @@ class ReaderState:
             if not isinstance(segments, list):
                 raise _bad("assignment must be a list of segments")
             n = len(settings.shards)
-            assignment = tuple(_segment_from_json(s, n) for s in segments)
+            assignment = tuple(segment_from_json(s, n) for s in segments)
             if lineage == BASE and assignment != base_assignment(settings, epoch, topology):
                 raise _bad("the assignment is not this epoch's plan for this reader")
         state = cls(identity, epoch, topology, lineage, assignment, position)

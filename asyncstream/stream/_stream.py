@@ -11,27 +11,25 @@ import threading
 import warnings
 import weakref
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import replace
 from typing import Any, TypeVar, Unpack
 
 from torch.utils.data import IterableDataset, get_worker_info
 
 from .._config import CacheConfig, FetchConfig, FlatSettings, IndexConfig, OrderConfig, group
 from .._exceptions import StateError
-from ..dataset._dataset import open_dataset
-from ..dataset._sources import Source, open_sources, split_sources
-from ..engine._cache import cache_options
+from ..dataset._sources import Source
 from ..engine._engine import Engine
 from ..engine._ring import check_node_room, local_ranks
 from ..order._plan import Topology, reader_samples
 from ..stores._s3 import S3Options
+from ._checkpoint import Checkpoint
 from ._epochs import Pending
 from ._iteration import Iteration
 from ._mapped import MappedStream
-from ._run import EpochRun, default_topology, worker_topology
-from ._settings import StreamSettings
+from ._open import open_settings
+from ._run import EpochRun, worker_topology
 from ._stall import StallMeter
-from ._state import Identity, Position, ReaderState, find_states, fresh, resume
+from ._state import fresh, resume
 from ._workers import LOCAL, Refused, SharedEpoch
 
 __all__ = ["ShardStream"]
@@ -155,71 +153,15 @@ class ShardStream(IterableDataset[dict[str, Any]]):
         index: IndexConfig | None = None,
         **flat: Unpack[FlatSettings],
     ) -> None:
-        configs = group(flat, order=order, fetch=fetch, cache=cache, index=index)
-        order, fetch, index = configs.order, configs.fetch, configs.index
-        cache_path, cache_limit = cache_options(configs.cache.path, configs.cache.limit)
-        options = s3 or S3Options()
-        if endpoint_url is not None:
-            options = replace(options, endpoint_url=endpoint_url)
-        options = options.resolve()
-        self._rank, self._world_size = default_topology(order.rank, order.world_size)
-        Topology(self._rank, self._world_size)  # validates
-        settings = StreamSettings(
-            shards=(),
-            counts=(),
-            order=order,
-            fetch=fetch,
-            s3=options,
-            cache_dir=cache_path,
-            cache_limit=cache_limit,
+        opened = open_settings(
+            urls,
+            epoch_size=epoch_size,
+            endpoint_url=endpoint_url,
+            s3=s3,
+            configs=group(flat, order=order, fetch=fetch, cache=cache, index=index),
         )
-        samples_per_shard, split = index.samples_per_shard, index.split
-        strict, index_cache = index.strict, index.cache
-        shuffle, window = order.shuffle, order.window
-        sources, plain = split_sources(urls)
-        if sources is None:
-            if epoch_size is not None:
-                raise ValueError(
-                    "epoch_size sets the samples per epoch of a stream of sources: give "
-                    "ShardStream a list of asyncstream.Source"
-                )
-            dataset = open_dataset(
-                plain,
-                options,
-                samples_per_shard=samples_per_shard,
-                split=split,
-                strict=strict,
-                index_cache=index_cache,
-                counting=settings.counting(),  # counted as an epoch reads
-            )
-            self._index: dict[str, Any] = dataset.info.as_dict()
-            self._settings = replace(settings, shards=dataset.shards, counts=dataset.counts)
-        else:
-            if samples_per_shard is not None or split is not None:
-                raise ValueError(
-                    "with sources, give samples_per_shard and split to each Source, not the stream"
-                )
-            if shuffle and window < len(sources):
-                raise ValueError(
-                    f"window={window} is less than the {len(sources)} sources: every source "
-                    "needs an open shard in the window to be drawn"
-                )
-            opened = open_sources(
-                sources,
-                options,
-                epoch_size=epoch_size,
-                counting=settings.counting(),
-                strict=strict,
-                index_cache=index_cache,
-            )
-            self._index = {name: info.as_dict() for name, info in opened.infos.items()}
-            self._settings = replace(
-                settings,
-                shards=opened.shards,
-                counts=opened.counts,
-                sources=opened.plans,
-                s3_extra=opened.s3_extra,
-            )
+        self._settings, self._index = opened.settings, opened.index
+        self._rank, self._world_size = opened.rank, opened.world_size
         # Each reader's ring is made when it starts reading: say now if it cannot fit.
         check_node_room(self._settings.ring_bytes, 0, "lower window, prefetch or chunk_bytes")
         self._shared = SharedEpoch()
@@ -452,15 +394,7 @@ class ShardStream(IterableDataset[dict[str, Any]]):
             start = resume(states, self._settings, topology)
         else:
             start = fresh(self._settings, self.epoch, topology)
-        state = ReaderState(
-            Identity.of(self._settings),
-            start.epoch,
-            topology,
-            start.lineage,
-            start.assignment,
-            start.position or Position(),
-        )
-        return state.to_dict()
+        return Checkpoint(self._settings, topology).at(start)
 
     def load_state_dict(self, state: Any) -> None:
         """Resume from saved state; the next iteration continues where it was.
@@ -480,19 +414,8 @@ class ShardStream(IterableDataset[dict[str, Any]]):
                 unknown version, is corrupted, or does not cover every old reader.
         """
         self._check_open()
-        found = list(find_states(state))
-        if not found and isinstance(state, dict):
-            found = [state]  # parsing it says what it lacks
-        if not found:
-            raise StateError(
-                f"no ShardStream state in the {type(state).__name__} given to load_state_dict"
-            )
-        states = [ReaderState.from_dict(data, self._settings) for data in found]
-        epochs = {s.epoch for s in states}
-        if len(epochs) > 1:
-            raise StateError(
-                f"the states come from different epochs {sorted(epochs)}; pass one save's"
-            )
+        topology = worker_topology(self._rank, self._world_size)
+        states = Checkpoint(self._settings, topology).load_all(state)
         self._stop_run()
         if self._shared.owned:
             self._loads += 1

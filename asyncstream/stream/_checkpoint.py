@@ -1,0 +1,203 @@
+"""The one owner of a reader's state: built from its stages' states, checked, versioned
+and split back into them.
+
+Each stage of an epoch (:mod:`._run`) keeps its own state as plain data, ``state()``, and
+continues exactly from it, ``reset(state)``: the plan source (epoch, lineage, assignment,
+pieces handed out: :mod:`._plansource`), the chunk reader (each open lane's resident chunk
+and where its shard's reader stands: :mod:`._lanes`), the window shuffle (draws, pieces
+opened, each lane's undrawn samples: :mod:`..order._shuffle`), the blend of a mixed stream
+(drawn and credit per source: :mod:`..order._mix`) and emit (samples emitted:
+:mod:`._emit`). No stage reads another's state.
+
+:class:`Checkpoint` alone turns the stages' states into the reader's saved state (a
+:class:`~._state.ReaderState`, whose ``to_dict`` is ``state_dict()``'s layout, version
+:data:`~._state.STATE_VERSION`), reads a saved one back (every field checked, older
+versions read: :meth:`ReaderState.from_dict`), and splits a saved position into the state
+each stage restores from. The saved layout is the one versions 1 to 3 share: a saved lane
+(``position.lanes[i]``) joins the chunk reader's lane and the shuffle's lane of one piece,
+in the shuffle's lane order; ``position.sources`` is the blend's.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from .._exceptions import StateError
+from ..order._plan import Topology
+from ._state import (
+    STATE_VERSION,
+    Identity,
+    LaneState,
+    Position,
+    ReaderState,
+    Start,
+    find_states,
+    segment_from_json,
+    segment_to_json,
+)
+
+if TYPE_CHECKING:
+    from ._settings import StreamSettings
+
+__all__ = ["Checkpoint", "StageStates"]
+
+
+@dataclass(frozen=True)
+class StageStates:
+    """The state of each stage of one reader, as each stage's ``state()`` gives it."""
+
+    plan: Mapping[str, Any]
+    reader: Mapping[str, Any]
+    shuffle: Mapping[str, Any]
+    blend: Mapping[str, Any] | None
+    emit: Mapping[str, Any]
+
+
+class Checkpoint:
+    """Builds, checks, versions and restores the state of one reader of a stream.
+
+    Args:
+        settings: the stream's settings (its identity and plan).
+        topology: the reader's rank and worker.
+    """
+
+    version = STATE_VERSION
+
+    def __init__(self, settings: StreamSettings, topology: Topology) -> None:
+        self.settings = settings
+        self.topology = topology
+
+    @staticmethod
+    def position(stages: StageStates) -> Position:
+        """Where the reader is, from its stages' states.
+
+        Raises:
+            StateError: stages that disagree (a lane the chunk reader does not hold).
+        """
+        shuffle = stages.shuffle
+        if stages.plan["next_piece"] != shuffle["next_piece"]:
+            raise StateError(
+                "the plan source and the shuffle disagree on the pieces opened "
+                f"({stages.plan['next_piece']} and {shuffle['next_piece']})"
+            )
+        readers = {lane["piece"]: lane for lane in stages.reader["lanes"]}
+        lanes = []
+        for lane in shuffle["lanes"]:
+            if lane["piece"] not in readers:
+                raise StateError(f"the chunk reader holds no lane of piece {lane['piece']}")
+            reader = readers[lane["piece"]]
+            lanes.append(
+                LaneState(
+                    piece=lane["piece"],
+                    chunk=reader["chunk"],
+                    reader_start=reader["reader_start"],
+                    returned_before=reader["returned_before"],
+                    returned=reader.get("returned"),
+                    remaining=tuple(lane["remaining"]),
+                )
+            )
+        blend = stages.blend
+        return Position(
+            draws=shuffle["draws"],
+            next_piece=shuffle["next_piece"],
+            emitted=stages.emit["emitted"],
+            lanes=tuple(lanes),
+            blend=None if blend is None else (tuple(blend["drawn"]), tuple(blend["credit"])),
+        )
+
+    def build(self, stages: StageStates) -> ReaderState:
+        """The reader's state, from its stages' states."""
+        plan = stages.plan
+        n_shards = len(self.settings.shards)
+        return ReaderState(
+            Identity.of(self.settings),
+            plan["epoch"],
+            self.topology,
+            plan["lineage"],
+            tuple(segment_from_json(s, n_shards) for s in plan["assignment"]),
+            self.position(stages),
+        )
+
+    def save(self, stages: StageStates) -> dict[str, Any]:
+        """The reader's state as plain JSON data: ``state_dict()``'s layout."""
+        return self.build(stages).to_dict()
+
+    def at(self, start: Start) -> dict[str, Any]:
+        """The state of a reader that has not begun: at ``start``, plain JSON data."""
+        return ReaderState(
+            Identity.of(self.settings),
+            start.epoch,
+            self.topology,
+            start.lineage,
+            start.assignment,
+            start.position or Position(),
+        ).to_dict()
+
+    def load(self, data: Any) -> ReaderState:
+        """A saved state, read and checked (older versions converted).
+
+        Raises:
+            StateError: not a state, another version, dataset or configuration, or
+                corrupted; the message says which.
+        """
+        return ReaderState.from_dict(data, self.settings)
+
+    def load_all(self, data: Any) -> list[ReaderState]:
+        """Every reader state of one save inside ``data`` (a state, a list of them, or a
+        loader's state that holds them: :func:`~._state.find_states`), read and checked.
+
+        Raises:
+            StateError: no state found, a state :meth:`load` refuses, or states of
+                different epochs.
+        """
+        found = list(find_states(data))
+        if not found and isinstance(data, dict):
+            found = [data]  # parsing it says what it lacks
+        if not found:
+            raise StateError(
+                f"no ShardStream state in the {type(data).__name__} given to load_state_dict"
+            )
+        states = [self.load(state) for state in found]
+        epochs = {state.epoch for state in states}
+        if len(epochs) > 1:
+            raise StateError(
+                f"the states come from different epochs {sorted(epochs)}; pass one save's"
+            )
+        return states
+
+    @staticmethod
+    def split(start: Start, position: Position | None) -> StageStates:
+        """The state each stage restores from, for a reader starting at ``start`` at a
+        saved ``position`` (``None``: the start of its assignment)."""
+        position = position if position is not None else Position()
+        plan = {
+            "epoch": start.epoch,
+            "lineage": start.lineage,
+            "assignment": [segment_to_json(s) for s in start.assignment],
+            "next_piece": position.next_piece,
+        }
+        reader = {
+            "lanes": [
+                {
+                    "piece": lane.piece,
+                    "chunk": lane.chunk,
+                    "reader_start": lane.reader_start,
+                    "returned_before": lane.returned_before,
+                    **({} if lane.returned is None else {"returned": lane.returned}),
+                }
+                for lane in position.lanes
+            ]
+        }
+        shuffle = {
+            "draws": position.draws,
+            "next_piece": position.next_piece,
+            "lanes": [
+                {"piece": lane.piece, "remaining": list(lane.remaining)} for lane in position.lanes
+            ],
+        }
+        blend = None
+        if position.blend is not None:
+            blend = {"drawn": list(position.blend[0]), "credit": list(position.blend[1])}
+        return StageStates(plan, reader, shuffle, blend, {"emitted": position.emitted})

@@ -1,0 +1,112 @@
+"""Opening a stream: its arguments mapped onto its settings, and its dataset opened.
+
+What :class:`~._stream.ShardStream`'s constructor does before it can read: the config
+objects (:mod:`asyncstream._config`, one table from the flat keyword arguments), the S3
+options, the topology, and the dataset (:func:`~asyncstream.dataset._dataset.open_dataset`)
+or the mixed sources (:func:`~asyncstream.dataset._sources.open_sources`) it reads, as one
+:class:`~._settings.StreamSettings`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
+from typing import Any
+
+from .._config import Configs
+from ..dataset._dataset import open_dataset
+from ..dataset._sources import Source, open_sources, split_sources
+from ..engine._cache import cache_options
+from ..order._plan import Topology
+from ..stores._s3 import S3Options
+from ._run import default_topology
+from ._settings import StreamSettings
+
+__all__ = ["Opened", "open_settings"]
+
+
+@dataclass(frozen=True)
+class Opened:
+    """A stream's settings, which index gave its counts, and its rank and world size."""
+
+    settings: StreamSettings
+    index: dict[str, Any]
+    rank: int
+    world_size: int
+
+
+def open_settings(
+    urls: str | Sequence[str] | Source | Sequence[Source],
+    *,
+    epoch_size: int | None,
+    endpoint_url: str | None,
+    s3: S3Options | None,
+    configs: Configs,
+) -> Opened:
+    """Open what a stream reads (see :class:`~._stream.ShardStream` for the arguments and
+    what it raises)."""
+    order, fetch, index = configs.order, configs.fetch, configs.index
+    cache_path, cache_limit = cache_options(configs.cache.path, configs.cache.limit)
+    options = s3 or S3Options()
+    if endpoint_url is not None:
+        options = replace(options, endpoint_url=endpoint_url)
+    options = options.resolve()
+    rank, world_size = default_topology(order.rank, order.world_size)
+    Topology(rank, world_size)  # validates
+    settings = StreamSettings(
+        shards=(),
+        counts=(),
+        order=order,
+        fetch=fetch,
+        s3=options,
+        cache_dir=cache_path,
+        cache_limit=cache_limit,
+    )
+    samples_per_shard, split = index.samples_per_shard, index.split
+    strict, index_cache = index.strict, index.cache
+    shuffle, window = order.shuffle, order.window
+    sources, plain = split_sources(urls)
+    if sources is None:
+        if epoch_size is not None:
+            raise ValueError(
+                "epoch_size sets the samples per epoch of a stream of sources: give "
+                "ShardStream a list of asyncstream.Source"
+            )
+        dataset = open_dataset(
+            plain,
+            options,
+            samples_per_shard=samples_per_shard,
+            split=split,
+            strict=strict,
+            index_cache=index_cache,
+            counting=settings.counting(),  # counted as an epoch reads
+        )
+        index_info: dict[str, Any] = dataset.info.as_dict()
+        settings = replace(settings, shards=dataset.shards, counts=dataset.counts)
+    else:
+        if samples_per_shard is not None or split is not None:
+            raise ValueError(
+                "with sources, give samples_per_shard and split to each Source, not the stream"
+            )
+        if shuffle and window < len(sources):
+            raise ValueError(
+                f"window={window} is less than the {len(sources)} sources: every source "
+                "needs an open shard in the window to be drawn"
+            )
+        opened = open_sources(
+            sources,
+            options,
+            epoch_size=epoch_size,
+            counting=settings.counting(),
+            strict=strict,
+            index_cache=index_cache,
+        )
+        index_info = {name: info.as_dict() for name, info in opened.infos.items()}
+        settings = replace(
+            settings,
+            shards=opened.shards,
+            counts=opened.counts,
+            sources=opened.plans,
+            s3_extra=opened.s3_extra,
+        )
+    return Opened(settings, index_info, rank, world_size)
