@@ -50,7 +50,7 @@ from pathlib import Path
 from typing import Any
 
 from .._exceptions import DataError
-from ..shards._urls import local_path
+from ..stores._localstore import local_path
 
 __all__ = [
     "MANIFEST_KIND",

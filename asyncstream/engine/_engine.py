@@ -80,21 +80,20 @@ from multiprocessing.connection import Connection
 from typing import Any, Literal
 
 from .._exceptions import AsyncStreamError, EngineError
-from ..shards._urls import scheme_of
-from ..stores._localstore import LocalStore
+from ..stores._registry import (
+    StoreKey,
+    install_stores,
+    make_store,
+    registered_stores,
+    scheme_of,
+)
 from ..stores._retry import RetryPolicy, Timeouts, retrying
 from ..stores._s3 import S3Options
-from ..stores._s3store import S3Store
-from ..stores._store import ChunkRequest, Store, Timing
+from ..stores._store import ChunkRequest, Store, StoreSetup, Timing
 from ._cache import CachedStore
 from ._ring import Ring
 
 __all__ = ["Engine", "EngineConfig", "Ready"]
-
-
-def _store_key(number: int) -> str:
-    """The key of S3 store ``number`` (0: ``EngineConfig.s3``, n: ``s3_extra[n - 1]``)."""
-    return "s3" if number == 0 else f"s3:{number}"
 
 
 _LATENCY_WINDOW = 4096
@@ -111,8 +110,11 @@ class EngineConfig:
         timeouts: time limits of one attempt.
         check_etag: compare the listed ETag with every response (``If-Match``).
         s3: how to reach the store.
-        s3_extra: more S3 endpoints (a mixed stream's sources with options of their own);
-            a :class:`~._store.ChunkRequest` with ``store=n`` reads from ``s3_extra[n - 1]``.
+        endpoints: more endpoints by name (a mixed stream's sources with options of their
+            own): a :class:`~._store.ChunkRequest` with ``endpoint=name`` reads from the
+            store of its URL's scheme made with that name's options.
+        registry: the table of stores by scheme (:mod:`asyncstream.stores._registry`), as
+            the caller's process has it when the settings are made.
         seed: seeds the backoff jitter.
         adaptive: cut concurrency on throttling and grow it back (AIMD).
         hedge: send a second request for a chunk far slower than recent ones.
@@ -140,7 +142,8 @@ class EngineConfig:
     timeouts: Timeouts = field(default_factory=Timeouts)
     check_etag: bool = True
     s3: S3Options = field(default_factory=S3Options)
-    s3_extra: tuple[S3Options, ...] = ()
+    endpoints: tuple[tuple[str, S3Options], ...] = ()
+    registry: tuple[tuple[str, str], ...] = field(default_factory=registered_stores)
     seed: int = 0
     adaptive: bool = True
     hedge: bool = True
@@ -311,7 +314,7 @@ class _Core:
         self.last_cut = -1e9
         self.predictor = _Predictor()
         self.hedging = 0  # hedges running
-        self.stores: dict[str, Store] = {}
+        self.stores: dict[StoreKey, Store] = {}
 
     async def run(self) -> None:
         loop = asyncio.get_running_loop()
@@ -327,10 +330,8 @@ class _Core:
                 target=self._read_control, args=(loop,), name="asyncstream-control", daemon=True
             )
             reader.start()
-            self.stores = {"file": LocalStore()}
+            install_stores(self.config.registry)
             try:
-                for number, options in enumerate((self.config.s3, *self.config.s3_extra)):
-                    await self._open_s3(_store_key(number), options)
                 self._send(("started",))
                 scheduler = asyncio.create_task(self._schedule())
                 await self.stop.wait()
@@ -346,31 +347,49 @@ class _Core:
                 self.ring.unlink()  # the consumer died: nobody else will
             self.ring.close()
 
-    async def _open_s3(self, key: str, options: S3Options) -> None:
-        """Open the S3 store of one endpoint's options as ``stores[key]``, behind the
-        cache where there is one (kept in ``stores`` from the start, so it is closed with
-        the others if opening fails)."""
-        s3 = S3Store(
-            options,
+    def _key(self, request: ChunkRequest) -> StoreKey:
+        return StoreKey(scheme_of(request.url), request.endpoint)
+
+    async def _open_store(self, key: StoreKey) -> None:
+        """Open the store of ``key`` as ``stores[key]`` (on its first request: a stream
+        of local files makes no S3 client), behind the cache where the store is worth
+        caching (a store that fails to open is closed at once).
+
+        Raises:
+            EngineError: an endpoint name the settings do not hold.
+        """
+        if key.endpoint:
+            options = dict(self.config.endpoints).get(key.endpoint)
+            if options is None:
+                raise EngineError(f"no endpoint named {key.endpoint!r} in the engine's settings")
+        else:
+            options = self.config.s3
+        setup = StoreSetup(
+            options=options,
             timeouts=self.config.timeouts,
             check_etag=self.config.check_etag,
             connections=max(self.config.inflight * 2, 4),
             transport=self.config.transport,
         )
-        self.stores[key] = s3
-        await s3.open()
-        if self.config.cache_dir is not None:  # local files need no cache
-            cache = CachedStore(
-                s3,
-                self.config.cache_dir,
-                grid=self.ring.slot_bytes,
-                limit=self.config.cache_limit,
-            )
-            self.stores[key] = await cache.open()
+        store = make_store(key.scheme, setup)
+        try:
+            await store.open()
+            if self.config.cache_dir is not None and store.cacheable:
+                cache = CachedStore(
+                    store,
+                    self.config.cache_dir,
+                    grid=self.ring.slot_bytes,
+                    limit=self.config.cache_limit,
+                )
+                store = await cache.open()
+        except BaseException:
+            with contextlib.suppress(Exception):
+                await store.aclose()
+            raise
+        self.stores[key] = store
 
     def _store(self, request: ChunkRequest) -> Store:
-        scheme = scheme_of(request.url)
-        return self.stores[_store_key(request.store) if scheme == "s3" else scheme]
+        return self.stores[self._key(request)]
 
     def _read_control(self, loop: asyncio.AbstractEventLoop) -> None:
         """Reader thread: hand each control message to the loop; stop at "stop" or EOF."""
@@ -396,10 +415,17 @@ class _Core:
         elif kind == "stats":
             stats = self.stats.as_dict()
             stats["concurrency_limit"] = int(self.limit)
-            stats.update(self.stores["s3"].stats())
-            extra = [self.stores[_store_key(n + 1)] for n in range(len(self.config.s3_extra))]
-            if extra:  # the other endpoints' stores, in the order of s3_extra
-                stats["endpoints"] = [store.stats() for store in extra]
+            endpoints: dict[str, dict[str, Any]] = {}
+            for key, store in sorted(self.stores.items()):
+                (endpoints.setdefault(key.endpoint, {}) if key.endpoint else stats).update(
+                    store.stats()
+                )
+            if endpoints:  # the other endpoints' stores, named, in the settings' order
+                stats["endpoints"] = [
+                    {"name": name, **endpoints[name]}
+                    for name, _ in self.config.endpoints
+                    if name in endpoints
+                ]
             stats["tasks"] = len(asyncio.all_tasks())
             self._send(("stats", stats))
         elif kind == "stop":
@@ -423,6 +449,19 @@ class _Core:
             while self.active >= int(self.limit):
                 self.capacity.clear()
                 await self.capacity.wait()
+            try:  # a store is opened on its first request
+                key = self._key(self.pending[0][1])
+                if key not in self.stores:
+                    await self._open_store(key)
+            except Exception as exc:
+                rid, request = self.pending.popleft()
+                error = (
+                    exc
+                    if isinstance(exc, AsyncStreamError)
+                    else EngineError(f"{request.url}: opening its store failed: {exc!r}")
+                )
+                self._send(("error", rid, error, traceback.format_exc()))
+                continue
             slot = await self._free_slot()
             rid, request = self.pending.popleft()
             group = [(rid, request, slot), *self._followers(request)]
@@ -463,7 +502,7 @@ class _Core:
                     i
                     for i, (_, request) in enumerate(itertools.islice(self.pending, look))
                     if request.url == first.url
-                    and request.store == first.store
+                    and request.endpoint == first.endpoint
                     and request.offset == end
                 ),
                 None,

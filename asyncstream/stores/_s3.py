@@ -15,6 +15,7 @@ Which layer retries what:
 from __future__ import annotations
 
 import os
+import re
 import ssl
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
@@ -23,10 +24,46 @@ from typing import Any, Literal
 import botocore.config
 import botocore.session
 
-from .._exceptions import FetchError
+from .._exceptions import FetchError, ShardURLError
 from ._errors import verdict
 
-__all__ = ["S3Credentials", "S3Options", "fetch_error_from", "ssl_context", "sync_client"]
+__all__ = [
+    "S3Credentials",
+    "S3Options",
+    "check_bucket",
+    "fetch_error_from",
+    "parse_s3_url",
+    "ssl_context",
+    "sync_client",
+]
+
+_BUCKET_RE = re.compile(r"^[a-z0-9][a-z0-9.\-]{1,61}[a-z0-9]$")
+
+
+def parse_s3_url(url: str) -> tuple[str, str]:
+    """Split ``s3://bucket/key`` into ``(bucket, key)``; the key may be empty or a prefix.
+
+    Raises:
+        ShardURLError: not an ``s3://`` URL, or a missing or invalid bucket name.
+    """
+    if not url.startswith("s3://"):
+        raise ShardURLError(f"{url!r} is not an s3:// URL")
+    rest = url[len("s3://") :]
+    bucket, _, key = rest.partition("/")
+    if not bucket:
+        raise ShardURLError(f"{url!r}: no bucket name after s3://")
+    try:
+        check_bucket(bucket)
+    except ShardURLError as exc:
+        raise ShardURLError(f"{url!r}: {exc}") from None
+    return bucket, key
+
+
+def check_bucket(name: str) -> None:
+    """Raise :class:`ShardURLError` unless ``name`` is a valid S3 bucket name."""
+    if not _BUCKET_RE.match(name) or ".." in name:
+        rule = "3 to 63 lowercase letters, digits, '.' and '-'"
+        raise ShardURLError(f"{name!r} is not a valid bucket name ({rule})")
 
 
 @dataclass(frozen=True)

@@ -149,7 +149,7 @@ class EpochRun(Iterator[dict[str, Any]]):
                 adaptive=s.adaptive,
                 hedge=s.hedge,
                 s3=s.s3,
-                s3_extra=s.s3_extra,
+                endpoints=s.endpoints,
                 cache_dir=s.cache_dir,
                 cache_limit=s.cache_limit,
                 coalesce_bytes=s.coalesce_bytes,

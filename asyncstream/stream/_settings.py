@@ -46,7 +46,7 @@ class StreamSettings:
     cache_limit: int | None = None
     coalesce_bytes: int = 8 << 20
     sources: tuple[SourcePlan, ...] = ()  # a mixed stream's sources (:mod:`._mix`)
-    s3_extra: tuple[S3Options, ...] = ()  # the sources' other S3 endpoints
+    endpoints: tuple[tuple[str, S3Options], ...] = ()  # the sources' own options, named
 
     def fingerprint(self) -> str:
         """Identifies the dataset: URLs, sizes, ETags and sample counts."""
@@ -104,9 +104,9 @@ class StreamSettings:
             return 0
         return bisect.bisect_right(self._source_starts, shard) - 1
 
-    def store_of(self, shard: int) -> int:
-        """The fetch engine's S3 endpoint for shard ``shard`` (see ``ChunkRequest.store``)."""
-        return self.sources[self.source_of(shard)].store if self.sources else 0
+    def store_of(self, shard: int) -> str:
+        """The endpoint of shard ``shard``'s store (see ``ChunkRequest.endpoint``)."""
+        return self.sources[self.source_of(shard)].endpoint if self.sources else ""
 
     @property
     def ring_bytes(self) -> int:

@@ -267,7 +267,7 @@ class ShardStream(IterableDataset[dict[str, Any]]):
                 shards=opened.shards,
                 counts=opened.counts,
                 sources=opened.plans,
-                s3_extra=opened.s3_extra,
+                endpoints=opened.endpoints,
             )
         # Each reader's ring is made when it starts reading: say now if it cannot fit.
         check_node_room(self._settings.ring_bytes, 0, "lower window, prefetch or chunk_bytes")
