@@ -17,6 +17,7 @@ from __future__ import annotations
 import os
 import re
 import ssl
+import threading
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any, Literal
@@ -193,14 +194,29 @@ class S3Options:
         return kwargs
 
 
+_LOADER: list[Any] = []  # botocore's data loader, shared by every session made here
+_LOADER_LOCK = threading.Lock()
+
+
 def sync_client(options: S3Options) -> Any:
     """A synchronous botocore S3 client for listing, HEAD and uploads.
+
+    Each client has a session of its own (which reads the credentials afresh), but every
+    session shares one botocore data loader, kept for the process: a new loader reads the
+    S3 service model from disk again, most of a client's cost (a second or more on a
+    busy machine). Clients are made one at a time (botocore's sessions and loaders are
+    not thread safe; the clients are).
 
     Args:
         options: resolved options (see :meth:`S3Options.resolve`).
     """
-    session = botocore.session.Session(profile=options.profile)
-    return session.create_client("s3", **options.client_kwargs(retries=True))
+    with _LOADER_LOCK:
+        session = botocore.session.Session(profile=options.profile)
+        if _LOADER:
+            session.register_component("data_loader", _LOADER[0])
+        else:
+            _LOADER.append(session.get_component("data_loader"))
+        return session.create_client("s3", **options.client_kwargs(retries=True))
 
 
 def fetch_error_from(exc: BaseException, url: str) -> FetchError:

@@ -52,12 +52,16 @@ class S3Objects:
         self._policy = RetryPolicy(max_attempts=options.metadata_attempts, base_delay=0.1)
         self._checked: set[Origin] = set()
         self._lock = threading.Lock()
+        self._client_lock = threading.Lock()
 
     @property
     def client(self) -> Any:
-        """The botocore client (its retries off: ours run), made on first use."""
+        """The botocore client (its retries off: ours run), made on first use: one, even
+        when the first requests come from several threads at once."""
         if self._client is None:
-            self._client = sync_client(replace(self.options, metadata_attempts=1))
+            with self._client_lock:
+                if self._client is None:
+                    self._client = sync_client(replace(self.options, metadata_attempts=1))
         return self._client
 
     # -- the store's blocking half -----------------------------------------------------------
