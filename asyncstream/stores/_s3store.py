@@ -46,7 +46,8 @@ from botocore.exceptions import NoCredentialsError
 
 from ..shards._urls import Shard
 from ._errors import ChunkFailure, S3ErrorResponse
-from ._http import PROBE_AFTER, ConnectionPool, Reply, Scatter, receive
+from ._http import PROBE_AFTER, ConnectionPool
+from ._httpconn import Reply, Scatter, receive
 from ._origin import Origin
 from ._retry import Timeouts
 from ._s3 import S3Options, parse_s3_url, ssl_context
