@@ -11,10 +11,12 @@ from pathlib import Path
 import pytest
 
 from asyncstream import EngineError, ShardStream, ShardURLError, resolve_shards
+from asyncstream.dataset._index import join_url
 from asyncstream.engine._engine import Engine, EngineConfig
 from asyncstream.stores._registry import (
     StoreKey,
     canonical_url,
+    is_served,
     register_store,
     registered_stores,
     scheme_of,
@@ -121,3 +123,14 @@ def test_a_request_for_an_endpoint_the_engine_was_not_given_fails_naming_it(
         engine.release(ready.slot)
     finally:
         engine.close(wait=True)
+
+
+def test_an_index_reference_is_joined_by_the_folder_s_store(tiny: str, tmp_path: Path) -> None:
+    """Relative shard references of an index resolve against its folder as its store joins
+    URLs; an absolute URL of a registered scheme is kept, any other is not served."""
+    assert join_url("s3://bucket/a/b", "../c.tar") == "s3://bucket/a/c.tar"
+    assert join_url(str(tmp_path / "a"), "../c.tar") == (tmp_path / "c.tar").as_uri()
+    assert join_url("tiny:///data/a", "./b/../c.tar") == "tiny:///data/a/c.tar"
+    assert join_url("s3://bucket/a", "tiny:///elsewhere/x.tar") == "tiny:///elsewhere/x.tar"
+    assert is_served("tiny:///x.tar")
+    assert not is_served("gs://bucket/x.tar")

@@ -29,6 +29,10 @@ class LocalStore(Store):
     def canonical(cls, url: str) -> str:
         return local_uri(url)
 
+    @classmethod
+    def join(cls, folder: str, ref: str) -> str:
+        return Path(os.path.normpath(local_path(folder) / ref)).absolute().as_uri()
+
     def is_folder(self, url: str) -> bool:
         return _path(url).is_dir()
 

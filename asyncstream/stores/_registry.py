@@ -38,6 +38,7 @@ __all__ = [
     "folder_url",
     "install_stores",
     "is_local",
+    "is_served",
     "make_store",
     "register_store",
     "registered_stores",
@@ -142,6 +143,15 @@ def scheme_of(url: str) -> str:
     raise ShardURLError(
         f"{url!r}: unsupported scheme {scheme!r}; expected {expected}, file:// or a local path"
     )
+
+
+def is_served(url: str) -> bool:
+    """Whether a store is registered for ``url``'s scheme (a plain path: the local one)."""
+    try:
+        scheme_of(url)
+    except ShardURLError:
+        return False
+    return True
 
 
 def is_local(url: str) -> bool:

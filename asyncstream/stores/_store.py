@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import abc
 import asyncio
+import posixpath
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -135,6 +136,15 @@ class Store(abc.ABC):
             ShardURLError: a URL this store cannot read.
         """
         return url
+
+    @classmethod
+    def join(cls, folder: str, ref: str) -> str:
+        """``ref``, a relative path, resolved against the folder URL ``folder``,
+        normalising ``..`` (this default: within the part after ``scheme://host/``)."""
+        scheme, _, rest = folder.partition("://")
+        root, _, key = rest.partition("/")
+        path = posixpath.normpath(posixpath.join("/", key, ref)).lstrip("/")
+        return f"{scheme}://{root}/{path}"
 
     def is_folder(self, url: str) -> bool:
         """Whether ``url`` names a prefix or folder (every object under it), rather than
