@@ -29,6 +29,7 @@ from typing import Any
 from asyncstream import LocalS3, S3Options, resolve_shards
 from asyncstream.engine._engine import Engine, EngineConfig
 from asyncstream.shards._urls import Shard
+from asyncstream.stores._s3 import parse_s3_url
 from asyncstream.stores._store import ChunkRequest
 
 from ._proxy import ProxyProcess
@@ -97,7 +98,8 @@ async def _gather(options: S3Options, shards: list[Shard], inflight: int) -> dic
     async with AioSession().create_client("s3", **options.client_kwargs(retries=False)) as client:
 
         async def get(shard: Shard) -> int:
-            response = await client.get_object(Bucket=shard.bucket, Key=shard.key)
+            bucket, key = parse_s3_url(shard.url)
+            response = await client.get_object(Bucket=bucket, Key=key)
             async with response["Body"] as body:
                 return len(await body.read())
 

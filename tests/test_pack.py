@@ -30,6 +30,7 @@ from asyncstream import (
     resolve_shards,
 )
 from asyncstream.packing._packsink import MULTIPART_THRESHOLD
+from asyncstream.stores._s3 import parse_s3_url
 
 
 def _noise(seed: str, side: int) -> Image.Image:
@@ -261,7 +262,7 @@ def test_s3_round_trip_byte_for_byte(tmp_path: Path, s3_server: LocalS3, bucket:
     client = s3_server.client()
     got: list[bytes] = []
     for shard in listed:
-        body = client.get_object(Bucket=bucket, Key=shard.key)["Body"].read()
+        body = client.get_object(Bucket=bucket, Key=parse_s3_url(shard.url)[1])["Body"].read()
         with tarfile.open(fileobj=io.BytesIO(body)) as tar:
             got.extend(tar.extractfile(m).read() for m in tar if m.name.endswith(".jpg"))  # type: ignore[union-attr]
     assert got == list(files.values())

@@ -161,7 +161,7 @@ def test_coalescing_stops_at_a_gap_another_etag_or_a_chunk_too_large() -> None:
     assert len(gap) == 2
     other = ChunkRequest("s3://b/a.tar", MIB, MIB, etag='"new"')
     assert policy.followers(a[0], _pending(other), slots=10) == []
-    other_store = ChunkRequest("s3://b/a.tar", MIB, MIB, etag='"e"', store=1)
+    other_store = ChunkRequest("s3://b/a.tar", MIB, MIB, etag='"e"', endpoint="other")
     assert policy.followers(a[0], _pending(other_store), slots=10) == []
     big = ChunkRequest("s3://b/a.tar", MIB, 2 * MIB, etag='"e"')
     assert policy.followers(a[0], _pending(big), slots=10) == []

@@ -17,7 +17,9 @@ from asyncstream import (
     expand_braces,
     resolve_shards,
 )
-from asyncstream.shards._urls import parse_s3_url
+from asyncstream.stores._localstore import local_path
+from asyncstream.stores._registry import is_local
+from asyncstream.stores._s3 import parse_s3_url
 
 
 def test_brace_range_keeps_zero_padding() -> None:
@@ -98,19 +100,19 @@ def test_single_key_pattern_prefix_and_list(
     assert one[0].etag
 
     ranged = resolve_shards(f"s3://{bucket}/data/train-{{0000..0019}}.tar", options)
-    assert [s.key for s in ranged] == keys[:20]
+    assert [parse_s3_url(s.url)[1] for s in ranged] == keys[:20]
     assert all(s.size == 10 for s in ranged)
 
     few = resolve_shards(f"s3://{bucket}/data/train-{{0003..0004}}.tar", options)
-    assert [s.key for s in few] == ["data/train-0003.tar", "data/train-0004.tar"]
+    assert [parse_s3_url(s.url)[1] for s in few] == ["data/train-0003.tar", "data/train-0004.tar"]
 
     listed = resolve_shards(f"s3://{bucket}/data/", options)
-    assert [s.key for s in listed] == sorted([*keys[:20], "data/big.tar"])
+    assert [parse_s3_url(s.url)[1] for s in listed] == sorted([*keys[:20], "data/big.tar"])
 
     mixed = resolve_shards(
         [f"s3://{bucket}/data/big.tar", f"s3://{bucket}/data/train-0001.tar"], options
     )
-    assert [s.key for s in mixed] == ["data/big.tar", "data/train-0001.tar"]
+    assert [parse_s3_url(s.url)[1] for s in mixed] == ["data/big.tar", "data/train-0001.tar"]
 
 
 def test_endpoint_from_environment(
@@ -119,7 +121,7 @@ def test_endpoint_from_environment(
     _put(s3_client, bucket, ["a.tar"])
     monkeypatch.setenv("AWS_ENDPOINT_URL", s3_server.endpoint_url)
     assert S3Options().resolve().endpoint_url == s3_server.endpoint_url
-    assert [s.key for s in resolve_shards(f"s3://{bucket}/a.tar")] == ["a.tar"]
+    assert [parse_s3_url(s.url)[1] for s in resolve_shards(f"s3://{bucket}/a.tar")] == ["a.tar"]
 
 
 def test_missing_key_names_the_url(s3_server: LocalS3, s3_client: Any, bucket: str) -> None:
@@ -215,12 +217,12 @@ def test_local_files_folders_and_file_urls(tmp_path: Path) -> None:
     for name in ("b.tar", "a.tar", "c.txt"):
         (tmp_path / name).write_bytes(b"z" * 7)
     by_folder = resolve_shards(str(tmp_path))
-    assert [s.path.name for s in by_folder] == ["a.tar", "b.tar"]
-    assert all(s.is_local and s.size == 7 for s in by_folder)
+    assert [local_path(s.url).name for s in by_folder] == ["a.tar", "b.tar"]
+    assert all(is_local(s.url) and s.size == 7 for s in by_folder)
     by_uri = resolve_shards((tmp_path / "a.tar").as_uri())
-    assert by_uri[0].path == tmp_path / "a.tar"
+    assert local_path(by_uri[0].url) == tmp_path / "a.tar"
     by_pattern = resolve_shards(str(tmp_path / "{a,b}.tar"))
-    assert [s.path.name for s in by_pattern] == ["a.tar", "b.tar"]
+    assert [local_path(s.url).name for s in by_pattern] == ["a.tar", "b.tar"]
 
 
 def test_local_missing_file_and_empty_folder(tmp_path: Path) -> None:

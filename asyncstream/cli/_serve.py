@@ -73,7 +73,7 @@ def exports(endpoint_url: str, ca_bundle: str | None) -> dict[str, str]:
 def run(args: argparse.Namespace) -> int:
     """Serve until SIGINT or SIGTERM; returns the exit code."""
     from .._exceptions import ShardURLError
-    from ..shards._urls import check_bucket
+    from ..stores._s3 import check_bucket
     from ..testing import LocalS3, make_test_certificates
 
     for bucket in args.bucket or ():

@@ -41,16 +41,14 @@ is ignored.
 from __future__ import annotations
 
 import json
-import os
 import posixpath
 from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 from .._exceptions import DataError
-from ..shards._urls import local_path
+from ..stores._registry import is_served, scheme_of, store_class
 
 __all__ = [
     "MANIFEST_KIND",
@@ -127,15 +125,11 @@ def folder_of(url: str) -> str:
 
 
 def join_url(folder: str, ref: str) -> str:
-    """Resolve ``ref`` (relative or absolute) against a folder URL, normalising ``..``."""
-    if ref.startswith(("s3://", "file://")):
+    """Resolve ``ref`` (relative, or a URL a store serves) against a folder URL,
+    normalising ``..``, as the folder's store joins its URLs."""
+    if "://" in ref and is_served(ref):
         return ref
-    if folder.startswith("s3://"):
-        bucket, _, key = folder[len("s3://") :].partition("/")
-        path = posixpath.normpath(posixpath.join("/", key, ref)).lstrip("/")
-        return f"s3://{bucket}/{path}"
-    base = local_path(folder) if folder.startswith("file://") else Path(folder)
-    return Path(os.path.normpath(base / ref)).absolute().as_uri()
+    return store_class(scheme_of(folder)).join(folder, ref)
 
 
 def _rebased(folder: str, url: str) -> str:
@@ -167,7 +161,7 @@ class _Builder:
         if not isinstance(ref, str) or not ref:
             raise DataError(f"{self.url}: a shard URL must be a non-empty string, got {ref!r}")
         resolved = join_url(self.base, ref) if "://" not in ref else ref
-        if not resolved.startswith(("s3://", "file://")) or self.rebase:
+        if self.rebase or not is_served(resolved):
             return _rebased(self.folder, resolved)  # another scheme, or matched by file name
         return resolved
 

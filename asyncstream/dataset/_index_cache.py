@@ -28,6 +28,8 @@ from collections.abc import Iterable, Sequence
 from pathlib import Path
 
 from ..shards._urls import Shard
+from ..stores._localstore import local_path
+from ..stores._registry import is_local
 
 __all__ = ["CACHE_FILE", "IndexCache", "default_cache_dir"]
 
@@ -61,10 +63,10 @@ def default_cache_dir() -> Path:
 
 def _version(shard: Shard) -> str | None:
     """The part of the key that changes when the object does (None: not cacheable now)."""
-    if not shard.is_local:
+    if not is_local(shard.url):
         return shard.etag or ""
     try:
-        return f"mtime_ns:{shard.path.stat().st_mtime_ns}"
+        return f"mtime_ns:{local_path(shard.url).stat().st_mtime_ns}"
     except OSError:
         return None
 

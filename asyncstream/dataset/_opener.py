@@ -26,13 +26,9 @@ from collections.abc import Sequence
 from .._exceptions import DataError, NotFoundError, StaleShardWarning
 from ..shards._compressed import compression_of
 from ..shards._tar import check_not_empty
-from ..shards._urls import (
-    Shard,
-    canonical_url,
-    folder_url,
-    local_path,
-    reject_duplicates,
-)
+from ..shards._urls import Shard, reject_duplicates
+from ..stores._localstore import local_path
+from ..stores._registry import canonical_url, folder_url, is_local
 from ..stores._s3 import S3Options
 from ..stores._stores import Stores
 from ._index import Entry, Index, find_index, folder_of, parse_index
@@ -111,7 +107,7 @@ class Opener:
             # A folder listed on the way (many shards named in it) has its named shards in
             # the listing; one sized by HEAD has nothing listed, and its index files are probed.
             known = children.get(folder) or None
-            if folder.startswith("file://"):
+            if is_local(folder):
                 known = _local_children(folder)
             found[folder] = find_index(
                 folder, self.objects.read, known=known, shard_urls=[s.url for s in shards]
@@ -138,7 +134,7 @@ class Opener:
         for folder in sorted(folders, key=lambda f: (f.count("/"), f)):
             if any(_under(folder, g) for g in governing):
                 continue  # an index higher up governs this folder already
-            local = folder.startswith("file://")
+            local = is_local(folder)
             known = _local_children(folder) if local else children.get(folder, set())
             index = find_index(folder, self.objects.read, known=known)
             if index is not None:

@@ -1,10 +1,12 @@
 """Shard URLs resolved into shards with sizes, through the stores (:mod:`._store`).
 
 Resolved once, when a stream or command is opened, so that a typo, a missing object or
-bad credentials fail before the first training step. How: a local folder or an S3 prefix
-is listed (every object, ``.tar`` or not: the listing also finds the index files beside
-the shards); named S3 keys are sized with a HEAD each when a folder has few of them, and
-by one listing of the folder when it has many (a listing of 1,000 keys costs one request).
+bad credentials fail before the first training step. How: a URL its store calls a
+folder (a local folder, an S3 prefix) is listed (every object, ``.tar`` or not: the
+listing also finds the index files beside the shards); named objects are sized with a
+HEAD each, or, in a store where a listing is cheap (:attr:`Store.lists_folders`: S3) and
+a folder has many of them, by one listing of the folder (a listing of 1,000 keys costs
+one request). Nothing here reads a URL's scheme: the store of each URL says.
 """
 
 from __future__ import annotations
@@ -19,15 +21,8 @@ from dataclasses import dataclass
 
 from .._exceptions import NotFoundError, UnreadShardWarning
 from ..shards._compressed import SHARD_SUFFIXES, is_shard_name, unread_format
-from ..shards._urls import (
-    Shard,
-    expand_braces,
-    local_path,
-    parse_s3_url,
-    reject_duplicates,
-    scheme_of,
-    url_items,
-)
+from ..shards._urls import Shard, expand_braces, reject_duplicates, url_items
+from ..stores._registry import scheme_of
 from ..stores._s3 import S3Options
 from ..stores._store import Store
 from ..stores._stores import Stores
@@ -91,42 +86,37 @@ def _shards_of(url: str, everything: list[Shard], where: str) -> Resolved:
     return Resolved(url, shards, True, {s.url: s for s in everything})
 
 
-def _resolve_local(store: Store, url: str) -> Resolved:
-    """A local file, or every shard in a local folder."""
-    path = local_path(url).expanduser().absolute()
-    if not path.is_dir():
-        return Resolved(url, [store.head(url)], False, {})
-    return _shards_of(url, store.list(url), f"in folder {path}")
-
-
-def _resolve_prefix(store: Store, url: str) -> Resolved:
-    return _shards_of(url, store.list(url), "under this prefix")
+def _resolve_folder(store: Store, url: str) -> Resolved:
+    """Every shard under a prefix or in a folder."""
+    where = "under this prefix" if url.endswith("/") else "in this folder"
+    return _shards_of(url, store.list(url), where)
 
 
 def _resolve_keys(store: Store, urls: Sequence[str]) -> Resolved:
-    """Sizes of many named objects: HEAD for a few, one listing per folder for many."""
-    by_folder: dict[tuple[str, str], list[str]] = {}
+    """Sizes of named objects of one store: a HEAD each, or one listing per folder of
+    many where the store lists cheaply."""
+    by_folder: dict[str, list[str]] = {}
     for url in urls:
-        bucket, key = parse_s3_url(url)
-        by_folder.setdefault((bucket, posixpath.dirname(key)), []).append(url)
+        by_folder.setdefault(posixpath.dirname(url) + "/", []).append(url)
     found: dict[str, Shard] = {}
     listed: dict[str, Shard] = {}
     heads: list[str] = []
-    for (bucket, folder), members in by_folder.items():
-        if len(members) < _LIST_THRESHOLD:
+    for folder, members in by_folder.items():
+        if not store.lists_folders or len(members) < _LIST_THRESHOLD:
             heads.extend(members)
             continue
-        prefix = f"{folder}/" if folder else ""
-        listed.update((s.url, s) for s in store.list(f"s3://{bucket}/{prefix}"))
+        listed.update((s.url, s) for s in store.list(folder))
         for url in members:
             if url in listed:
                 found[url] = listed[url]
             else:
                 heads.append(url)  # a HEAD gives the precise reason
-    if heads:
+    if len(heads) == 1:
+        found[heads[0]] = store.head(heads[0])
+    elif heads:
         with ThreadPoolExecutor(max_workers=min(16, len(heads))) as pool:
-            for shard in pool.map(store.head, heads):
-                found[shard.url] = shard
+            for url, shard in zip(heads, pool.map(store.head, heads), strict=True):
+                found[url] = shard
     return Resolved(urls[0], [found[u] for u in urls], False, listed)
 
 
@@ -154,25 +144,29 @@ def resolve_urls(
     runs: list[Resolved] = []
     pending: list[str] = []
 
+    pending_store: Store | None = None
+
     def flush() -> None:
-        if pending:
-            runs.append(_resolve_keys(stores.for_url(pending[0]), list(pending)))
+        if pending and pending_store is not None:
+            runs.append(_resolve_keys(pending_store, list(pending)))
             pending.clear()
 
     for item in items:
         scheme_of(item)  # an unsupported scheme fails before any request
         for url in expand_braces(item):
             store = stores.for_url(url)
-            if scheme_of(url) == "file":
+            store.canonical(url)  # a malformed URL fails before any request
+            if store is not pending_store:
                 flush()
-                runs.append(_resolve_local(store, url))
-                continue
-            _, key = parse_s3_url(url)
-            if key and not key.endswith("/"):
-                pending.append(url)
-                continue
-            flush()
-            runs.append(_resolve_prefix(store, url))
+                pending_store = store
+            if store.is_folder(url):
+                flush()
+                runs.append(_resolve_folder(store, url))
+            elif store.lists_folders:
+                pending.append(url)  # sized together: one listing per folder of many
+            else:
+                flush()
+                runs.append(Resolved(url, [store.head(url)], False, {}))
     flush()
     return runs
 

@@ -113,14 +113,15 @@ class OpenedSources:
         shards: every source's shards, source after source.
         counts: their sample counts.
         plans: each source's name, shards and quota (:class:`._mix.SourcePlan`).
-        s3_extra: the S3 options of sources that do not use the stream's.
+        endpoints: the options of sources that do not use the stream's, each named
+            after the first source that uses them.
         infos: where each source's counts came from, by name.
     """
 
     shards: tuple[Shard, ...]
     counts: tuple[int, ...]
     plans: tuple[SourcePlan, ...]
-    s3_extra: tuple[S3Options, ...]
+    endpoints: tuple[tuple[str, S3Options], ...]
     infos: dict[str, IndexInfo]
 
 
@@ -188,19 +189,14 @@ def open_sources(
     names = _names(sources)
     shards: list[Shard] = []
     counts: list[int] = []
-    extra: list[S3Options] = []
-    spans: list[tuple[int, int, int]] = []  # (first, stop, store)
+    endpoints: dict[S3Options, str] = {}  # options -> the endpoint's name
+    spans: list[tuple[int, int, str]] = []  # (first, stop, endpoint)
     infos: dict[str, IndexInfo] = {}
     for source, name in zip(sources, names, strict=True):
         own = source.s3.resolve() if source.s3 is not None else options
         if source.endpoint_url is not None:
             own = replace(own, endpoint_url=source.endpoint_url).resolve()
-        if own == options:
-            store = 0
-        else:
-            if own not in extra:
-                extra.append(own)
-            store = extra.index(own) + 1
+        endpoint = "" if own == options else endpoints.setdefault(own, name)
         try:
             dataset = open_dataset(
                 source.urls if isinstance(source.urls, str) else list(source.urls),
@@ -218,7 +214,7 @@ def open_sources(
             raise ValueError(
                 f"source {name!r} is empty: its {len(dataset.shards)} shards hold no sample"
             )
-        spans.append((len(shards), len(shards) + len(dataset.shards), store))
+        spans.append((len(shards), len(shards) + len(dataset.shards), endpoint))
         shards.extend(dataset.shards)
         counts.extend(dataset.counts)
         infos[name] = dataset.info
@@ -233,10 +229,11 @@ def open_sources(
         epoch_size,
     )
     plans = tuple(
-        SourcePlan(name, first, stop, quota, store)
-        for name, (first, stop, store), quota in zip(names, spans, given, strict=True)
+        SourcePlan(name, first, stop, quota, endpoint)
+        for name, (first, stop, endpoint), quota in zip(names, spans, given, strict=True)
     )
-    return OpenedSources(tuple(shards), tuple(counts), plans, tuple(extra), infos)
+    named = tuple((name, own) for own, name in endpoints.items())
+    return OpenedSources(tuple(shards), tuple(counts), plans, named, infos)
 
 
 def split_sources(

@@ -7,6 +7,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Literal
 
+from ..stores._registry import registered_stores
 from ..stores._retry import RetryPolicy, Timeouts
 from ..stores._s3 import S3Options
 
@@ -23,8 +24,11 @@ class EngineConfig:
         timeouts: time limits of one attempt.
         check_etag: compare the listed ETag with every response (``If-Match``).
         s3: how to reach the store.
-        s3_extra: more S3 endpoints (a mixed stream's sources with options of their own);
-            a :class:`~._store.ChunkRequest` with ``store=n`` reads from ``s3_extra[n - 1]``.
+        endpoints: more endpoints by name (a mixed stream's sources with options of their
+            own): a :class:`~._store.ChunkRequest` with ``endpoint=name`` reads from the
+            store of its URL's scheme made with that name's options.
+        registry: the table of stores by scheme (:mod:`asyncstream.stores._registry`), as
+            the caller's process has it when the settings are made.
         seed: seeds the backoff jitter.
         adaptive: cut concurrency on throttling and grow it back (AIMD).
         hedge: send a second request for a chunk far slower than recent ones.
@@ -52,7 +56,8 @@ class EngineConfig:
     timeouts: Timeouts = field(default_factory=Timeouts)
     check_etag: bool = True
     s3: S3Options = field(default_factory=S3Options)
-    s3_extra: tuple[S3Options, ...] = ()
+    endpoints: tuple[tuple[str, S3Options], ...] = ()
+    registry: tuple[tuple[str, str], ...] = field(default_factory=registered_stores)
     seed: int = 0
     adaptive: bool = True
     hedge: bool = True

@@ -15,7 +15,7 @@ def engine_config(
     fetch: FetchConfig,
     *,
     s3: S3Options,
-    s3_extra: tuple[S3Options, ...] = (),
+    endpoints: tuple[tuple[str, S3Options], ...] = (),
     cache_dir: str | None = None,
     cache_limit: int | None = None,
     seed: int = 0,
@@ -25,7 +25,8 @@ def engine_config(
     Args:
         fetch: how to fetch.
         s3: how to reach the store.
-        s3_extra: more S3 endpoints (a mixed stream's sources with options of their own).
+        endpoints: more endpoints by name (a mixed stream's sources with options of their
+            own).
         cache_dir: the chunk cache's folder, already validated (None: no cache).
         cache_limit: its size limit.
         seed: seeds the backoff jitter.
@@ -36,7 +37,7 @@ def engine_config(
         timeouts=fetch.timeouts,
         check_etag=fetch.check_etag,
         s3=s3,
-        s3_extra=s3_extra,
+        endpoints=endpoints,
         seed=seed,
         adaptive=fetch.adaptive,
         hedge=fetch.hedge,

@@ -244,7 +244,7 @@ class Coalescing:
                     i
                     for i, (_, request) in enumerate(itertools.islice(pending, self.look))
                     if request.url == first.url
-                    and request.store == first.store
+                    and request.endpoint == first.endpoint
                     and request.offset == end
                 ),
                 None,

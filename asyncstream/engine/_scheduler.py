@@ -35,7 +35,7 @@ import dataclasses
 import random
 import time
 import traceback
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 
 from .._exceptions import AsyncStreamError, EngineError
 from ..stores._retry import retrying
@@ -55,7 +55,9 @@ class Scheduler:
     Args:
         ring: the ring, attached.
         config: the engine's settings.
-        store_for: the store that serves a request.
+        store_for: the store that serves a request (opened).
+        open_store: opens the store of a request, if it is not open yet (a store is
+            opened on its first request); what it raises is that request's error.
         send: reports each chunk (:class:`~._protocol.ChunkReady` or
             :class:`~._protocol.ChunkFailed`) to the consumer.
     """
@@ -66,11 +68,13 @@ class Scheduler:
         config: EngineConfig,
         *,
         store_for: Callable[[ChunkRequest], Store],
+        open_store: Callable[[ChunkRequest], Awaitable[None]],
         send: Callable[[FromEngine], None],
     ) -> None:
         self.ring = ring
         self.config = config
         self._store = store_for
+        self._open_store = open_store
         self._send = send
         self.stats = EngineStats(limit=config.inflight)
         self.rng = random.Random(config.seed)
@@ -116,6 +120,12 @@ class Scheduler:
             while self.active >= self.aimd.limit:
                 self.capacity.clear()
                 await self.capacity.wait()
+            try:  # a store is opened on its first request
+                await self._open_store(self.pending[0][1])
+            except Exception as exc:
+                rid, request = self.pending.popleft()
+                self._send(ChunkFailed(rid, exc, traceback.format_exc()))
+                continue
             slot = await self._free_slot()
             rid, request = self.pending.popleft()
             group = [(rid, request, slot), *self._followers(request)]

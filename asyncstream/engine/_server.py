@@ -18,12 +18,11 @@ import signal
 import threading
 import traceback
 from multiprocessing.connection import Connection
+from typing import Any
 
-from ..shards._urls import scheme_of
-from ..stores._localstore import LocalStore
-from ..stores._s3 import S3Options
-from ..stores._s3store import S3Store
-from ..stores._store import ChunkRequest, Store
+from .._exceptions import AsyncStreamError, EngineError
+from ..stores._registry import StoreKey, install_stores, make_store, scheme_of
+from ..stores._store import ChunkRequest, Store, StoreSetup
 from ._cache import CachedStore
 from ._config import EngineConfig
 from ._protocol import (
@@ -44,11 +43,6 @@ from ._scheduler import Scheduler
 __all__ = ["run_engine", "serve"]
 
 
-def _store_key(number: int) -> str:
-    """The key of S3 store ``number`` (0: ``EngineConfig.s3``, n: ``s3_extra[n - 1]``)."""
-    return "s3" if number == 0 else f"s3:{number}"
-
-
 class _Server:
     """The engine side: runs inside the engine's own event loop."""
 
@@ -60,7 +54,7 @@ class _Server:
         self.ring_name = ring_name
         self.config = config
         self.orphaned = False
-        self.stores: dict[str, Store] = {}
+        self.stores: dict[StoreKey, Store] = {}
         self.scheduler: Scheduler | None = None
 
     async def run(self) -> None:
@@ -69,7 +63,11 @@ class _Server:
         self.ring = Ring.attach(self.ring_name, foreign=self.foreign)
         try:
             self.scheduler = Scheduler(
-                self.ring, self.config, store_for=self._store, send=self._send
+                self.ring,
+                self.config,
+                store_for=self._store,
+                open_store=self._open_store,
+                send=self._send,
             )
             # A blocking reader thread, not loop.add_reader: the event loop would make the
             # pipe non-blocking, and a large message could then be read half-way.
@@ -77,10 +75,8 @@ class _Server:
                 target=self._read_control, args=(loop,), name="asyncstream-control", daemon=True
             )
             reader.start()
-            self.stores = {"file": LocalStore()}
+            install_stores(self.config.registry)
             try:
-                for number, options in enumerate((self.config.s3, *self.config.s3_extra)):
-                    await self._open_s3(_store_key(number), options)
                 self._send(Started())
                 scheduling = asyncio.create_task(self.scheduler.run())
                 await self.stop.wait()
@@ -94,31 +90,58 @@ class _Server:
                 self.ring.unlink()  # the consumer died: nobody else will
             self.ring.close()
 
-    async def _open_s3(self, key: str, options: S3Options) -> None:
-        """Open the S3 store of one endpoint's options as ``stores[key]``, behind the
-        cache where there is one (kept in ``stores`` from the start, so it is closed with
-        the others if opening fails)."""
-        s3 = S3Store(
-            options,
+    @staticmethod
+    def _key(request: ChunkRequest) -> StoreKey:
+        return StoreKey(scheme_of(request.url), request.endpoint)
+
+    async def _open_store(self, request: ChunkRequest) -> None:
+        """Open the store ``request`` reads from, on its first request (a stream of local
+        files makes no S3 client), behind the cache where the store is worth caching; a
+        store that fails to open is closed at once.
+
+        Raises:
+            EngineError: an endpoint name the settings do not hold, or a store that failed
+                to open for a reason outside the exception tree.
+        """
+        key = self._key(request)
+        if key in self.stores:
+            return
+        if key.endpoint:
+            options = dict(self.config.endpoints).get(key.endpoint)
+            if options is None:
+                raise EngineError(f"no endpoint named {key.endpoint!r} in the engine's settings")
+        else:
+            options = self.config.s3
+        setup = StoreSetup(
+            options=options,
             timeouts=self.config.timeouts,
             check_etag=self.config.check_etag,
             connections=max(self.config.inflight * 2, 4),
             transport=self.config.transport,
         )
-        self.stores[key] = s3
-        await s3.open()
-        if self.config.cache_dir is not None:  # local files need no cache
-            cache = CachedStore(
-                s3,
-                self.config.cache_dir,
-                grid=self.ring.slot_bytes,
-                limit=self.config.cache_limit,
-            )
-            self.stores[key] = await cache.open()
+        store = make_store(key.scheme, setup)
+        try:
+            await store.open()
+            if self.config.cache_dir is not None and store.cacheable:
+                cache = CachedStore(
+                    store,
+                    self.config.cache_dir,
+                    grid=self.ring.slot_bytes,
+                    limit=self.config.cache_limit,
+                )
+                store = await cache.open()
+        except AsyncStreamError:
+            with contextlib.suppress(Exception):
+                await store.aclose()
+            raise
+        except Exception as exc:
+            with contextlib.suppress(Exception):
+                await store.aclose()
+            raise EngineError(f"{request.url}: opening its store failed: {exc!r}") from exc
+        self.stores[key] = store
 
     def _store(self, request: ChunkRequest) -> Store:
-        scheme = scheme_of(request.url)
-        return self.stores[_store_key(request.store) if scheme == "s3" else scheme]
+        return self.stores[self._key(request)]
 
     def _read_control(self, loop: asyncio.AbstractEventLoop) -> None:
         """Reader thread: hand each control message to the loop; stop at Stop or EOF."""
@@ -150,11 +173,17 @@ class _Server:
 
     def _stats(self) -> dict[str, object]:
         assert self.scheduler is not None
-        extra = [self.stores[_store_key(n + 1)] for n in range(len(self.config.s3_extra))]
+        main: dict[str, Any] = {}
+        named: dict[str, dict[str, Any]] = {}
+        for key, store in sorted(self.stores.items()):
+            (named.setdefault(key.endpoint, {}) if key.endpoint else main).update(store.stats())
         return self.scheduler.stats.as_dict(
             concurrency_limit=self.scheduler.aimd.limit,
-            store=self.stores["s3"].stats(),
-            endpoints=[store.stats() for store in extra],  # in the order of s3_extra
+            store=main,
+            # the other endpoints' stores, named, in the settings' order
+            endpoints=[
+                {"name": name, **named[name]} for name, _ in self.config.endpoints if name in named
+            ],
             tasks=len(asyncio.all_tasks()),
         )
 

@@ -92,7 +92,7 @@ class EngineStats:
         Args:
             concurrency_limit: the adaptive limit now.
             store: the main S3 store's own statistics (its transport, cache counters).
-            endpoints: those of the other S3 endpoints' stores, in ``s3_extra`` order
+            endpoints: those of the other endpoints' stores, named, in the settings' order
                 (left out of the dict when there are none).
             tasks: asyncio tasks alive in the engine's loop.
         """

@@ -61,15 +61,15 @@ class SourcePlan:
         first: its first shard, in the stream's list of all shards.
         stop: one past its last shard.
         quota: its samples per epoch.
-        store: the fetch engine's S3 endpoint for its shards (0: the stream's own
-            options, ``n``: ``StreamSettings.s3_extra[n - 1]``).
+        endpoint: the name of the options that reach its shards' store (``""``: the
+            stream's own; else one of ``StreamSettings.endpoints``).
     """
 
     name: str
     first: int
     stop: int
     quota: int
-    store: int = 0
+    endpoint: str = ""
 
 
 def quotas(

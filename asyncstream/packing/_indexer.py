@@ -49,12 +49,8 @@ from ..dataset._index_cache import IndexCache
 from ..dataset._opener import governed, report_stale
 from ..dataset._resolve import resolve_shards, resolve_urls
 from ..shards._tar import check_not_empty
-from ..shards._urls import (
-    Shard,
-    canonical_url,
-    folder_url,
-    reject_duplicates,
-)
+from ..shards._urls import Shard, reject_duplicates
+from ..stores._registry import canonical_url, folder_url
 from ..stores._s3 import S3Options
 from ..stores._stores import Stores
 

@@ -276,7 +276,7 @@ def pack(
                 "since its extra shards would be left behind; pass overwrite=True "
                 "(--overwrite) to replace it and remove the shards the new pack does not write"
             )
-        tmp_root = None if sink.s3 else sink.folder
+        tmp_root = sink.local_folder
         with tempfile.TemporaryDirectory(prefix=".asyncstream-pack-", dir=tmp_root) as tmp:
             spool = Path(tmp) / "converted"
             spool.mkdir()

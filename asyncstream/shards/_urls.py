@@ -1,4 +1,6 @@
-"""Shard URLs: parsing, brace expansion, schemes (resolved into shards by :mod:`._resolve`).
+"""Shard URLs: brace expansion and lists (resolved into shards by
+:mod:`asyncstream.dataset._resolve`; what a scheme means is its store's, see
+:mod:`asyncstream.stores._registry`).
 
 Accepted forms, alone or in a list:
 
@@ -20,25 +22,11 @@ import itertools
 import re
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from pathlib import Path
-from urllib.parse import unquote, urlparse
 
 from .._exceptions import ShardURLError
 
-__all__ = [
-    "Shard",
-    "canonical_url",
-    "expand_braces",
-    "folder_url",
-    "local_path",
-    "local_uri",
-    "parse_s3_url",
-    "reject_duplicates",
-    "scheme_of",
-    "url_items",
-]
+__all__ = ["Shard", "expand_braces", "reject_duplicates", "url_items"]
 
-_BUCKET_RE = re.compile(r"^[a-z0-9][a-z0-9.\-]{1,61}[a-z0-9]$")
 _RANGE_RE = re.compile(r"^(-?\d+)\.\.(-?\d+)(?:\.\.(\d+))?$")
 _MAX_EXPANSION = 1_000_000
 
@@ -48,7 +36,7 @@ class Shard:
     """One resolved shard.
 
     Attributes:
-        url: canonical URL, ``s3://bucket/key`` or ``file:///abs/path``.
+        url: canonical URL (``s3://bucket/key``, ``file:///abs/path``, ...: its store's).
         size: size in bytes.
         etag: the object's ETag where the store gives one (``None`` for local files).
     """
@@ -56,28 +44,6 @@ class Shard:
     url: str
     size: int
     etag: str | None = None
-
-    @property
-    def is_local(self) -> bool:
-        """Whether the shard is a local file."""
-        return self.url.startswith("file://")
-
-    @property
-    def bucket(self) -> str:
-        """The S3 bucket (``ValueError`` for a local shard)."""
-        return parse_s3_url(self.url)[0]
-
-    @property
-    def key(self) -> str:
-        """The S3 key (``ValueError`` for a local shard)."""
-        return parse_s3_url(self.url)[1]
-
-    @property
-    def path(self) -> Path:
-        """The local path (``ValueError`` for an S3 shard)."""
-        if not self.is_local:
-            raise ValueError(f"{self.url} is not a local shard")
-        return Path(unquote(urlparse(self.url).path))
 
 
 def _split_braces(pattern: str) -> list[str | list[str]]:
@@ -148,80 +114,6 @@ def expand_braces(pattern: str) -> list[str]:
     if total > _MAX_EXPANSION:
         raise ShardURLError(f"{pattern!r}: expands to {total} URLs, more than {_MAX_EXPANSION}")
     return ["".join(combo) for combo in itertools.product(*choices)]
-
-
-def parse_s3_url(url: str) -> tuple[str, str]:
-    """Split ``s3://bucket/key`` into ``(bucket, key)``; the key may be empty or a prefix.
-
-    Raises:
-        ShardURLError: not an ``s3://`` URL, or a missing or invalid bucket name.
-    """
-    if not url.startswith("s3://"):
-        raise ShardURLError(f"{url!r} is not an s3:// URL")
-    rest = url[len("s3://") :]
-    bucket, _, key = rest.partition("/")
-    if not bucket:
-        raise ShardURLError(f"{url!r}: no bucket name after s3://")
-    try:
-        check_bucket(bucket)
-    except ShardURLError as exc:
-        raise ShardURLError(f"{url!r}: {exc}") from None
-    return bucket, key
-
-
-def check_bucket(name: str) -> None:
-    """Raise :class:`ShardURLError` unless ``name`` is a valid S3 bucket name."""
-    if not _BUCKET_RE.match(name) or ".." in name:
-        rule = "3 to 63 lowercase letters, digits, '.' and '-'"
-        raise ShardURLError(f"{name!r} is not a valid bucket name ({rule})")
-
-
-def local_path(url: str) -> Path:
-    """The path of a local URL: ``file:///abs/path`` or a plain path (not made absolute).
-
-    Raises:
-        ShardURLError: a ``file://`` URL naming another host.
-    """
-    if url.startswith("file://"):
-        parsed = urlparse(url)
-        if parsed.netloc not in ("", "localhost"):
-            raise ShardURLError(f"{url!r}: file:// URLs must name a local path (file:///...)")
-        return Path(unquote(parsed.path))
-    return Path(url)
-
-
-def local_uri(url: str) -> str:
-    """The canonical ``file:///abs/path`` URL of a local URL or path."""
-    return local_path(url).expanduser().absolute().as_uri()
-
-
-def canonical_url(url: str) -> str:
-    """``s3://`` URLs as they are, local ones as ``file:///abs/path``."""
-    return url if scheme_of(url) == "s3" else local_uri(url)
-
-
-def folder_url(url: str) -> str:
-    """The folder URL of a prefix or local folder (no trailing slash)."""
-    return url.rstrip("/") if url.startswith("s3://") else local_uri(url)
-
-
-def scheme_of(url: str) -> str:
-    """``"s3"`` or ``"file"`` (a ``file://`` URL or a plain path): the one place a URL's
-    scheme is read.
-
-    Raises:
-        ShardURLError: an empty string, or another scheme.
-    """
-    if not url:
-        raise ShardURLError("an empty string is not a shard URL")
-    scheme = urlparse(url).scheme
-    if scheme == "s3":
-        return "s3"
-    if scheme in ("", "file") or (len(scheme) == 1 and url[1:3] in (":\\", ":/")):
-        return "file"
-    raise ShardURLError(
-        f"{url!r}: unsupported scheme {scheme!r}; expected s3://, file:// or a local path"
-    )
 
 
 def url_items(urls: str | Sequence[str]) -> list[str]:

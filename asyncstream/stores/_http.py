@@ -1,4 +1,6 @@
-"""The S3 store's own HTTP/1.1 client: keep-alive connections, bodies straight into a buffer.
+"""The S3 store's own HTTP/1.1 client: keep-alive connections, bodies straight into a buffer
+(one connection and where its bodies go: :mod:`._httpconn`; the pool of them per origin,
+requests and responses: here).
 
 Why not aiohttp (which botocore's async client uses, and which asyncstream keeps as the
 fallback for HTTP proxies): aiohttp hands a body over as ``bytes`` pieces its parser cut
@@ -31,183 +33,23 @@ from __future__ import annotations
 import asyncio
 import collections
 import contextlib
-import select
 import socket
 import ssl
-from collections.abc import Awaitable, Callable, Mapping, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping
 from urllib.parse import urlsplit
 
 from ._errors import ChunkFailure
+from ._httpconn import Conn, Reply, Scatter, Stale, receive_from
 from ._origin import Origin, TLSMismatch, tls_failure
 from ._retry import Timeouts
 
-__all__ = ["PROBE_AFTER", "ConnectionPool", "Reply", "Scatter", "receive"]
+__all__ = ["PROBE_AFTER", "ConnectionPool"]
 
 _HEAD_LIMIT = 64 << 10  # response headers larger than this are refused
 _ERROR_BODY_LIMIT = 64 << 10  # an error document is read up to this
 _TLS_RECORD = b"\x16\x03"  # a TLS handshake record: a TLS server's first bytes
 _TLS_ALERT = b"\x15\x03"  # a TLS alert record
 PROBE_AFTER = 1.0  # seconds of silence before asking whether a port speaks the other protocol
-
-
-@dataclass(frozen=True)
-class Reply:
-    """A response: status, header fields (lower-case names) and, for an error status, its
-    document (a success's body went into the caller's buffer)."""
-
-    status: int
-    fields: Mapping[str, str]
-    body: bytes = b""
-
-
-class Scatter:
-    """Where a body goes: consecutive buffers (ring slots), filled in order, each reported
-    by ``filled(index)`` as soon as it is full. One buffer is the common case; several let
-    one GET fill the slots of consecutive chunks (the engine's coalesced requests)."""
-
-    def __init__(
-        self, views: Sequence[memoryview], filled: Callable[[int], None] | None = None
-    ) -> None:
-        self.views = views
-        self.filled = filled
-        self.total = sum(len(v) for v in views)
-        self.pos = 0  # bytes received so far
-        self._index = 0  # the buffer being filled
-        self._at = 0  # bytes received into it
-        self._skip_empty()
-
-    def _skip_empty(self) -> None:
-        while self._index < len(self.views) and self._at == len(self.views[self._index]):
-            if self.filled is not None:
-                self.filled(self._index)
-            self._index += 1
-            self._at = 0
-
-    @property
-    def done(self) -> bool:
-        return self.pos >= self.total
-
-    def space(self) -> memoryview:
-        """The rest of the buffer being filled (receive into it, then :meth:`advance`)."""
-        return self.views[self._index][self._at :]
-
-    def advance(self, n: int) -> None:
-        """``n`` bytes were received into :meth:`space`."""
-        self._at += n
-        self.pos += n
-        self._skip_empty()
-
-    def write(self, data: bytes | memoryview) -> None:
-        """Copy ``data`` in (the body bytes that came with the headers; aiohttp's pieces).
-
-        Raises:
-            ChunkFailure: more bytes than the buffers hold.
-        """
-        view = memoryview(data)
-        if len(view) > self.total - self.pos:
-            raise ChunkFailure("length", f"more than the {self.total} bytes asked for")
-        while view:
-            space = self.space()
-            n = min(len(space), len(view))
-            space[:n] = view[:n]
-            view = view[n:]
-            self.advance(n)
-
-
-class _Conn:
-    """One connection, plain or TLS, non-blocking, driven by the running loop."""
-
-    def __init__(self, sock: socket.socket) -> None:
-        self.sock = sock  # the SSLSocket itself for TLS (wrapping detaches the plain one)
-        self.tls = sock if isinstance(sock, ssl.SSLSocket) else None
-        self.requests = 0
-
-    @property
-    def fd(self) -> int:
-        return self.sock.fileno()
-
-    def idle_and_open(self) -> bool:
-        """Whether an idle connection can take a request: not readable (a closed or
-        misbehaving peer makes it readable) and, for TLS, nothing left decrypted."""
-        if self.sock.fileno() < 0 or (self.tls is not None and self.tls.pending()):
-            return False
-        poller = select.poll()
-        poller.register(self.sock.fileno(), select.POLLIN | select.POLLHUP | select.POLLERR)
-        return not poller.poll(0)
-
-    async def _ready(self, write: bool) -> None:
-        loop = asyncio.get_running_loop()
-        future: asyncio.Future[None] = loop.create_future()
-
-        def wake() -> None:
-            if not future.done():
-                future.set_result(None)
-
-        if write:
-            loop.add_writer(self.fd, wake)
-        else:
-            loop.add_reader(self.fd, wake)
-        try:
-            await future
-        finally:
-            (loop.remove_writer if write else loop.remove_reader)(self.fd)
-
-    async def handshake(self) -> None:
-        assert self.tls is not None
-        while True:
-            try:
-                self.tls.do_handshake()
-                return
-            except ssl.SSLWantReadError:
-                await self._ready(write=False)
-            except ssl.SSLWantWriteError:
-                await self._ready(write=True)
-
-    async def sendall(self, data: bytes) -> None:
-        if self.tls is None:
-            await asyncio.get_running_loop().sock_sendall(self.sock, data)
-            return
-        view = memoryview(data)
-        while view:
-            try:
-                view = view[self.tls.send(view) :]
-            except ssl.SSLWantReadError:
-                await self._ready(write=False)
-            except ssl.SSLWantWriteError:
-                await self._ready(write=True)
-
-    async def recv_into(self, view: memoryview) -> int:
-        """Bytes received into ``view`` (0 at the end of the stream).
-
-        Over TLS, every record already readable is decrypted into ``view`` in one call
-        (OpenSSL hands over one 16 KiB record per read): an await, and a reschedule of
-        the caller's stall timer, per record would cost more than the decryption.
-        """
-        if self.tls is None:
-            return await asyncio.get_running_loop().sock_recv_into(self.sock, view)
-        total, size = 0, len(view)
-        while True:
-            try:
-                while total < size:
-                    n = self.tls.recv_into(view[total:], size - total)
-                    if not n:
-                        return total
-                    total += n
-                return total
-            except ssl.SSLWantReadError:
-                if total:
-                    return total
-                await self._ready(write=False)
-            except ssl.SSLWantWriteError:
-                if total:
-                    return total
-                await self._ready(write=True)
-            except ssl.SSLEOFError:
-                return total  # the peer closed without close_notify: an end, as for TCP
-
-    def close(self) -> None:
-        self.sock.close()
 
 
 class ConnectionPool:
@@ -225,7 +67,7 @@ class ConnectionPool:
         self.origin = origin
         self.ssl_context = ssl_context or (ssl.create_default_context() if origin.tls else None)
         self.limit = limit
-        self._idle: collections.deque[_Conn] = collections.deque()
+        self._idle: collections.deque[Conn] = collections.deque()
         self.opened = 0  # connections made
         self.reused = 0  # requests sent on a connection that had served one before
         self._probed = False
@@ -235,7 +77,7 @@ class ConnectionPool:
         while self._idle:
             self._idle.pop().close()
 
-    async def _connect(self, timeouts: Timeouts) -> _Conn:
+    async def _connect(self, timeouts: Timeouts) -> Conn:
         loop = asyncio.get_running_loop()
         error: OSError = ConnectionError(f"no address for {self.origin}")
         infos = await loop.getaddrinfo(self.origin.host, self.origin.port, type=socket.SOCK_STREAM)
@@ -250,8 +92,8 @@ class ConnectionPool:
                         sock = self.ssl_context.wrap_socket(
                             sock, server_hostname=self.origin.host, do_handshake_on_connect=False
                         )
-                        await self._handshake(_Conn(sock))
-                return _Conn(sock)
+                        await self._handshake(Conn(sock))
+                return Conn(sock)
             except TimeoutError:
                 sock.close()
                 if not limit.expired():
@@ -267,7 +109,7 @@ class ConnectionPool:
                 raise
         raise error
 
-    async def _handshake(self, conn: _Conn) -> None:
+    async def _handshake(self, conn: Conn) -> None:
         handshake = asyncio.ensure_future(conn.handshake())
         try:
             done, _ = await asyncio.wait({handshake}, timeout=PROBE_AFTER)
@@ -327,7 +169,7 @@ class ConnectionPool:
                 "HTTP: it is a plain-HTTP port. Use http:// for it"
             )
 
-    async def _acquire(self, timeouts: Timeouts) -> _Conn:
+    async def _acquire(self, timeouts: Timeouts) -> Conn:
         while self._idle:
             conn = self._idle.pop()
             if conn.idle_and_open():
@@ -337,7 +179,7 @@ class ConnectionPool:
         self.opened += 1
         return conn
 
-    def _release(self, conn: _Conn, reusable: bool) -> None:
+    def _release(self, conn: Conn, reusable: bool) -> None:
         if reusable and len(self._idle) < self.limit:
             self._idle.append(conn)
         else:
@@ -377,7 +219,7 @@ class ConnectionPool:
                 self.reused += 1
             try:
                 return await self._exchange(conn, request, out, timeouts, accept)
-            except _Stale:
+            except Stale:
                 conn.close()
                 if fresh or attempt:
                     if fresh and not self.origin.tls:
@@ -411,7 +253,7 @@ class ConnectionPool:
 
     async def _exchange(
         self,
-        conn: _Conn,
+        conn: Conn,
         request: bytes,
         out: Scatter,
         timeouts: Timeouts,
@@ -422,7 +264,7 @@ class ConnectionPool:
         try:
             await conn.sendall(request)
         except OSError:
-            raise _Stale() from None
+            raise Stale() from None
         try:
             async with asyncio.timeout(timeouts.first_byte) as first:
                 status, fields, extra, keep = await self._read_head(conn)
@@ -451,11 +293,11 @@ class ConnectionPool:
         if accept is not None:
             accept(Reply(status, fields))
         out.write(extra)
-        await _receive(conn, out, timeouts)
+        await receive_from(conn, out, timeouts)
         self._release(conn, keep)
         return Reply(status, fields), headers_at
 
-    async def _read_head(self, conn: _Conn) -> tuple[int, dict[str, str], bytes, bool]:
+    async def _read_head(self, conn: Conn) -> tuple[int, dict[str, str], bytes, bool]:
         """Status, header fields, the body bytes that came with them, and whether the
         connection may be reused."""
         buffer = bytearray(65536)
@@ -468,10 +310,10 @@ class ConnectionPool:
             except ConnectionResetError:
                 if data:
                     raise
-                raise _Stale() from None  # reset unanswered: as a close (a TLS port does it)
+                raise Stale() from None  # reset unanswered: as a close (a TLS port does it)
             if not n:
                 if not data:
-                    raise _Stale()
+                    raise Stale()
                 raise ConnectionResetError(f"{self.origin} closed the connection mid-response")
             data += buffer[:n]
         status_line, *lines = data[:end].decode("latin-1").split("\r\n")
@@ -489,7 +331,7 @@ class ConnectionPool:
         return int(code), fields, bytes(data[end + 4 :]), keep
 
     async def _error_body(
-        self, conn: _Conn, body: bytes, length: int | None, timeouts: Timeouts
+        self, conn: Conn, body: bytes, length: int | None, timeouts: Timeouts
     ) -> bytes:
         limit = _ERROR_BODY_LIMIT if length is None else min(length, _ERROR_BODY_LIMIT)
         buffer = bytearray(limit)
@@ -501,38 +343,3 @@ class ConnectionPool:
                         break
                     body += buffer[:n]
         return body[:limit]
-
-
-class _Stale(Exception):
-    """A connection that ended before the first byte of its response."""
-
-
-async def _receive(conn: _Conn, out: Scatter, timeouts: Timeouts) -> None:
-    """Fill ``out`` from the connection, straight into its buffers."""
-
-    async def step() -> int:
-        n = await conn.recv_into(out.space())
-        out.advance(n)
-        return n
-
-    await receive(out, step, timeouts)
-
-
-async def receive(out: Scatter, step: Callable[[], Awaitable[int]], timeouts: Timeouts) -> None:
-    """Fill ``out`` by calling ``step`` (which puts some bytes into it and says how many;
-    0 at the end of the body); a stall or an early end fails."""
-    loop = asyncio.get_running_loop()
-    try:
-        async with asyncio.timeout(timeouts.stall) as stall:
-            while not out.done:
-                if not await step():
-                    break
-                stall.reschedule(loop.time() + timeouts.stall)
-    except TimeoutError:
-        if stall.expired():
-            raise ChunkFailure(
-                "stall", f"no byte for {timeouts.stall:g} s after {out.pos} of {out.total}"
-            ) from None
-        raise
-    if not out.done:
-        raise ChunkFailure("truncated", f"the body ended after {out.pos} of {out.total} bytes")

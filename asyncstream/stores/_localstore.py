@@ -1,24 +1,47 @@
-"""Local files as a store: listed, read whole, and read by range straight into the slot."""
+"""Local files as a store: listed, read whole, and read by range straight into the slot.
+
+Its URLs are ``file:///abs/path`` and plain paths (absolute, relative or ``~``).
+"""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
 import os
+import shutil
 import tempfile
 from collections.abc import Iterable
 from pathlib import Path
+from urllib.parse import unquote, urlparse
 
 from .._exceptions import NotFoundError, ShardURLError
-from ..shards._urls import Shard, local_path
+from ..shards._urls import Shard
 from ._errors import ChunkFailure
 from ._store import ChunkRequest, Store, Timing
 
-__all__ = ["LocalStore"]
+__all__ = ["LocalStore", "local_path", "local_uri"]
 
 
 class LocalStore(Store):
     """Local files; ranges read with ``preadv`` straight into the buffer (in a thread)."""
+
+    @classmethod
+    def canonical(cls, url: str) -> str:
+        return local_uri(url)
+
+    @classmethod
+    def join(cls, folder: str, ref: str) -> str:
+        return Path(os.path.normpath(local_path(folder) / ref)).absolute().as_uri()
+
+    def is_folder(self, url: str) -> bool:
+        return _path(url).is_dir()
+
+    def prepare(self, url: str) -> None:
+        _path(url).mkdir(parents=True, exist_ok=True)
+
+    def upload(self, url: str, path: Path) -> str | None:
+        shutil.move(path, _path(url))  # a rename where ``path`` is in the same file system
+        return None
 
     def list(self, url: str) -> list[Shard]:
         folder = _path(url)
@@ -82,3 +105,22 @@ class LocalStore(Store):
 
 def _path(url: str) -> Path:
     return local_path(url).expanduser().absolute()
+
+
+def local_path(url: str) -> Path:
+    """The path of a local URL: ``file:///abs/path`` or a plain path (not made absolute).
+
+    Raises:
+        ShardURLError: a ``file://`` URL naming another host.
+    """
+    if url.startswith("file://"):
+        parsed = urlparse(url)
+        if parsed.netloc not in ("", "localhost"):
+            raise ShardURLError(f"{url!r}: file:// URLs must name a local path (file:///...)")
+        return Path(unquote(parsed.path))
+    return Path(url)
+
+
+def local_uri(url: str) -> str:
+    """The canonical ``file:///abs/path`` URL of a local URL or path."""
+    return local_path(url).expanduser().absolute().as_uri()

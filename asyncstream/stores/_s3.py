@@ -15,7 +15,9 @@ Which layer retries what:
 from __future__ import annotations
 
 import os
+import re
 import ssl
+import threading
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any, Literal
@@ -23,10 +25,46 @@ from typing import Any, Literal
 import botocore.config
 import botocore.session
 
-from .._exceptions import FetchError
+from .._exceptions import FetchError, ShardURLError
 from ._errors import verdict
 
-__all__ = ["S3Credentials", "S3Options", "fetch_error_from", "ssl_context", "sync_client"]
+__all__ = [
+    "S3Credentials",
+    "S3Options",
+    "check_bucket",
+    "fetch_error_from",
+    "parse_s3_url",
+    "ssl_context",
+    "sync_client",
+]
+
+_BUCKET_RE = re.compile(r"^[a-z0-9][a-z0-9.\-]{1,61}[a-z0-9]$")
+
+
+def parse_s3_url(url: str) -> tuple[str, str]:
+    """Split ``s3://bucket/key`` into ``(bucket, key)``; the key may be empty or a prefix.
+
+    Raises:
+        ShardURLError: not an ``s3://`` URL, or a missing or invalid bucket name.
+    """
+    if not url.startswith("s3://"):
+        raise ShardURLError(f"{url!r} is not an s3:// URL")
+    rest = url[len("s3://") :]
+    bucket, _, key = rest.partition("/")
+    if not bucket:
+        raise ShardURLError(f"{url!r}: no bucket name after s3://")
+    try:
+        check_bucket(bucket)
+    except ShardURLError as exc:
+        raise ShardURLError(f"{url!r}: {exc}") from None
+    return bucket, key
+
+
+def check_bucket(name: str) -> None:
+    """Raise :class:`ShardURLError` unless ``name`` is a valid S3 bucket name."""
+    if not _BUCKET_RE.match(name) or ".." in name:
+        rule = "3 to 63 lowercase letters, digits, '.' and '-'"
+        raise ShardURLError(f"{name!r} is not a valid bucket name ({rule})")
 
 
 @dataclass(frozen=True)
@@ -156,14 +194,29 @@ class S3Options:
         return kwargs
 
 
+_LOADER: list[Any] = []  # botocore's data loader, shared by every session made here
+_LOADER_LOCK = threading.Lock()
+
+
 def sync_client(options: S3Options) -> Any:
     """A synchronous botocore S3 client for listing, HEAD and uploads.
+
+    Each client has a session of its own (which reads the credentials afresh), but every
+    session shares one botocore data loader, kept for the process: a new loader reads the
+    S3 service model from disk again, most of a client's cost (a second or more on a
+    busy machine). Clients are made one at a time (botocore's sessions and loaders are
+    not thread safe; the clients are).
 
     Args:
         options: resolved options (see :meth:`S3Options.resolve`).
     """
-    session = botocore.session.Session(profile=options.profile)
-    return session.create_client("s3", **options.client_kwargs(retries=True))
+    with _LOADER_LOCK:
+        session = botocore.session.Session(profile=options.profile)
+        if _LOADER:
+            session.register_component("data_loader", _LOADER[0])
+        else:
+            _LOADER.append(session.get_component("data_loader"))
+        return session.create_client("s3", **options.client_kwargs(retries=True))
 
 
 def fetch_error_from(exc: BaseException, url: str) -> FetchError:

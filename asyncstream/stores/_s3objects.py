@@ -26,12 +26,12 @@ from typing import Any, TypeVar
 import botocore.exceptions
 
 from .._exceptions import FetchError, NotFoundError
-from ..shards._urls import Shard, parse_s3_url
+from ..shards._urls import Shard
 from ._errors import verdict
 from ._http import ConnectionPool
 from ._origin import Origin
 from ._retry import RetryPolicy, Timeouts, retrying_sync
-from ._s3 import S3Options, fetch_error_from, ssl_context, sync_client
+from ._s3 import S3Options, fetch_error_from, parse_s3_url, ssl_context, sync_client
 
 __all__ = ["S3Objects"]
 
@@ -52,12 +52,16 @@ class S3Objects:
         self._policy = RetryPolicy(max_attempts=options.metadata_attempts, base_delay=0.1)
         self._checked: set[Origin] = set()
         self._lock = threading.Lock()
+        self._client_lock = threading.Lock()
 
     @property
     def client(self) -> Any:
-        """The botocore client (its retries off: ours run), made on first use."""
+        """The botocore client (its retries off: ours run), made on first use: one, even
+        when the first requests come from several threads at once."""
         if self._client is None:
-            self._client = sync_client(replace(self.options, metadata_attempts=1))
+            with self._client_lock:
+                if self._client is None:
+                    self._client = sync_client(replace(self.options, metadata_attempts=1))
         return self._client
 
     # -- the store's blocking half -----------------------------------------------------------
@@ -134,6 +138,11 @@ class S3Objects:
                 return self.client.delete_object(Bucket=bucket, Key=key)
 
             self.call(url, remove)
+
+    def check_bucket(self, url: str) -> None:
+        """Raise ``NotFoundError`` unless the bucket of ``url`` exists (and is allowed)."""
+        bucket = parse_s3_url(url)[0]
+        self.call(url, lambda: self.client.head_bucket(Bucket=bucket))
 
     def _check_bucket(self, bucket: str, url: str) -> None:
         try:

@@ -34,6 +34,8 @@ import time
 import urllib.request
 import xml.etree.ElementTree as ElementTree
 from collections.abc import Awaitable, Callable, Iterable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 from typing import Any, Literal, TypeVar
 
 import botocore.exceptions
@@ -44,12 +46,14 @@ from botocore.exceptions import NoCredentialsError
 
 from ..shards._urls import Shard
 from ._errors import ChunkFailure, S3ErrorResponse
-from ._http import PROBE_AFTER, ConnectionPool, Reply, Scatter, receive
+from ._http import PROBE_AFTER, ConnectionPool
+from ._httpconn import Reply, Scatter, receive
 from ._origin import Origin
 from ._retry import Timeouts
-from ._s3 import S3Options, ssl_context
+from ._s3 import S3Options, parse_s3_url, ssl_context
 from ._s3objects import S3Objects
-from ._store import ChunkRequest, Store, Timing
+from ._s3upload import upload_file
+from ._store import ChunkRequest, Store, StoreSetup, Timing
 
 __all__ = ["S3Store"]
 
@@ -81,6 +85,8 @@ class S3Store(Store):
     """
 
     hedgeable = True
+    cacheable = True
+    lists_folders = True
 
     def __init__(
         self,
@@ -105,6 +111,26 @@ class S3Store(Store):
         self._frozen: tuple[Any, float] | None = None
         self._ssl: ssl.SSLContext | None = None
         self._used: set[str] = set()
+        self._uploads: ThreadPoolExecutor | None = None
+
+    @classmethod
+    def from_setup(cls, setup: StoreSetup) -> S3Store:
+        return cls(
+            setup.options.resolve(),
+            timeouts=setup.timeouts,
+            check_etag=setup.check_etag,
+            connections=setup.connections,
+            transport=setup.transport,
+        )
+
+    @classmethod
+    def canonical(cls, url: str) -> str:
+        parse_s3_url(url)  # a malformed URL or bucket name fails here
+        return url
+
+    def is_folder(self, url: str) -> bool:
+        key = parse_s3_url(url)[1]
+        return not key or key.endswith("/")
 
     # -- at open: the blocking half (see :mod:`._s3objects`) --------------------------------
 
@@ -122,6 +148,19 @@ class S3Store(Store):
 
     def delete(self, urls: Iterable[str]) -> None:
         self.objects.delete(urls)
+
+    def prepare(self, url: str) -> None:
+        self.objects.check_bucket(url)
+
+    def upload(self, url: str, path: Path) -> str | None:
+        if self._uploads is None:
+            self._uploads = ThreadPoolExecutor(self.connections, "asyncstream-upload")
+        return upload_file(self.objects, url, path, self._uploads)
+
+    def close(self) -> None:
+        if self._uploads is not None:
+            self._uploads.shutdown(wait=True)
+            self._uploads = None
 
     # -- in the fetch engine ------------------------------------------------------------------
 

@@ -3,38 +3,38 @@
 from __future__ import annotations
 
 from collections.abc import Iterable
-from typing import Any
+from dataclasses import replace
 
-from ..shards._urls import scheme_of
-from ._localstore import LocalStore
+from ._registry import make_store, scheme_of
 from ._s3 import S3Options
-from ._s3store import S3Store
-from ._store import Store
+from ._store import Store, StoreSetup
 
 __all__ = ["Stores"]
 
 
 class Stores:
-    """One store per scheme, made on first use: the consumer's way to every object.
+    """One store per scheme (:mod:`._registry`), made on first use: the consumer's way to
+    every object.
 
     Args:
         options: how to reach S3.
+        connections: the most requests one store makes at once (uploads' parts).
     """
 
-    def __init__(self, options: S3Options | None = None) -> None:
+    def __init__(self, options: S3Options | None = None, *, connections: int = 16) -> None:
         self.options = options
+        self.connections = connections
         self._stores: dict[str, Store] = {}
 
     def for_url(self, url: str) -> Store:
-        """The store of ``url`` (``s3://`` or local)."""
+        """The store of ``url``'s scheme."""
         scheme = scheme_of(url)
         store = self._stores.get(scheme)
         if store is None:
-            if scheme == "s3":
-                store = S3Store((self.options or S3Options()).resolve())
-            else:
-                store = LocalStore()
-            self._stores[scheme] = store
+            setup = replace(StoreSetup(), connections=self.connections)
+            if self.options is not None:
+                setup = replace(setup, options=self.options)
+            store = self._stores[scheme] = make_store(scheme, setup)
         return store
 
     def read(self, url: str) -> bytes | None:
@@ -50,8 +50,7 @@ class Stores:
         for url in urls:
             self.for_url(url).delete([url])
 
-    def s3_client(self) -> Any:
-        """The S3 store's blocking botocore client (for what only S3 has: multipart)."""
-        store = self.for_url("s3://bucket/")
-        assert isinstance(store, S3Store)
-        return store.objects.client
+    def close(self) -> None:
+        """Release the stores' blocking resources (upload threads)."""
+        for store in self._stores.values():
+            store.close()

@@ -107,6 +107,6 @@ def open_settings(
             shards=opened.shards,
             counts=opened.counts,
             sources=opened.plans,
-            s3_extra=opened.s3_extra,
+            endpoints=opened.endpoints,
         )
     return Opened(settings, index_info, rank, world_size)

@@ -37,7 +37,7 @@ class StreamSettings:
     cache_dir: str | None = None  # validated, absolute (``CacheConfig.path``)
     cache_limit: int | None = None
     sources: tuple[SourcePlan, ...] = ()  # a mixed stream's sources (:mod:`._mix`)
-    s3_extra: tuple[S3Options, ...] = ()  # the sources' other S3 endpoints
+    endpoints: tuple[tuple[str, S3Options], ...] = ()  # the sources' own options, named
 
     # The order settings, read by the plan, the shuffle and the state.
     @property
@@ -116,9 +116,9 @@ class StreamSettings:
             return 0
         return bisect.bisect_right(self._source_starts, shard) - 1
 
-    def store_of(self, shard: int) -> int:
-        """The fetch engine's S3 endpoint for shard ``shard`` (see ``ChunkRequest.store``)."""
-        return self.sources[self.source_of(shard)].store if self.sources else 0
+    def store_of(self, shard: int) -> str:
+        """The endpoint of shard ``shard``'s store (see ``ChunkRequest.endpoint``)."""
+        return self.sources[self.source_of(shard)].endpoint if self.sources else ""
 
     @property
     def ring_bytes(self) -> int:
@@ -135,7 +135,7 @@ class StreamSettings:
         return engine_config(
             self.fetch,
             s3=self.s3,
-            s3_extra=self.s3_extra,
+            endpoints=self.endpoints,
             cache_dir=self.cache_dir,
             cache_limit=self.cache_limit,
             seed=seed,
