@@ -28,8 +28,6 @@ import os
 import platform
 import random
 import statistics
-import subprocess
-import sys
 import tarfile
 import tempfile
 import time
@@ -92,21 +90,6 @@ def _child(spec: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-def _run_child(spec: dict[str, Any], source: Path, env: dict[str, str]) -> dict[str, Any]:
-    """One fresh process for ``spec``, with the ``asyncstream`` found in ``source``."""
-    env = {**env, "PYTHONPATH": str(source)}
-    done = subprocess.run(
-        [sys.executable, str(HERE), "--child", json.dumps(spec)],
-        env=env,
-        cwd=source,
-        check=True,
-        capture_output=True,
-        text=True,
-    )
-    result: dict[str, Any] = json.loads(done.stdout.strip().splitlines()[-1])
-    return result
-
-
 def measure(
     local: list[str],
     counts: list[int],
@@ -127,6 +110,8 @@ def measure(
             tree; ``asyncstream@REV`` for a baseline).
         env: the children's environment (credentials for the server).
     """
+    from .samplecost import run_child  # the parent's side only: the child runs as a script
+
     places: list[tuple[str, list[str], str | None]] = [("local files", local, None)]
     if s3 is not None:
         places.append(("S3-like", s3[0], s3[1]))
@@ -142,7 +127,7 @@ def measure(
                     "counts": counts,
                     "endpoint": endpoint,
                 }
-                runs[name].append(_run_child(spec, sources.get(name, ROOT), env))
+                runs[name].append(run_child(HERE, spec, sources.get(name, ROOT), env))
         out[place] = {
             name: {
                 key: statistics.median(r[key] for r in rows)
@@ -190,6 +175,8 @@ def run(
     from asyncstream.testing import FaultProxy, NetworkProfile
     from asyncstream.testing._local import LOCAL_CREDENTIALS
 
+    from .samplecost import baseline_tree
+
     paths, counts = shards_of(folder, shards)
     env = dict(os.environ)
     env["AWS_ACCESS_KEY_ID"] = LOCAL_CREDENTIALS.access_key_id
@@ -206,8 +193,6 @@ def run(
     with tempfile.TemporaryDirectory() as tmp:
         sources = {"asyncstream": ROOT}
         if baseline:
-            from .samplecost import baseline_tree
-
             sources[f"asyncstream@{baseline}"] = baseline_tree(baseline, Path(tmp))
         local = [str(p) for p in paths]
         if not s3:

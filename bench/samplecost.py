@@ -77,12 +77,15 @@ def measure(url: str, endpoint: str | None, epochs: int) -> dict[str, Any]:
     return {key: statistics.median(r[key] for r in steady) for key in steady[0]}
 
 
-def _side(source: Path, url: str, endpoint: str | None, epochs: int) -> dict[str, Any]:
-    """One fresh process reading with the ``asyncstream`` found in ``source``."""
-    env = {**os.environ, "PYTHONPATH": str(source)}
-    config = json.dumps({"url": url, "endpoint": endpoint, "epochs": epochs})
+def run_child(
+    script: Path, config: dict[str, Any], source: Path, env: dict[str, str] | None = None
+) -> dict[str, Any]:
+    """Run ``script --child CONFIG`` in a fresh process with the ``asyncstream`` found in
+    ``source`` (a baseline's extracted tree, or this one), and return the JSON object it
+    prints last."""
+    env = {**(os.environ if env is None else env), "PYTHONPATH": str(source)}
     done = subprocess.run(
-        [sys.executable, str(HERE), "--child", config],
+        [sys.executable, str(script), "--child", json.dumps(config)],
         env=env,
         cwd=source,
         check=True,
@@ -91,6 +94,11 @@ def _side(source: Path, url: str, endpoint: str | None, epochs: int) -> dict[str
     )
     result: dict[str, Any] = json.loads(done.stdout.strip().splitlines()[-1])
     return result
+
+
+def _side(source: Path, url: str, endpoint: str | None, epochs: int) -> dict[str, Any]:
+    """One fresh process reading with the ``asyncstream`` found in ``source``."""
+    return run_child(HERE, {"url": url, "endpoint": endpoint, "epochs": epochs}, source)
 
 
 def baseline_tree(rev: str, folder: Path) -> Path:
