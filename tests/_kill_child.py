@@ -350,6 +350,9 @@ ROWS: dict[str, Callable[[dict[str, Any]], None]] = {
 
 
 if __name__ == "__main__":
+    # As a terminal's Ctrl-C finds it: a test run started in the background by a shell
+    # without job control (`make check &`) inherits SIGINT ignored, and Python keeps it so.
+    signal.signal(signal.SIGINT, signal.default_int_handler)
     config = json.loads(sys.argv[1])
     faulthandler.dump_traceback_later(config["deadline_s"], exit=True)
     ROWS[config["row"]](config)
