@@ -25,9 +25,9 @@ from __future__ import annotations
 
 import asyncio
 import ssl
+import sys
 from dataclasses import dataclass
 
-import aiohttp
 import botocore.exceptions
 
 from .._exceptions import (
@@ -148,7 +148,7 @@ def _ssl_cause(exc: BaseException) -> tuple[ssl.SSLError | None, object | None]:
             endpoint = current.kwargs.get("endpoint_url")
             if isinstance(endpoint, str) and endpoint.startswith(("http://", "https://")):
                 origin = Origin.of(endpoint)
-        if origin is None and isinstance(current, aiohttp.ClientConnectorError):
+        if origin is None and isinstance(current, _aiohttp("ClientConnectorError")):
             origin = Origin("https", current.host, current.port or 443)
         if isinstance(current, ssl.SSLError) and type(current).__module__ == "ssl":
             cause = cause or current
@@ -162,6 +162,15 @@ def _ssl_cause(exc: BaseException) -> tuple[ssl.SSLError | None, object | None]:
             *current.args,
         ]
     return cause, origin
+
+
+def _aiohttp(*names: str) -> tuple[type[BaseException], ...]:
+    """aiohttp's exception classes of these names where aiohttp is loaded, else none: an
+    aiohttp error can only come from a loaded aiohttp, so this module need not import it
+    (a quarter of a second that a stream of local files, or the direct transport, never
+    uses)."""
+    module = sys.modules.get("aiohttp")
+    return () if module is None else tuple(getattr(module, name) for name in names)
 
 
 def verdict(exc: BaseException, url: str) -> Verdict:
@@ -195,21 +204,23 @@ def verdict(exc: BaseException, url: str) -> Verdict:
         return Verdict("denied", AccessDeniedError(message, url=url), False)
     if isinstance(exc, botocore.exceptions.ProfileNotFound):
         return Verdict("denied", AccessDeniedError(f"{url}: {exc}", url=url), False)
-    if isinstance(exc, botocore.exceptions.SSLError | aiohttp.ClientSSLError):
+    if isinstance(exc, (botocore.exceptions.SSLError, *_aiohttp("ClientSSLError"))):
         return _tls(exc, url)
     if isinstance(exc, botocore.exceptions.ParamValidationError):
         message = f"{url}: invalid request: {exc}"
         return Verdict("invalid", PermanentFetchError(message, url=url), False)
     transient = TransientFetchError(f"{url}: {type(exc).__name__}: {exc}", url=url)
-    if isinstance(exc, aiohttp.ClientPayloadError | botocore.exceptions.IncompleteReadError):
+    if isinstance(exc, (botocore.exceptions.IncompleteReadError, *_aiohttp("ClientPayloadError"))):
         return Verdict("truncated", transient, True)
     if isinstance(
         exc,
-        aiohttp.ClientConnectionError
-        | botocore.exceptions.HTTPClientError
-        | botocore.exceptions.ConnectionError
-        | ConnectionError
-        | asyncio.IncompleteReadError,
+        (
+            botocore.exceptions.HTTPClientError,
+            botocore.exceptions.ConnectionError,
+            ConnectionError,
+            asyncio.IncompleteReadError,
+            *_aiohttp("ClientConnectionError"),
+        ),
     ):
         return Verdict("connection", transient, True)
     if isinstance(exc, botocore.exceptions.ReadTimeoutError | TimeoutError):

@@ -22,9 +22,6 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any, Literal
 
-import botocore.config
-import botocore.session
-
 from .._exceptions import FetchError, ShardURLError
 from ._errors import verdict
 
@@ -168,6 +165,8 @@ class S3Options:
         style = self.addressing_style
         if style == "auto":
             style = "path" if self.endpoint_url else "virtual"
+        import botocore.config  # here: opening local files never loads botocore's config
+
         attempts = self.metadata_attempts if retries else 1
         config = botocore.config.Config(
             max_pool_connections=self.max_pool_connections,
@@ -210,6 +209,8 @@ def sync_client(options: S3Options) -> Any:
     Args:
         options: resolved options (see :meth:`S3Options.resolve`).
     """
+    import botocore.session  # here: a stream of local files never needs a client
+
     with _LOADER_LOCK:
         session = botocore.session.Session(profile=options.profile)
         if _LOADER:
