@@ -149,7 +149,8 @@ def _ssl_cause(exc: BaseException) -> tuple[ssl.SSLError | None, object | None]:
             if isinstance(endpoint, str) and endpoint.startswith(("http://", "https://")):
                 origin = Origin.of(endpoint)
         if origin is None and isinstance(current, _aiohttp("ClientConnectorError")):
-            origin = Origin("https", current.host, current.port or 443)
+            host, port = getattr(current, "host", ""), getattr(current, "port", None)
+            origin = Origin("https", str(host), int(port or 443))
         if isinstance(current, ssl.SSLError) and type(current).__module__ == "ssl":
             cause = cause or current
         if isinstance(current, botocore.exceptions.BotoCoreError):
