@@ -54,6 +54,10 @@ Scenarios (``--scenarios`` picks some; all by default):
     and the proxy, and the shuffle quality (distinct classes per batch of 64 on the
     class-sorted data). ``ASYNCSTREAM_BENCH_RING`` (JSON: name to stream settings)
     measures other settings instead.
+``first_sample``
+    A fresh process with torch imported: importing the reader, opening the shards named
+    one by one and drawing the first sample, asyncstream against the naive boto3 reader,
+    on local files and through the S3-like profile (:mod:`bench.firstsample`).
 ``mixing``
     Two datasets mixed 3 : 1 in one stream: each batch's share of each source against
     its weight (mean absolute deviation over batches of 64, worst window of 640) and
@@ -442,6 +446,24 @@ def ring(b: Bench) -> dict[str, Any]:
     return {"settings": defaults, "results": out}
 
 
+def first_sample(b: Bench) -> dict[str, Any]:
+    """Time to the first sample from a fresh process (:mod:`bench.firstsample`), on the
+    benchmark's own shards copied to local files."""
+    from asyncstream.stores._s3 import sync_client
+
+    from .firstsample import run as measure
+
+    shards = resolve_shards(b.url, b.options)[:12]
+    folder = b.workdir / "first-sample"
+    folder.mkdir(exist_ok=True)
+    client = sync_client(b.options.resolve())
+    for shard in shards:
+        bucket, key = shard.url[len("s3://") :].split("/", 1)
+        body = client.get_object(Bucket=bucket, Key=key)["Body"].read()
+        (folder / key.rsplit("/", 1)[-1]).write_bytes(body)
+    return measure(folder, rounds=b.sizes.repeat, baseline=None, s3=True, shards=len(shards))
+
+
 def cpu_decode(b: Bench) -> dict[str, Any]:
     from .cpudecode import run as run_cpu_decode
 
@@ -469,6 +491,7 @@ SCENARIOS: dict[str, Callable[[Bench], dict[str, Any]]] = {
     "mixing": mixing,
     "ring": ring,
     "cpu_decode": cpu_decode,
+    "first_sample": first_sample,
 }
 
 

@@ -243,6 +243,19 @@ def tables(out: dict[str, Any], base: Path | None = None) -> str:
             render_feed(sc["feed"]),
             "",
         ]
+    if "first_sample" in sc:
+        from .firstsample import render as render_first
+
+        f = sc["first_sample"]
+        lines += [
+            "### Time to the first sample from a fresh process",
+            "",
+            f"{f['shards']} shards named one by one, torch imported first; medians of "
+            f"{f['rounds']} rounds (import, open, and from the import to the first sample).",
+            "",
+            render_first(f["results"]),
+            "",
+        ]
     if "ring" in sc:
         r = sc["ring"]["results"]
         lines += [

@@ -124,6 +124,12 @@ def test_every_scenario_runs_and_the_json_is_complete(quick_run: dict[str, Any])
     assert small["ring_bytes"] < default["ring_bytes"]
     assert small["requests"] > 0
     assert default["requests"] > 0
+    first = data["scenarios"]["first_sample"]["results"]
+    assert set(first) == {"local files", "S3-like"}
+    for systems in first.values():
+        assert set(systems) == {"asyncstream", "naive"}
+        for figures in systems.values():
+            assert figures["first_sample_s"] >= figures["import_s"] > 0
     decode = data["scenarios"]["cpu_decode"]
     assert set(decode["systems"]) == {"asyncstream", "webdataset", "asyncstream-wrapped"}
     for figures in decode["systems"].values():
