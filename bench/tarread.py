@@ -122,7 +122,7 @@ def main() -> None:
         help="a folder to keep the generated shards in and reuse (default: a new one)",
     )
     args = parser.parse_args()
-    images, per_shard = (300, 50) if args.quick else (1200, 100)
+    images, per_shard = (120, 20) if args.quick else (1200, 100)
     out: dict[str, Any] = {
         "date": time.strftime("%Y-%m-%d"),
         "machine": f"{platform.machine()}, {os.cpu_count()} cores, "
