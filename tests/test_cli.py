@@ -24,22 +24,22 @@ def test_parse_size_units() -> None:
         parse_size("lots")
 
 
-def test_pack_2000_images_into_20_shards_then_ls(
+def test_pack_600_images_into_20_shards_then_ls(
     tmp_path: Path, s3_server: LocalS3, bucket: str, capsys: pytest.CaptureFixture[str]
 ) -> None:
     images = tmp_path / "images"
-    assert main(["generate", str(images), "--images", "2000", "--classes", "10"]) == 0
+    assert main(["generate", str(images), "--images", "600", "--classes", "10"]) == 0
     dest = f"s3://{bucket}/train/"
     endpoint = ["--endpoint-url", s3_server.endpoint_url]
     assert (
-        main(["pack", str(images), dest, "--shard-samples", "100", "--no-progress", *endpoint]) == 0
+        main(["pack", str(images), dest, "--shard-samples", "30", "--no-progress", *endpoint]) == 0
     )
     capsys.readouterr()
     assert main(["ls", dest, "--samples", "--json", *endpoint]) == 0
     listing = json.loads(capsys.readouterr().out)
     shards = listing["shards"]
     assert len(shards) == 20
-    assert [s["samples"] for s in shards] == [100] * 20
+    assert [s["samples"] for s in shards] == [30] * 20
     client = s3_server.client()
     for shard in shards:
         key = shard["url"].removeprefix(f"s3://{bucket}/")
@@ -51,7 +51,7 @@ def test_pack_2000_images_into_20_shards_then_ls(
     assert main(["ls", dest, "--samples", *endpoint]) == 0
     text = capsys.readouterr().out
     assert "20 shards" in text
-    assert "2,000 samples" in text
+    assert "600 samples" in text
 
 
 def test_pack_by_bytes_on_the_command_line(
