@@ -221,6 +221,30 @@ def test_stall_is_abandoned_and_retried(
     assert stats["retries"] == {"stall": 1}
 
 
+def test_a_body_slower_than_the_first_byte_timeout_is_not_cut(
+    s3_server: LocalS3, dataset: dict[str, Any], transport: str
+) -> None:
+    """``first_byte`` bounds the wait for the response's head, not the whole exchange: a
+    body that takes several times that long to arrive (paced by the proxy) is read whole,
+    with no retry."""
+    url = f"s3://{dataset['bucket']}/shard-005.tar"
+    size = len(dataset["blobs"][url])
+    profile = NetworkProfile(bandwidth_bytes_per_s=size / 1.5)  # the body takes ~1.5 s
+    timeouts = Timeouts(connect=5, first_byte=0.4, stall=5, chunk=60)
+    with (
+        FaultProxy(s3_server.endpoint_url, profile=profile) as proxy,
+        Engine(
+            config(proxy.endpoint_url, timeouts=timeouts, transport=transport),
+            n_slots=2,
+            slot_bytes=size,
+        ) as engine,
+    ):
+        got = drain(engine, [ChunkRequest(url, 0, size)])
+        stats = engine.stats()
+    assert got[url] == dataset["blobs"][url]
+    assert stats["retries_total"] == 0
+
+
 def test_retries_run_out_with_a_clear_error(
     proxy: FaultProxy, dataset: dict[str, Any], transport: str
 ) -> None:

@@ -35,7 +35,8 @@ import collections
 import contextlib
 import socket
 import ssl
-from collections.abc import Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping
+from typing import TypeVar
 from urllib.parse import urlsplit
 
 from ._errors import ChunkFailure
@@ -43,7 +44,9 @@ from ._httpconn import Conn, Reply, Scatter, Stale, receive_from
 from ._origin import Origin, TLSMismatch, tls_failure
 from ._retry import Timeouts
 
-__all__ = ["PROBE_AFTER", "ConnectionPool"]
+__all__ = ["PROBE_AFTER", "ConnectionPool", "first_byte"]
+
+T = TypeVar("T")
 
 _HEAD_LIMIT = 64 << 10  # response headers larger than this are refused
 _ERROR_BODY_LIMIT = 64 << 10  # an error document is read up to this
@@ -265,15 +268,7 @@ class ConnectionPool:
             await conn.sendall(request)
         except OSError:
             raise Stale() from None
-        try:
-            async with asyncio.timeout(timeouts.first_byte) as first:
-                status, fields, extra, keep = await self._read_head(conn)
-        except TimeoutError:
-            if first.expired():
-                raise ChunkFailure(
-                    "first_byte", f"no response within {timeouts.first_byte:g} s"
-                ) from None
-            raise
+        status, fields, extra, keep = await first_byte(self._read_head(conn), timeouts)
         headers_at = loop.time()
         declared = fields.get("content-length", "")
         if "chunked" in fields.get("transfer-encoding", "") or not declared.isdigit():
@@ -343,3 +338,17 @@ class ConnectionPool:
                         break
                     body += buffer[:n]
         return body[:limit]
+
+
+async def first_byte(response: Awaitable[T], timeouts: Timeouts) -> T:
+    """``response`` (an awaitable that ends with the response's head), unless it does not
+    come within ``timeouts.first_byte``: then a ``first_byte`` :class:`ChunkFailure`."""
+    try:
+        async with asyncio.timeout(timeouts.first_byte) as first:
+            return await response
+    except TimeoutError:
+        if first.expired():
+            raise ChunkFailure(
+                "first_byte", f"no response within {timeouts.first_byte:g} s"
+            ) from None
+        raise

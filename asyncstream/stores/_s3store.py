@@ -46,7 +46,7 @@ from botocore.exceptions import NoCredentialsError
 
 from ..shards._urls import Shard
 from ._errors import ChunkFailure, S3ErrorResponse
-from ._http import PROBE_AFTER, ConnectionPool
+from ._http import PROBE_AFTER, ConnectionPool, first_byte
 from ._httpconn import Reply, Scatter, receive
 from ._origin import Origin
 from ._retry import Timeouts
@@ -298,9 +298,9 @@ class S3Store(Store):
         def accept(reply: Reply) -> None:  # before the first slot of the body is handed on
             self._check(request, reply.fields.get("etag"), reply.fields.get("content-range"))
 
-        reply, headers_at = await _first_byte(
-            self._pool(origin).get(url, headers, out, self.timeouts, accept), self.timeouts
-        )
+        # The pool's exchange times the response's head itself (first_byte), and the
+        # body by the stall and chunk timeouts: not the whole exchange as a first byte.
+        reply, headers_at = await self._pool(origin).get(url, headers, out, self.timeouts, accept)
         if reply.status >= 300:
             raise _error_response(reply.status, reply.body)
         return headers_at
@@ -312,7 +312,7 @@ class S3Store(Store):
         params["Range"] = headers["Range"]
         if "If-Match" in headers:
             params["IfMatch"] = headers["If-Match"]
-        response = await _first_byte(
+        response = await first_byte(
             self._unless_mismatched(origin, self._client.get_object(**params)), self.timeouts
         )
         headers_at = asyncio.get_running_loop().time()
@@ -377,19 +377,6 @@ class S3Store(Store):
             total = content_range.rpartition("/")[2]
             if total.isdigit() and int(total) != request.size:
                 raise ChunkFailure("changed", f"its size is {total}, it was {request.size}")
-
-
-async def _first_byte(response: Awaitable[T], timeouts: Timeouts) -> T:
-    """``response``, unless no response comes within ``timeouts.first_byte``."""
-    try:
-        async with asyncio.timeout(timeouts.first_byte) as first:
-            return await response
-    except TimeoutError:
-        if first.expired():
-            raise ChunkFailure(
-                "first_byte", f"no response within {timeouts.first_byte:g} s"
-            ) from None
-        raise
 
 
 def _error_response(status: int, body: bytes) -> S3ErrorResponse:
