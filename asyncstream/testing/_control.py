@@ -53,8 +53,8 @@ class Control:
         self._lock = threading.Lock()
         self._injections: list[Injection] = []
         self._counts = dict.fromkeys(STAT_KEYS, 0)
-        self._answered: list[tuple[str, str, int]] = []
-        self._ranges: list[str | None] = []  # each answered request's Range header
+        # Each answered request: method, path, Range header (or None), status.
+        self._answered: list[tuple[str, str, str | None, int]] = []
         self._request_ids = 0
         self._active_gets = 0
 
@@ -81,20 +81,19 @@ class Control:
     def requests(self) -> list[tuple[str, str, int]]:
         """A copy of the request log (see :meth:`FaultProxy.requests`)."""
         with self._lock:
-            return list(self._answered)
+            return [(method, path, status) for method, path, _, status in self._answered]
 
     def ranged_requests(self) -> list[tuple[str, str, str | None, int]]:
         """The request log with each request's ``Range`` header (see
         :meth:`FaultProxy.ranged_requests`)."""
         with self._lock:
-            return [(m, p, r, s) for (m, p, s), r in zip(self._answered, self._ranges, strict=True)]
+            return list(self._answered)
 
     def log_request(self, request: Request, status: int) -> None:
         """Record that ``request`` was answered with ``status``."""
         path = urllib.parse.unquote(urllib.parse.urlsplit(request.target).path)
         with self._lock:
-            self._answered.append((request.method, path, status))
-            self._ranges.append(_range_of(request))
+            self._answered.append((request.method, path, _range_of(request), status))
 
     def count(self, key: str, n: int = 1) -> None:
         """Add ``n`` to the counter ``key``."""
