@@ -37,6 +37,7 @@ if TYPE_CHECKING:
     from .packing._indexer import IndexResult, index_dataset
     from .packing._pack import PackedShard, PackResult, SkippedImage, pack
     from .shards._urls import Shard, expand_braces
+    from .stores._registry import configure_store, register_store
     from .stores._retry import RetryPolicy, Timeouts
     from .stores._s3 import S3Credentials, S3Options
     from .stream._loader import ShardLoader
@@ -85,11 +86,13 @@ __all__ = [
     "TransientFetchError",
     "UnreadShardWarning",
     "__version__",
+    "configure_store",
     "decode_image",
     "expand_braces",
     "index_dataset",
     "mixing_quality",
     "pack",
+    "register_store",
     "resolve_shards",
     "shuffle_quality",
 ]
@@ -113,6 +116,8 @@ _LAZY = {
     "SkippedImage": "packing._pack",
     "pack": "packing._pack",
     "resolve_shards": "dataset._resolve",
+    "configure_store": "stores._registry",
+    "register_store": "stores._registry",
     "RetryPolicy": "stores._retry",
     "Timeouts": "stores._retry",
     "S3Credentials": "stores._s3",

@@ -10,12 +10,13 @@ from pathlib import Path
 
 import pytest
 
-from asyncstream import EngineError, ShardStream, ShardURLError, resolve_shards
+from asyncstream import EngineError, NotFoundError, ShardStream, ShardURLError, resolve_shards
 from asyncstream.dataset._index import join_url
 from asyncstream.engine._engine import Engine, EngineConfig
 from asyncstream.stores._registry import (
     StoreKey,
     canonical_url,
+    configure_store,
     is_served,
     register_store,
     registered_stores,
@@ -66,6 +67,28 @@ def test_a_store_added_by_one_registration_is_read_end_to_end(tiny: str, tmp_pat
         fetch = stream.stats()["fetch"]
     assert got == samples
     assert fetch["chunks"] > SHARDS  # read in several ranges, not whole
+
+
+def test_a_stores_settings_reach_it_in_both_processes(tiny: str, tmp_path: Path) -> None:
+    """``configure_store`` gives the tiny store the folder that its relative URLs are
+    under: listed with it here, read with it in the engine's process (whose working folder
+    is not ``tmp_path``); ``configure_store`` with no settings forgets them."""
+    samples = _write_shards(tmp_path / "data")
+    configure_store("tiny", root=str(tmp_path))
+    try:
+        shards = resolve_shards("tiny://data/")
+        assert [s.url for s in shards] == [f"tiny://data/shard-{i}.tar" for i in range(SHARDS)]
+        with ShardStream(
+            "tiny://data/", samples_per_shard=PER_SHARD, window=2, inflight=2, seed=1
+        ) as stream:
+            got = {x["__key__"]: bytes(x["txt"]) for x in stream}
+        assert got == samples
+    finally:
+        configure_store("tiny")
+    with pytest.raises(NotFoundError, match="no such folder"):
+        resolve_shards("tiny://data/")
+    with pytest.raises(ShardURLError, match="no store is registered for the scheme 'nope'"):
+        configure_store("nope", root="/")
 
 
 def test_a_named_shard_of_a_registered_store_is_sized_by_it(tiny: str, tmp_path: Path) -> None:

@@ -5,9 +5,9 @@ message, when the engine runs in its own process)."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import Any, Literal
 
-from ..stores._registry import registered_stores
+from ..stores._registry import registered_stores, store_settings
 from ..stores._retry import RetryPolicy, Timeouts
 from ..stores._s3 import S3Options
 
@@ -29,6 +29,8 @@ class EngineConfig:
             store of its URL's scheme made with that name's options.
         registry: the table of stores by scheme (:mod:`asyncstream.stores._registry`), as
             the caller's process has it when the settings are made.
+        store_settings: the stores' own settings by scheme (``configure_store``), as the
+            caller's process has them when the settings are made.
         seed: seeds the backoff jitter.
         adaptive: cut concurrency on throttling and grow it back (AIMD).
         hedge: send a second request for a chunk far slower than recent ones.
@@ -58,6 +60,9 @@ class EngineConfig:
     s3: S3Options = field(default_factory=S3Options)
     endpoints: tuple[tuple[str, S3Options], ...] = ()
     registry: tuple[tuple[str, str], ...] = field(default_factory=registered_stores)
+    store_settings: tuple[tuple[str, tuple[tuple[str, Any], ...]], ...] = field(
+        default_factory=store_settings
+    )
     seed: int = 0
     adaptive: bool = True
     hedge: bool = True

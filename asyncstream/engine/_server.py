@@ -75,7 +75,7 @@ class _Server:
                 target=self._read_control, args=(loop,), name="asyncstream-control", daemon=True
             )
             reader.start()
-            install_stores(self.config.registry)
+            install_stores(self.config.registry, self.config.store_settings)
             try:
                 self._send(Started())
                 scheduling = asyncio.create_task(self.scheduler.run())

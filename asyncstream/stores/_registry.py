@@ -18,6 +18,14 @@ and one call::
 
     register_store("gs", "mypackage.gcs:GCSStore")
 
+A store's own settings (a web server's headers, a Google service-account file, an Azure
+connection string) are given once per scheme with :func:`configure_store`, beside what
+each store reads from its standard environment; they travel to the engine with the table
+(``EngineConfig.store_settings``) and reach the store in :attr:`StoreSetup.settings
+<._store.StoreSetup.settings>`::
+
+    configure_store("https", headers={"X-Team": "vision"})
+
 A store is named, not numbered: :class:`StoreKey` names the engine's store of one scheme
 reached with one source's options (an *endpoint*, named after the first source that
 uses them; ``""`` is the stream's own options).
@@ -26,7 +34,8 @@ uses them; ``""`` is the stream's own options).
 from __future__ import annotations
 
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
+from typing import Any
 from urllib.parse import urlparse
 
 from .._exceptions import ShardURLError
@@ -35,6 +44,7 @@ from ._store import Store, StoreSetup
 __all__ = [
     "StoreKey",
     "canonical_url",
+    "configure_store",
     "folder_url",
     "install_stores",
     "is_local",
@@ -44,6 +54,7 @@ __all__ = [
     "registered_stores",
     "scheme_of",
     "store_class",
+    "store_settings",
     "unregister_store",
 ]
 
@@ -54,6 +65,8 @@ _TABLE: dict[str, str] = {
 }
 _BUILT_IN = dict(_TABLE)
 _CLASSES: dict[str, type[Store]] = {}
+#: scheme -> the settings given with configure_store
+_SETTINGS: dict[str, dict[str, Any]] = {}
 
 
 @dataclass(frozen=True, slots=True, order=True)
@@ -112,17 +125,51 @@ def unregister_store(scheme: str) -> None:
         _TABLE.pop(scheme, None)
 
 
+def configure_store(scheme: str, **settings: Any) -> None:
+    """Give the store of ``scheme`` settings of its own (each store's docstring and the
+    Stores guide say which it reads); they replace those given before for that scheme,
+    and none at all (``configure_store("https")``) forgets them.
+
+    Settings are given per process, as the standard environment variables are: the fetch
+    engine receives those in force when a stream is made. Values must pickle (strings,
+    numbers, mappings of strings).
+
+    Raises:
+        ShardURLError: no store is registered for ``scheme``.
+    """
+    if scheme not in _TABLE:
+        raise ShardURLError(f"no store is registered for the scheme {scheme!r}")
+    if settings:
+        _SETTINGS[scheme] = dict(settings)
+    else:
+        _SETTINGS.pop(scheme, None)
+
+
+def store_settings() -> tuple[tuple[str, tuple[tuple[str, Any], ...]], ...]:
+    """The settings given with :func:`configure_store`, scheme by scheme (what the engine
+    process is given)."""
+    return tuple(
+        (scheme, tuple(sorted(given.items()))) for scheme, given in sorted(_SETTINGS.items())
+    )
+
+
 def registered_stores() -> tuple[tuple[str, str], ...]:
     """The table, scheme by scheme: what the engine process is given."""
     return tuple(sorted(_TABLE.items()))
 
 
-def install_stores(table: Iterable[tuple[str, str]]) -> None:
-    """Take a table from :func:`registered_stores` (in the engine process)."""
+def install_stores(
+    table: Iterable[tuple[str, str]],
+    settings: Iterable[tuple[str, Iterable[tuple[str, Any]]]] = (),
+) -> None:
+    """Take a table from :func:`registered_stores` and the settings from
+    :func:`store_settings` (in the engine process)."""
     for scheme, path in table:
         if _TABLE.get(scheme) != path:
             _CLASSES.pop(scheme, None)
             _TABLE[scheme] = path
+    _SETTINGS.clear()
+    _SETTINGS.update((scheme, dict(given)) for scheme, given in settings)
 
 
 def scheme_of(url: str) -> str:
@@ -183,7 +230,11 @@ def store_class(scheme: str) -> type[Store]:
 
 
 def make_store(scheme: str, setup: StoreSetup) -> Store:
-    """A new store for URLs of ``scheme`` (see :meth:`~._store.Store.from_setup`)."""
+    """A new store for URLs of ``scheme`` (see :meth:`~._store.Store.from_setup`), with the
+    settings given for it by :func:`configure_store` where ``setup`` carries none."""
+    given = _SETTINGS.get(scheme)
+    if given and not setup.settings:
+        setup = replace(setup, settings=given)
     return store_class(scheme).from_setup(setup)
 
 

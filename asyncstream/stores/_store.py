@@ -37,7 +37,7 @@ from __future__ import annotations
 import abc
 import asyncio
 import posixpath
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Literal
@@ -59,6 +59,8 @@ class StoreSetup:
         check_etag: require every chunk to come from the listed object version.
         connections: the most kept-alive connections per origin.
         transport: ``"auto"`` or ``"aiohttp"`` (see :mod:`._s3store`).
+        settings: the store's own settings, given per scheme with
+            :func:`~._registry.configure_store` (each store says which it reads).
     """
 
     options: S3Options = field(default_factory=S3Options)
@@ -66,6 +68,7 @@ class StoreSetup:
     check_etag: bool = True
     connections: int = 16
     transport: Literal["auto", "aiohttp"] = "auto"
+    settings: Mapping[str, Any] = field(default_factory=dict)
 
 
 @dataclass(frozen=True, slots=True)
