@@ -38,7 +38,19 @@ __all__ = [
     "IndexConfig",
     "OrderConfig",
     "group",
+    "hedge_reserve",
 ]
+
+
+def hedge_reserve(hedge: bool) -> int:
+    """Ring slots the fetch engine keeps back for hedged requests: 1 with hedging, else 0.
+
+    The one rule, read both where the ring is sized (:attr:`FetchConfig.hedge_slots`) and
+    where the engine holds the slots back (``engine._policies.Hedging.reserve``): the
+    head-of-line chunk is the one worth hedging, and by the time it is late the chunks
+    behind it fill every other slot.
+    """
+    return 1 if hedge else 0
 
 
 def _positive(owner: str, name: str, value: object) -> None:
@@ -149,8 +161,8 @@ class FetchConfig:
 
     @property
     def hedge_slots(self) -> int:
-        """Ring slots the engine keeps back for hedges: 1 with ``hedge``, else 0."""
-        return 1 if self.hedge else 0
+        """Ring slots the engine keeps back for hedges (:func:`hedge_reserve`)."""
+        return hedge_reserve(self.hedge)
 
     def chunk_for(self, largest: int) -> int:
         """The chunk size used for shards of at most ``largest`` bytes: ``chunk_bytes``,

@@ -29,6 +29,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from .._config import hedge_reserve
 from ..stores._store import ChunkRequest, Timing
 
 __all__ = ["Aimd", "Coalescing", "Hedging", "LatencyModel"]
@@ -157,9 +158,9 @@ class Hedging:
 
     @property
     def reserve(self) -> int:
-        """Ring slots kept back for hedges: the head-of-line chunk is the one worth
-        hedging, and by the time it is late the chunks behind it fill every other slot."""
-        return 1 if self.enabled else 0
+        """Ring slots kept back for hedges: the rule the ring is sized by
+        (:func:`asyncstream._config.hedge_reserve`)."""
+        return hedge_reserve(self.enabled)
 
     @property
     def held_back(self) -> int:
