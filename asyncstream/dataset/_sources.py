@@ -178,8 +178,6 @@ def open_sources(
         The errors of :func:`._dataset.open_dataset`, their message starting with the
         source's name.
     """
-    from ._dataset import open_dataset
-
     if not sources:
         raise ValueError("a stream of sources needs at least one Source")
     if epoch_size is not None and (
@@ -187,40 +185,35 @@ def open_sources(
     ):
         raise ValueError(f"epoch_size must be an integer >= 1, got {epoch_size!r}")
     names = _names(sources)
-    shards: list[Shard] = []
-    counts: list[int] = []
     endpoints: dict[S3Options, str] = {}  # options -> the endpoint's name
-    spans: list[tuple[int, int, str]] = []  # (first, stop, endpoint)
-    infos: dict[str, IndexInfo] = {}
+    opened = _Opening()
     for source, name in zip(sources, names, strict=True):
         own = source.s3.resolve() if source.s3 is not None else options
         if source.endpoint_url is not None:
             own = replace(own, endpoint_url=source.endpoint_url).resolve()
         endpoint = "" if own == options else endpoints.setdefault(own, name)
+        urls = source.urls if isinstance(source.urls, str) else list(source.urls)
         try:
-            dataset = open_dataset(
-                source.urls if isinstance(source.urls, str) else list(source.urls),
+            opened.add(
+                urls,
                 own,
-                samples_per_shard=source.samples_per_shard,
-                split=source.split,
+                source.samples_per_shard,
+                source.split,
+                endpoint,
+                name,
+                counting=counting,
                 strict=strict,
                 index_cache=index_cache,
-                counting=replace(counting, s3=own),
             )
         except (AsyncStreamError, ValueError) as exc:
             name_source(exc, name)
             raise
-        if not any(dataset.counts):
-            raise ValueError(
-                f"source {name!r} is empty: its {len(dataset.shards)} shards hold no sample"
-            )
-        spans.append((len(shards), len(shards) + len(dataset.shards), endpoint))
-        shards.extend(dataset.shards)
-        counts.extend(dataset.counts)
-        infos[name] = dataset.info
+        first, stop, _ = opened.spans[-1]
+        if not any(opened.counts[first:stop]):
+            raise ValueError(f"source {name!r} is empty: its {stop - first} shards hold no sample")
     given = quotas(
         names,
-        [sum(counts[first:stop]) for first, stop, _ in spans],
+        [sum(opened.counts[first:stop]) for first, stop, _ in opened.spans],
         [
             None if s.samples is not None else (1.0 if s.weight is None else s.weight)
             for s in sources
@@ -230,10 +223,89 @@ def open_sources(
     )
     plans = tuple(
         SourcePlan(name, first, stop, quota, endpoint)
-        for name, (first, stop, endpoint), quota in zip(names, spans, given, strict=True)
+        for name, (first, stop, endpoint), quota in zip(names, opened.spans, given, strict=True)
     )
     named = tuple((name, own) for own, name in endpoints.items())
-    return OpenedSources(tuple(shards), tuple(counts), plans, named, infos)
+    return opened.result(plans, named)
+
+
+def open_plain(
+    urls: str | Sequence[str],
+    options: S3Options,
+    *,
+    samples_per_shard: int | Sequence[int] | None,
+    split: str | None,
+    counting: CountSettings,
+    strict: bool = False,
+    index_cache: str | os.PathLike[str] | bool | None = None,
+) -> OpenedSources:
+    """Open plain shard URLs: a stream of one source, on the same path as a mixed stream's
+    sources (:func:`open_sources`), but with no quota (the one source is read whole each
+    epoch, so ``plans`` is empty and the order is a plain stream's) and no source name in
+    its errors. Its one :class:`IndexInfo` is under the name ``""``.
+
+    Raises:
+        The errors of :func:`._dataset.open_dataset`.
+    """
+    opened = _Opening()
+    opened.add(
+        urls,
+        options,
+        samples_per_shard,
+        split,
+        "",
+        "",
+        counting=counting,
+        strict=strict,
+        index_cache=index_cache,
+    )
+    return opened.result((), ())
+
+
+class _Opening:
+    """The shards, counts and index facts of the sources opened so far, in order."""
+
+    def __init__(self) -> None:
+        self.shards: list[Shard] = []
+        self.counts: list[int] = []
+        self.spans: list[tuple[int, int, str]] = []  # (first, stop, endpoint)
+        self.infos: dict[str, IndexInfo] = {}
+
+    def add(
+        self,
+        urls: str | Sequence[str],
+        options: S3Options,
+        samples_per_shard: int | Sequence[int] | None,
+        split: str | None,
+        endpoint: str,
+        name: str,
+        *,
+        counting: CountSettings,
+        strict: bool,
+        index_cache: str | os.PathLike[str] | bool | None,
+    ) -> None:
+        """Open one source's dataset (:func:`._dataset.open_dataset`) and append it."""
+        from ._dataset import open_dataset
+
+        dataset = open_dataset(
+            urls,
+            options,
+            samples_per_shard=samples_per_shard,
+            split=split,
+            strict=strict,
+            index_cache=index_cache,
+            counting=replace(counting, s3=options),
+        )
+        first = len(self.shards)
+        self.shards.extend(dataset.shards)
+        self.counts.extend(dataset.counts)
+        self.spans.append((first, len(self.shards), endpoint))
+        self.infos[name] = dataset.info
+
+    def result(
+        self, plans: tuple[SourcePlan, ...], endpoints: tuple[tuple[str, S3Options], ...]
+    ) -> OpenedSources:
+        return OpenedSources(tuple(self.shards), tuple(self.counts), plans, endpoints, self.infos)
 
 
 def split_sources(

@@ -2,8 +2,9 @@
 
 What :class:`~._stream.ShardStream`'s constructor does before it can read: the config
 objects (:mod:`asyncstream._config`, one table from the flat keyword arguments), the S3
-options, the topology, and the dataset (:func:`~asyncstream.dataset._dataset.open_dataset`)
-or the mixed sources (:func:`~asyncstream.dataset._sources.open_sources`) it reads, as one
+options, the topology, and what it reads: plain shard URLs are a stream of one source
+(:func:`~asyncstream.dataset._sources.open_plain`), opened on the same path as a mixed
+stream's sources (:func:`~asyncstream.dataset._sources.open_sources`), as one
 :class:`~._settings.StreamSettings`.
 """
 
@@ -14,8 +15,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from .._config import Configs
-from ..dataset._dataset import open_dataset
-from ..dataset._sources import Source, open_sources, split_sources
+from ..dataset._sources import Source, open_plain, open_sources, split_sources
 from ..engine._cache import cache_options
 from ..order._plan import Topology
 from ..stores._s3 import S3Options
@@ -72,17 +72,16 @@ def open_settings(
                 "epoch_size sets the samples per epoch of a stream of sources: give "
                 "ShardStream a list of asyncstream.Source"
             )
-        dataset = open_dataset(
+        opened = open_plain(
             plain,
             options,
             samples_per_shard=samples_per_shard,
             split=split,
+            counting=settings.counting(),  # counted as an epoch reads
             strict=strict,
             index_cache=index_cache,
-            counting=settings.counting(),  # counted as an epoch reads
         )
-        index_info: dict[str, Any] = dataset.info.as_dict()
-        settings = replace(settings, shards=dataset.shards, counts=dataset.counts)
+        index_info: dict[str, Any] = opened.infos[""].as_dict()
     else:
         if samples_per_shard is not None or split is not None:
             raise ValueError(
@@ -102,11 +101,11 @@ def open_settings(
             index_cache=index_cache,
         )
         index_info = {name: info.as_dict() for name, info in opened.infos.items()}
-        settings = replace(
-            settings,
-            shards=opened.shards,
-            counts=opened.counts,
-            sources=opened.plans,
-            endpoints=opened.endpoints,
-        )
+    settings = replace(
+        settings,
+        shards=opened.shards,
+        counts=opened.counts,
+        sources=opened.plans,
+        endpoints=opened.endpoints,
+    )
     return Opened(settings, index_info, rank, world_size)
