@@ -68,6 +68,10 @@ class OrderConfig:
         window: shards open at once for the window shuffle.
         mode: pick the next sample uniformly over resident samples (``"samples"``) or
             over open shards (``"shards"``).
+        block_bytes: the bytes of its shard each open lane holds and draws from at a time
+            (a ring slot; capped at the largest shard): the window shuffle's unit, so part
+            of the order. ``None``: the block a loaded checkpoint was saved with, else
+            ``FetchConfig.chunk_bytes``. Memory is ``(window + prefetch + 1)`` blocks.
         remainder: when the total does not divide by the world size: ``"drop"`` the last
             few samples of the epoch, or ``"pad"`` by repeating the first few.
         rank: this process's rank; default torch.distributed, else ``RANK``, else 0.
@@ -82,12 +86,15 @@ class OrderConfig:
     shuffle: bool = True
     window: int = 64
     mode: Literal["samples", "shards"] = "shards"
+    block_bytes: int | None = None
     remainder: Literal["drop", "pad"] = "drop"
     rank: int | None = None
     world_size: int | None = None
 
     def __post_init__(self) -> None:
         _positive("OrderConfig", "window", self.window)
+        if self.block_bytes is not None:
+            _positive("OrderConfig", "block_bytes", self.block_bytes)
         if self.mode not in ("samples", "shards"):
             raise ValueError(f"OrderConfig.mode must be 'samples' or 'shards', got {self.mode!r}")
         if self.remainder not in ("drop", "pad"):
@@ -104,8 +111,11 @@ class FetchConfig:
         inflight: K, chunk downloads in flight at most (fewer while throttled).
         prefetch: chunks requested ahead of need; default ``2 * inflight``
             (:attr:`prefetch_chunks`).
-        chunk_bytes: bytes per ranged GET and per ring slot (capped at the largest
-            shard: :meth:`chunk_for`).
+        chunk_bytes: the most bytes one ranged GET reads: a block
+            (``OrderConfig.block_bytes``) larger than this is read by several GETs at
+            once, each retried on its own; also the block size where the order does not
+            set one (capped at the largest shard: :meth:`chunk_for`). Never part of a
+            checkpoint: a state saved under one chunk size resumes under any other.
         coalesce_bytes: the most bytes one GET fetches for consecutive chunks of one
             object; 0 fetches every chunk alone.
         retry: the chunk download retry policy.
@@ -213,6 +223,7 @@ FLAT: Mapping[str, tuple[Group, str]] = {
     "shuffle": ("order", "shuffle"),
     "window": ("order", "window"),
     "shuffle_mode": ("order", "mode"),
+    "block_bytes": ("order", "block_bytes"),
     "remainder": ("order", "remainder"),
     "rank": ("order", "rank"),
     "world_size": ("order", "world_size"),
@@ -308,6 +319,7 @@ class FlatSettings(TypedDict, total=False):
     shuffle: bool
     window: int
     shuffle_mode: Literal["samples", "shards"]
+    block_bytes: int | None
     remainder: Literal["drop", "pad"]
     rank: int | None
     world_size: int | None

@@ -1,7 +1,7 @@
 """Configuration objects (``asyncstream._config``): the flat keyword arguments and the
 config objects give the same stream, both at once is refused, and a checkpoint depends on
-the order settings only: it resumes exactly under other fetch tuning (inflight, prefetch,
-hedging, cache, transport), with and without DataLoader workers."""
+the order settings only: it resumes exactly under other fetch tuning (chunk size,
+inflight, prefetch, hedging, cache, transport), with and without DataLoader workers."""
 
 from __future__ import annotations
 
@@ -48,6 +48,10 @@ BASE = FetchConfig(inflight=4, chunk_bytes=CHUNK, retry=FAST_RETRY, timeouts=SHO
 def tunings(tmp_path: Path) -> dict[str, dict[str, Any]]:
     """Another setting of each tuning knob: ShardStream keyword arguments."""
     return {
+        # A larger GET than the saved block (the state's block is kept: one GET a block),
+        # and a smaller one (each block read by four GETs at once).
+        "chunk_bytes": {"fetch": FetchConfig(**{**_fields(BASE), "chunk_bytes": 2 * CHUNK})},
+        "chunk_parts": {"fetch": FetchConfig(**{**_fields(BASE), "chunk_bytes": CHUNK // 4})},
         "inflight": {"fetch": FetchConfig(**{**_fields(BASE), "inflight": 1})},
         "prefetch": {"fetch": FetchConfig(**{**_fields(BASE), "prefetch": 1})},
         "hedge": {"fetch": FetchConfig(**{**_fields(BASE), "hedge": False})},
@@ -69,7 +73,18 @@ def stream(url: str, s3: LocalS3, data: ForeignShards, **kwargs: Any) -> ShardSt
 
 
 @pytest.mark.parametrize(
-    "knob", ["inflight", "prefetch", "hedge", "hedge_factor", "coalesce", "transport", "cache"]
+    "knob",
+    [
+        "chunk_bytes",
+        "chunk_parts",
+        "inflight",
+        "prefetch",
+        "hedge",
+        "hedge_factor",
+        "coalesce",
+        "transport",
+        "cache",
+    ],
 )
 def test_a_checkpoint_resumes_exactly_under_other_tuning(
     knob: str, url: str, s3_server: LocalS3, data: ForeignShards, tmp_path: Path
@@ -84,11 +99,15 @@ def test_a_checkpoint_resumes_exactly_under_other_tuning(
         resumed = [sample["__key__"] for sample in s]
         if knob == "transport":
             assert s.stats()["fetch"]["transport"] == "aiohttp"
+        if knob.startswith("chunk"):
+            assert s._settings.chunk_bytes == CHUNK  # the saved block, in GETs of another size
     assert resumed == rest
     assert sorted(head + rest) == sorted(data.keys)
 
 
-@pytest.mark.parametrize("knob", ["inflight", "prefetch", "hedge", "transport", "cache"])
+@pytest.mark.parametrize(
+    "knob", ["chunk_bytes", "chunk_parts", "inflight", "prefetch", "hedge", "transport", "cache"]
+)
 def test_a_loader_checkpoint_resumes_exactly_under_other_tuning(
     knob: str, url: str, s3_server: LocalS3, data: ForeignShards, tmp_path: Path
 ) -> None:
@@ -108,21 +127,22 @@ def test_a_loader_checkpoint_resumes_exactly_under_other_tuning(
     assert sorted(head + rest) == sorted(data.keys)
 
 
-def test_a_chunk_size_that_changes_the_order_is_refused_naming_it(
+def test_a_block_size_that_changes_the_order_is_refused_naming_it(
     url: str, s3_server: LocalS3, data: ForeignShards
 ) -> None:
-    """The window shuffle draws from each open shard's resident chunk, so the chunk
-    boundaries are part of a shuffled order: a state says which, and a stream with other
-    boundaries refuses it naming the setting and both values."""
+    """The window shuffle draws from each open shard's resident block, so the block
+    boundaries are part of a shuffled order: a stream whose order sets another block
+    refuses the state, naming the setting and both values (one that leaves the block
+    unset takes the state's: above)."""
     with stream(url, s3_server, data) as s:
         it = iter(s)
         next(it)
         state = s.state_dict()
         del it
-    other = FetchConfig(**{**_fields(BASE), "chunk_bytes": 2 * CHUNK})
+    other = OrderConfig(seed=5, window=3, block_bytes=2 * CHUNK)
     with (
-        stream(url, s3_server, data, fetch=other) as s,
-        pytest.raises(StateError, match=rf"chunk_bytes={CHUNK}.*chunk_bytes={2 * CHUNK}"),
+        stream(url, s3_server, data, order=other) as s,
+        pytest.raises(StateError, match=rf"block_bytes={CHUNK}.*block_bytes={2 * CHUNK}"),
     ):
         s.load_state_dict(state)
 

@@ -48,7 +48,7 @@ import contextlib
 import dataclasses
 import logging
 import os
-from collections.abc import Callable, Iterable
+from collections.abc import Awaitable, Callable, Iterable
 from typing import Any, TypeVar
 
 from ..shards._urls import Shard
@@ -170,11 +170,19 @@ class CachedStore(Store):
             request, offset=start, length=end - start, final=end >= request.size
         )
 
-    async def read_into(self, request: ChunkRequest, out: memoryview) -> Timing:
+    async def read_into(
+        self,
+        request: ChunkRequest,
+        out: memoryview,
+        fill: Callable[[ChunkRequest, memoryview], Awaitable[Timing]] | None = None,
+    ) -> Timing:
+        """Serve ``request`` from the folder, or read it (``fill``: how, where not the
+        inner store's ``read_into``: the scheduler's reader in parts) and keep it."""
+        fill = fill or self.inner.read_into
         unit = self.unit(request)
         key = None if unit is None else chunk_key(unit)
         if unit is None or key is None or unit.length > len(out):  # read through
-            timing = await self.inner.read_into(request, out)
+            timing = await fill(request, out)
             self.misses += 1
             return timing
         loop = asyncio.get_running_loop()
@@ -189,7 +197,7 @@ class CachedStore(Store):
                 self.dropped += 1
                 self._warn("dropped", f"{unit.url} [{unit.offset}, +{unit.length}]")
             if found != "hit":
-                timing = await self.inner.read_into(unit, out)
+                timing = await fill(unit, out)
                 self.misses += 1
                 try:
                     written = await _waited(lambda: self.dir.write(key, view))

@@ -51,6 +51,10 @@ class EngineConfig:
             slots / downloads that may still start), so that all K connections stay busy.
             A group is not hedged, so chunks of half this or more (16 MiB, the stream's
             default) are always fetched alone.
+        request_bytes: the most bytes one GET reads of a slot: a larger chunk is read by
+            several GETs at once, each retried on its own (a failed attempt is taken up
+            again with the parts not yet whole); None: one GET per chunk. The slot (the
+            stream's block) is part of the order; the GET size is not.
     """
 
     inflight: int = 8
@@ -72,6 +76,7 @@ class EngineConfig:
     cache_dir: str | None = None
     cache_limit: int | None = None
     coalesce_bytes: int = 8 << 20
+    request_bytes: int | None = None
 
     def __post_init__(self) -> None:
         if self.inflight < 1:
@@ -82,6 +87,8 @@ class EngineConfig:
             raise ValueError(f"hedge_budget must be in [0, 1], got {self.hedge_budget}")
         if self.coalesce_bytes < 0:
             raise ValueError(f"coalesce_bytes must be >= 0, got {self.coalesce_bytes}")
+        if self.request_bytes is not None and self.request_bytes < 1:
+            raise ValueError(f"request_bytes must be >= 1, got {self.request_bytes}")
         if self.transport not in ("auto", "aiohttp"):
             raise ValueError(f"transport must be 'auto' or 'aiohttp', got {self.transport!r}")
         if self.cache_limit is not None and (self.cache_dir is None or self.cache_limit < 1):

@@ -19,6 +19,7 @@ def engine_config(
     cache_dir: str | None = None,
     cache_limit: int | None = None,
     seed: int = 0,
+    request_bytes: int | None = None,
 ) -> EngineConfig:
     """The engine's settings for a stream (or a count) fetching with ``fetch``.
 
@@ -30,6 +31,7 @@ def engine_config(
         cache_dir: the chunk cache's folder, already validated (None: no cache).
         cache_limit: its size limit.
         seed: seeds the backoff jitter.
+        request_bytes: the most bytes one GET reads of a slot (None: a slot per GET).
     """
     return EngineConfig(
         inflight=fetch.inflight,
@@ -47,4 +49,5 @@ def engine_config(
         cache_dir=cache_dir,
         cache_limit=cache_limit,
         coalesce_bytes=fetch.coalesce_bytes,
+        request_bytes=request_bytes,
     )

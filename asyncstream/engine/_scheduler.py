@@ -18,6 +18,9 @@ Hedged requests: the first to finish is published and the other is cancelled (it
 connection closed, its slot FREE again). The ring has one slot more than asked for, kept
 for hedges (:attr:`~._policies.Hedging.reserve`). A coalesced group is not hedged.
 
+Chunks larger than one GET (``EngineConfig.request_bytes``) are read in parts at once
+(:mod:`._parts`), each retried on its own.
+
 Cache: the S3 store may be a :class:`~._cache.CachedStore`, which serves the chunks it
 holds from local disk into the same slots; the scheduler does not otherwise know about
 it, except that timings of chunks served from the cache do not feed the latency model
@@ -40,7 +43,9 @@ from collections.abc import Awaitable, Callable
 from .._exceptions import AsyncStreamError, EngineError
 from ..stores._retry import retrying
 from ..stores._store import ChunkRequest, Store, Timing
+from ._cache import CachedStore
 from ._config import EngineConfig
+from ._parts import PartReader
 from ._policies import Aimd, Coalescing, Hedging, LatencyModel
 from ._protocol import ChunkFailed, ChunkReady, FromEngine
 from ._ring import Ring
@@ -283,12 +288,24 @@ class Scheduler:
             self.capacity.set()
 
     async def _download(self, request: ChunkRequest, slot: int) -> Timing:
-        """One chunk into one slot, with retries; the slot stays FILLING either way."""
+        """One chunk into one slot, with retries; the slot stays FILLING either way. A
+        chunk larger than ``request_bytes`` is read in parts at once (:mod:`._parts`),
+        below the cache where there is one (the cache keeps whole chunks)."""
         out = self.ring.view(slot)
         try:
             store = self._store(request)
+            size = self.config.request_bytes
+            read: Callable[[], Awaitable[Timing]]
+            if size is None or request.length <= size:
+                read = lambda: store.read_into(request, out)  # noqa: E731
+            elif isinstance(store, CachedStore):
+                fill = PartReader(store.inner.read_into, size)
+                read = lambda: store.read_into(request, out, fill=fill)  # noqa: E731
+            else:
+                parts = PartReader(store.read_into, size)
+                read = lambda: parts(request, out)  # noqa: E731
             return await retrying(
-                lambda: store.read_into(request, out),
+                read,
                 url=request.url,
                 policy=self.config.retry,
                 rng=self.rng,

@@ -21,7 +21,7 @@ in the shuffle's lane order; ``position.sources`` is the blend's.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
 from .._exceptions import StateError
@@ -143,6 +143,29 @@ class Checkpoint:
                 corrupted; the message says which.
         """
         return ReaderState.from_dict(data, self.settings)
+
+    def adopted(self, data: Any) -> StreamSettings:
+        """The settings to load ``data`` with: these, or, where the order leaves the block
+        unset (``OrderConfig.block_bytes=None``), these with the block the states were
+        saved with. The block is part of the order, but a chunk size given only as a
+        fetch setting is tuning: a checkpoint then resumes under any chunk size, its
+        blocks read by GETs of the new size."""
+        order = self.settings.order
+        if order.block_bytes is not None:
+            return self.settings
+        found = list(find_states(data)) or ([data] if isinstance(data, dict) else [])
+        saved = {state.get("chunk_bytes") for state in found if isinstance(state, dict)}
+        if len(saved) != 1:
+            return self.settings  # none, or several: load_all says what is wrong
+        block = saved.pop()
+        if (
+            isinstance(block, bool)
+            or not isinstance(block, int)
+            or block < 1
+            or block == self.settings.chunk_bytes
+        ):
+            return self.settings
+        return replace(self.settings, order=replace(order, block_bytes=block))
 
     def load_all(self, data: Any) -> list[ReaderState]:
         """Every reader state of one save inside ``data`` (a state, a list of them, or a

@@ -127,8 +127,15 @@ class StreamSettings:
 
     @functools.cached_property
     def chunk_bytes(self) -> int:
-        """The chunk size used: ``fetch.chunk_bytes`` capped at the largest shard."""
-        return self.fetch.chunk_for(max((s.size for s in self.shards), default=1))
+        """The block (ring slot) used: ``order.block_bytes``, else ``fetch.chunk_bytes``,
+        capped at the largest shard. Part of the order (a checkpoint's identity)."""
+        block = self.order.block_bytes or self.fetch.chunk_bytes
+        return max(1, min(block, max((s.size for s in self.shards), default=1)))
+
+    @property
+    def request_bytes(self) -> int | None:
+        """The most bytes one GET reads of a block, where a block is larger; else None."""
+        return self.fetch.chunk_bytes if self.fetch.chunk_bytes < self.chunk_bytes else None
 
     def engine_config(self, seed: int) -> EngineConfig:
         """The fetch engine's settings for one reader (``seed``: its backoff jitter)."""
@@ -139,6 +146,7 @@ class StreamSettings:
             cache_dir=self.cache_dir,
             cache_limit=self.cache_limit,
             seed=seed,
+            request_bytes=self.request_bytes,
         )
 
     def counting(self) -> CountSettings:

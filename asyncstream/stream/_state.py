@@ -105,13 +105,16 @@ BASE = "base"
 _DIGEST = re.compile(r"[0-9a-f]{16,64}")
 
 
-# The one tuning setting still in the identity, and why (see the README's configuration).
+# Why the block is in the identity (see docs/configuration.md). The identity keeps its
+# old key, chunk_bytes (states of every version carry it), said as block_bytes.
 _WHY = {
     "chunk_bytes": (
-        ": the window shuffle draws from each open shard's resident chunk, so the chunk "
-        "size is part of the order; resume with FetchConfig(chunk_bytes=...) as saved"
+        ": the window shuffle draws from each open shard's resident block, so the block "
+        "is part of the order; leave OrderConfig.block_bytes unset to resume with the "
+        "state's block (under any FetchConfig.chunk_bytes), or set it as saved"
     )
 }
+_SHOWN = {"chunk_bytes": "block_bytes"}
 
 
 @dataclass(frozen=True)
@@ -155,10 +158,11 @@ class Identity:
                     f"state_dict has no {name!r}: not a ShardStream state, or corrupted"
                 )
             if data[name] != value:
-                what = "another dataset" if name == "dataset" else f"{name}={data[name]!r}"
+                shown = _SHOWN.get(name, name)
+                what = "another dataset" if name == "dataset" else f"{shown}={data[name]!r}"
                 why = _WHY.get(name, "")
                 raise StateError(
-                    f"state_dict was saved from {what}, this stream has {name}={value!r}{why}"
+                    f"state_dict was saved from {what}, this stream has {shown}={value!r}{why}"
                 )
 
 

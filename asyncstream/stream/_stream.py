@@ -163,7 +163,7 @@ class ShardStream(IterableDataset[dict[str, Any]]):
         self._settings, self._index = opened.settings, opened.index
         self._rank, self._world_size = opened.rank, opened.world_size
         # Each reader's ring is made when it starts reading: say now if it cannot fit.
-        check_node_room(self._settings.ring_bytes, 0, "lower window, prefetch or chunk_bytes")
+        check_node_room(self._settings.ring_bytes, 0, "lower window, prefetch or block_bytes")
         self._shared = SharedEpoch()
         self._run: EpochRun | None = None
         self._live: weakref.ref[Iteration] | None = None  # the iterator last handed out
@@ -262,7 +262,7 @@ class ShardStream(IterableDataset[dict[str, Any]]):
         if not check:
             return local_ranks() * max(1, workers) * self._settings.ring_bytes
         return check_node_room(
-            self._settings.ring_bytes, workers, "lower workers, window, prefetch or chunk_bytes"
+            self._settings.ring_bytes, workers, "lower workers, window, prefetch or block_bytes"
         )
 
     def worker_samples(self, num_workers: int) -> list[int]:
@@ -415,8 +415,15 @@ class ShardStream(IterableDataset[dict[str, Any]]):
         """
         self._check_open()
         topology = worker_topology(self._rank, self._world_size)
-        states = Checkpoint(self._settings, topology).load_all(state)
+        settings = Checkpoint(self._settings, topology).adopted(state)
+        states = Checkpoint(settings, topology).load_all(state)
         self._stop_run()
+        if settings is not self._settings:  # the state's block: another ring
+            check_node_room(settings.ring_bytes, 0, "lower window, prefetch or block_bytes")
+            self._settings = settings
+            if self._engine is not None:
+                self._engine.close()
+                self._engine = None
         if self._shared.owned:
             self._loads += 1
             self._shared.loaded(self._loads)  # workers started before refuse
