@@ -220,14 +220,14 @@ def test_a_412_from_the_service_is_changed(gcs: GCSEmulator) -> None:
 
 @pytest.mark.parametrize("status", [429, 503])
 def test_throttling_is_retried_with_backoff(gcs: GCSEmulator, status: int) -> None:
-    store = make_store("gs", StoreSetup())
     url = f"gs://{BUCKET}/throttled/x.tar"
-    store.write(url, bytes(range(256)) * 20)
+    make_store("gs", StoreSetup()).write(url, bytes(range(256)) * 20)
     [shard] = resolve_shards(url)
     with (
         FaultProxy(gcs.endpoint_url) as proxy,
         gcs_settings(endpoint=proxy.endpoint_url, anonymous=True),
     ):
+        store = make_store("gs", StoreSetup())
         proxy.inject("status", count=3, status=status, match="x.tar")
         with _engine() as engine:
             engine.submit([ChunkRequest(url, 0, shard.size, shard.etag, size=shard.size)])
@@ -238,6 +238,10 @@ def test_throttling_is_retried_with_backoff(gcs: GCSEmulator, status: int) -> No
         assert stats["retries_total"] == 3
         assert stats["retries"] == {"slowdown": 3}
         assert proxy.stats()["status"] == 3
+        # the blocking half too: a listing answered 429/503 twice is retried
+        proxy.inject("status", count=2, status=status, match="/o?")
+        assert [s.url for s in store.list(f"gs://{BUCKET}/throttled/")] == [url]
+        assert proxy.stats()["status"] == 5
 
 
 def test_a_401_from_the_service_is_access_denied_at_once(gcs: GCSEmulator) -> None:

@@ -50,20 +50,25 @@ class GCSObjects:
         self.auth = auth
         self._policy = RetryPolicy(max_attempts=attempts, base_delay=0.1)
         self._local = threading.local()  # one session per thread (uploads run in threads)
+        self._sessions: list[requests.Session] = []
+        self._lock = threading.Lock()
 
     @property
     def _session(self) -> requests.Session:
         session: requests.Session | None = getattr(self._local, "session", None)
         if session is None:
             session = self._local.session = requests.Session()
+            with self._lock:
+                self._sessions.append(session)
         return session
 
     def close(self) -> None:
-        """Close this thread's session."""
-        session = getattr(self._local, "session", None)
-        if session is not None:
+        """Close every thread's session (their kept-alive connections)."""
+        with self._lock:
+            sessions, self._sessions = self._sessions, []
+        for session in sessions:
             session.close()
-            self._local.session = None
+        self._local = threading.local()
 
     # -- one request ---------------------------------------------------------------------
 
