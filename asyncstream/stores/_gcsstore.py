@@ -1,0 +1,195 @@
+"""The Google Cloud Storage store: ``gs://bucket/name`` (settings, credentials and errors:
+:mod:`._gcs`; listing, uploads and small objects: :mod:`._gcsobjects`).
+
+The engine's ranged reads take the project's own HTTP/1.1 client (:mod:`._http`), as the
+S3 store's do: each chunk is one JSON API media download on a kept-alive connection,
+``GET {endpoint}/download/storage/v1/b/{bucket}/o/{name}?alt=media&ifGenerationMatch=N``
+with ``Range: bytes=a-b`` and a bearer token from ``google-auth`` (none against an
+emulator), whose body lands straight in the ring slot, over TLS too.
+
+Every chunk is of the generation that was listed (the shard's ``etag``): Cloud Storage
+answers ``412`` where the object was replaced since (``ifGenerationMatch``), and every
+response's ``x-goog-generation`` and ``Content-Range`` total are checked against the
+listing as well, for servers that ignore the condition (emulators): either is a
+permanent ``changed`` failure, raised at once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from ..shards._urls import Shard
+from ._errors import ChunkFailure
+from ._gcs import GCSSettings, GoogleAuth, gcs_error, object_path, parse_gs_url
+from ._http import ConnectionPool
+from ._httpconn import Reply, Scatter
+from ._origin import Origin
+from ._retry import Timeouts
+from ._store import ChunkRequest, Store, StoreSetup, Timing
+
+if TYPE_CHECKING:
+    from ._gcsobjects import GCSObjects
+
+__all__ = ["GCSStore"]
+
+
+class GCSStore(Store):
+    """Objects on Google Cloud Storage, or an emulator of it (see the module docstring).
+
+    Args:
+        settings: endpoint, credentials, project (:class:`~._gcs.GCSSettings`).
+        timeouts: the time limits of one read.
+        check_etag: require every chunk to come from the listed generation.
+        connections: the most kept-alive connections.
+    """
+
+    hedgeable = True
+    coalesces = True
+    cacheable = True
+    lists_folders = True
+
+    def __init__(
+        self,
+        settings: GCSSettings,
+        *,
+        timeouts: Timeouts | None = None,
+        check_etag: bool = True,
+        connections: int = 16,
+    ) -> None:
+        self.settings = settings
+        self.timeouts = timeouts or Timeouts()
+        self.check_etag = check_etag
+        self.connections = connections
+        self.auth = GoogleAuth(settings)
+        self._objects: GCSObjects | None = None
+        self._origin = Origin.of(settings.endpoint)
+        self._pool: ConnectionPool | None = None
+
+    @classmethod
+    def from_setup(cls, setup: StoreSetup) -> GCSStore:
+        return cls(
+            GCSSettings.of(setup.settings),
+            timeouts=setup.timeouts,
+            check_etag=setup.check_etag,
+            connections=setup.connections,
+        )
+
+    @classmethod
+    def canonical(cls, url: str) -> str:
+        parse_gs_url(url)  # a malformed URL or bucket name fails here
+        return url
+
+    def is_folder(self, url: str) -> bool:
+        name = parse_gs_url(url)[1]
+        return not name or name.endswith("/")
+
+    # -- at open: the blocking half (see :mod:`._gcsobjects`) -------------------------------
+
+    @property
+    def objects(self) -> GCSObjects:
+        """The blocking half, made on first use: the engine's process, which only reads
+        ranges, never imports it (nor ``requests``)."""
+        if self._objects is None:
+            from ._gcsobjects import GCSObjects
+
+            self._objects = GCSObjects(self.settings, self.auth)
+        return self._objects
+
+    def list(self, url: str) -> list[Shard]:
+        return self.objects.list(url)
+
+    def head(self, url: str) -> Shard:
+        return self.objects.head(url)
+
+    def read(self, url: str) -> bytes | None:
+        return self.objects.read(url)
+
+    def write(self, url: str, data: bytes) -> None:
+        self.objects.write(url, data)
+
+    def delete(self, urls: Iterable[str]) -> None:
+        self.objects.delete(urls)
+
+    def prepare(self, url: str) -> None:
+        self.objects.check_bucket(url)
+
+    def upload(self, url: str, path: Path) -> str | None:
+        generation = self.objects.upload(url, path)
+        path.unlink()
+        return generation
+
+    def close(self) -> None:
+        if self._objects is not None:
+            self._objects.close()
+
+    # -- in the fetch engine ---------------------------------------------------------------
+
+    async def aclose(self) -> None:
+        if self._pool is not None:
+            self._pool.close()
+
+    def stats(self) -> dict[str, Any]:
+        pool = self._pool
+        return {
+            "store": self.settings.describe(),
+            "transport": "direct",
+            "tls": self._origin.tls,
+            "anonymous": self.settings.anonymous,
+            "connections_opened": pool.opened if pool else 0,
+            "connections_reused": pool.reused if pool else 0,
+        }
+
+    async def read_into(self, request: ChunkRequest, out: memoryview) -> Timing:
+        return await self.read_group(request, [out[: request.length]], None)
+
+    async def read_group(
+        self,
+        request: ChunkRequest,
+        outs: Sequence[memoryview],
+        filled: Callable[[int], None] | None,
+    ) -> Timing:
+        loop = asyncio.get_running_loop()
+        start = loop.time()
+        try:
+            async with asyncio.timeout(self.timeouts.chunk) as whole:
+                headers_at = await self._get(request, Scatter(outs, filled))
+        except TimeoutError:
+            if whole.expired():
+                raise ChunkFailure(
+                    "chunk_timeout", f"chunk not complete within {self.timeouts.chunk:g} s"
+                ) from None
+            raise
+        return Timing(headers_at - start, loop.time() - start)
+
+    async def _get(self, request: ChunkRequest, out: Scatter) -> float:
+        bucket, name = parse_gs_url(request.url)
+        target = f"{self.settings.endpoint}/download/storage/v1/{object_path(bucket, name)}"
+        target += "?alt=media"
+        if self.check_etag and request.etag:
+            target += f"&ifGenerationMatch={request.etag}"
+        headers = self.auth.ready()
+        if headers is None:  # a token to fetch or refresh: blocking, in a thread
+            headers = await asyncio.to_thread(self.auth.headers, request.url)
+        headers["Range"] = f"bytes={request.offset}-{request.offset + request.length - 1}"
+
+        def accept(reply: Reply) -> None:  # before the first slot of the body is handed on
+            self._check(request, reply.fields)
+
+        if self._pool is None:
+            self._pool = ConnectionPool(self._origin, limit=self.connections)
+        reply, headers_at = await self._pool.get(target, headers, out, self.timeouts, accept)
+        if reply.status >= 300:
+            raise gcs_error(reply.status, reply.body, request.url, self.settings)
+        return headers_at
+
+    def _check(self, request: ChunkRequest, fields: Mapping[str, str]) -> None:
+        """The response is of the listed generation (else: permanent ``changed``)."""
+        generation = fields.get("x-goog-generation")
+        if self.check_etag and request.etag and generation not in (None, request.etag):
+            raise ChunkFailure("changed", f"its generation is {generation}, it was {request.etag}")
+        total = fields.get("content-range", "").rpartition("/")[2]
+        if request.size is not None and total.isdigit() and int(total) != request.size:
+            raise ChunkFailure("changed", f"its size is {total}, it was {request.size}")
