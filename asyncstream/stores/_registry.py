@@ -16,7 +16,7 @@ starts at the repository root). Adding a store is a new module (a
 :class:`~._store.Store` subclass; see that module's docstring for what it implements)
 and one call::
 
-    register_store("gs", "mypackage.gcs:GCSStore")
+    register_store("mystore", "mypackage.mystore:MyStore")
 
 A store's own settings (a web server's headers, a Google service-account file, an Azure
 connection string) are given once per scheme with :func:`configure_store`, beside what
