@@ -109,7 +109,7 @@ def test_wids_index_relative_base_absolute_and_filesize() -> None:
     index = parse_index(f"{F}/train.json", doc(with_base), expect=None, rebase=False)
     assert index is not None
     assert next(iter(index.entries)) == "s3://bkt/data/shards/a.tar"
-    web = {**wids, "shardlist": [{"url": "https://host/x/c.tar", "nsamples": 1}]}
+    web = {**wids, "shardlist": [{"url": "ftp://host/x/c.tar", "nsamples": 1}]}
     index = parse_index(f"{F}/train.json", doc(web), expect=None, rebase=False)
     assert index is not None
     assert list(index.entries) == [f"{F}/c.tar"]  # another scheme: by file name, here

@@ -64,7 +64,7 @@ def test_bad_bucket_names(url: str) -> None:
     assert repr(url) in str(info.value)
 
 
-@pytest.mark.parametrize("url", ["http://host/x.tar", "unregistered://bucket/x.tar", ""])
+@pytest.mark.parametrize("url", ["ftp://host/x.tar", "unregistered://bucket/x.tar", ""])
 def test_unsupported_scheme(url: str) -> None:
     with pytest.raises(ShardURLError) as info:
         resolve_shards(url)

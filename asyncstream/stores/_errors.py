@@ -12,13 +12,18 @@ Retried (transient): ``slowdown`` (503 SlowDown, 429 and other throttling),
 ``truncated`` (fewer bytes than the range), ``stall`` (no byte for ``Timeouts.stall``
 seconds), ``first_byte`` (no response headers within ``Timeouts.first_byte``),
 ``chunk_timeout`` and ``length`` (a response of another length than asked for).
+An :class:`HTTPErrorResponse` (any web server's error answer) is judged by its status as
+S3's are; its ``Retry-After`` lengthens the wait before the retry (:mod:`._retry`).
 
 Raised at once (permanent): 400 (other codes), 403 (also bad credentials and expired
-tokens), 404 (NoSuchKey, NoSuchBucket), ``changed`` (412, or an ETag or total size that
-differs from the listing: the object was replaced since it was listed, whether or not the
-server honours ``If-Match``), ``tls`` (a certificate that does not verify, TLS against a
-plain port or the reverse), ``clock`` (RequestTimeTooSkewed: this machine's clock is off)
-and anything that is not an I/O failure (a bug must not be retried into a hang).
+tokens; 401, a web server asking for credentials), 404 (NoSuchKey, NoSuchBucket),
+``no_ranges`` (a server that answers a ranged GET with the whole object: it cannot be
+read by range, and a retry would only download it whole again), ``changed`` (412, or an
+ETag or total size that differs from the listing: the object was replaced since it was
+listed, whether or not the server honours ``If-Match``), ``tls`` (a certificate that
+does not verify, TLS against a plain port or the reverse), ``clock``
+(RequestTimeTooSkewed: this machine's clock is off) and anything that is not an I/O
+failure (a bug must not be retried into a hang).
 """
 
 from __future__ import annotations
@@ -39,7 +44,7 @@ from .._exceptions import (
 )
 from ._origin import Origin, TLSMismatch, tls_failure
 
-__all__ = ["ChunkFailure", "S3ErrorResponse", "Verdict", "verdict"]
+__all__ = ["ChunkFailure", "HTTPErrorResponse", "S3ErrorResponse", "Verdict", "verdict"]
 
 _THROTTLE = {"SlowDown", "Throttling", "ThrottlingException", "RequestLimitExceeded"}
 _SERVER = {"InternalError", "ServiceUnavailable", "BadGateway", "GatewayTimeout"}
@@ -85,6 +90,18 @@ class S3ErrorResponse(Exception):
         self.detail = detail
 
 
+class HTTPErrorResponse(S3ErrorResponse):
+    """Any web server's error answer (no S3 error document), judged by its status.
+
+    Attributes:
+        retry_after: the seconds its ``Retry-After`` asks to wait (``None``: none given).
+    """
+
+    def __init__(self, status: int, detail: str, *, retry_after: float | None = None) -> None:
+        super().__init__(status, "", detail)
+        self.retry_after = retry_after
+
+
 @dataclass(frozen=True)
 class Verdict:
     """What a failure was: its cause, the error that says so, and whether to retry."""
@@ -106,7 +123,7 @@ def _s3(code: str, status: int | None, detail: str, url: str) -> Verdict:
         return _changed(url, "its ETag no longer matches")
     if code in _NOT_FOUND or status == 404:
         return Verdict("not_found", NotFoundError(f"{url}: not found: {what}", url=url), False)
-    if code in _DENIED or status == 403:
+    if code in _DENIED or status in (401, 403):
         message = f"{url}: access denied, check the credentials and permissions: {what}"
         return Verdict("denied", AccessDeniedError(message, url=url), False)
     if code == "RequestTimeTooSkewed":
@@ -121,6 +138,15 @@ def _changed(url: str, how: str) -> Verdict:
         "mid-epoch cannot be read consistently: list the dataset again"
     )
     return Verdict("changed", PermanentFetchError(message, url=url), False)
+
+
+def _no_ranges(url: str, how: str) -> Verdict:
+    message = (
+        f"{url}: {how}; asyncstream reads shards by byte range: serve them from a server "
+        "that honours Range requests (nginx, S3, a CDN, the Hugging Face Hub), or copy "
+        "them to local disk"
+    )
+    return Verdict("no_ranges", PermanentFetchError(message, url=url), False)
 
 
 def _tls(exc: BaseException, url: str) -> Verdict:
@@ -186,6 +212,8 @@ def verdict(exc: BaseException, url: str) -> Verdict:
     if isinstance(exc, ChunkFailure):
         if exc.cause == "changed":
             return _changed(url, str(exc))
+        if exc.cause == "no_ranges":
+            return _no_ranges(url, str(exc))
         return Verdict(exc.cause, TransientFetchError(f"{url}: {exc}", url=url), True)
     if isinstance(exc, S3ErrorResponse):
         return _s3(exc.code, exc.status, exc.detail, url)

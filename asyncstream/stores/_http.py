@@ -20,6 +20,11 @@ readable: an end of file, or bytes nobody asked for) is dropped before reuse; a 
 connection that dies before the first byte of its response is replaced by a fresh one,
 once, without counting as a retry (the server may close an idle connection at any time).
 
+A ``200`` answer to a ranged GET is the whole object from a server that ignores ``Range``:
+unless the range asked for was the whole object, it is a permanent ``no_ranges``
+:class:`ChunkFailure` (never read as the range, never retried into a download of the
+whole object again).
+
 Errors: a refused, reset or closed connection is ``OSError`` (retryable); a certificate
 that does not verify, ``https://`` against a plain-HTTP port and ``http://`` against a
 TLS port are :class:`TLSMismatch` (permanent: retrying cannot fix them), named so. Most
@@ -215,13 +220,14 @@ class ConnectionPool:
         head = f"GET {target} HTTP/1.1\r\nHost: {host}\r\n"
         head += "".join(f"{name}: {value}\r\n" for name, value in headers.items()) + "\r\n"
         request = head.encode("latin-1")
+        ranged = next((v for k, v in headers.items() if k.lower() == "range"), None)
         for attempt in range(2):
             conn = await self._acquire(timeouts)
             fresh = conn.requests == 0
             if not fresh:
                 self.reused += 1
             try:
-                return await self._exchange(conn, request, out, timeouts, accept)
+                return await self._exchange(conn, request, out, timeouts, accept, ranged)
             except Stale:
                 conn.close()
                 if fresh or attempt:
@@ -261,6 +267,7 @@ class ConnectionPool:
         out: Scatter,
         timeouts: Timeouts,
         accept: Callable[[Reply], None] | None,
+        ranged: str | None = None,
     ) -> tuple[Reply, float]:
         loop = asyncio.get_running_loop()
         conn.requests += 1
@@ -271,6 +278,8 @@ class ConnectionPool:
         status, fields, extra, keep = await first_byte(self._read_head(conn), timeouts)
         headers_at = loop.time()
         declared = fields.get("content-length", "")
+        if status == 200 and ranged is not None:
+            self._check_whole(ranged, declared, out.total)
         if "chunked" in fields.get("transfer-encoding", "") or not declared.isdigit():
             if status < 300:
                 raise ChunkFailure("length", "a response without a Content-Length")
@@ -291,6 +300,22 @@ class ConnectionPool:
         await receive_from(conn, out, timeouts)
         self._release(conn, keep)
         return Reply(status, fields), headers_at
+
+    def _check_whole(self, ranged: str, declared: str, total: int) -> None:
+        """A ``200`` to a ``Range: bytes=A-B`` request: fine only where the range asked
+        for was the whole object, which the body then is (a server that ignores ranges).
+
+        Raises:
+            ChunkFailure: ``no_ranges`` (permanent), naming the server.
+        """
+        if ranged.strip().startswith(("bytes=0-", "bytes = 0-")) and declared == str(total):
+            return
+        size = f"{declared} bytes" if declared.isdigit() else "its length unsaid"
+        raise ChunkFailure(
+            "no_ranges",
+            f"{self.origin} answered the ranged GET ({ranged}) with 200 and the whole object "
+            f"({size}): the server ignores Range requests",
+        )
 
     async def _read_head(self, conn: Conn) -> tuple[int, dict[str, str], bytes, bool]:
         """Status, header fields, the body bytes that came with them, and whether the

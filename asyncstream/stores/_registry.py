@@ -63,6 +63,8 @@ _TABLE: dict[str, str] = {
     "s3": "asyncstream.stores._s3store:S3Store",
     "file": "asyncstream.stores._localstore:LocalStore",
     "gs": "asyncstream.stores._gcsstore:GCSStore",
+    "https": "asyncstream.stores._webstore:WebStore",
+    "http": "asyncstream.stores._webstore:HttpStore",
 }
 _BUILT_IN = dict(_TABLE)
 _CLASSES: dict[str, type[Store]] = {}

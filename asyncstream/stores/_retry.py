@@ -28,7 +28,8 @@ class RetryPolicy:
     """How often and how patiently to retry a chunk download.
 
     Exponential backoff with full jitter: the n-th retry waits a uniform random time in
-    ``[0, min(max_delay, base_delay * 2**n)]``.
+    ``[0, min(max_delay, base_delay * 2**n)]``; a server's ``Retry-After`` (a web server's
+    429 or 503) lengthens it to the time asked, at most ``max_delay``.
 
     Args:
         max_attempts: attempts per chunk, the first included.
@@ -117,6 +118,9 @@ class _Attempts:
         tries = len(self.causes)
         last = tries >= self.policy.max_attempts
         wait = self.policy.backoff(tries - 1, self.rng)
+        asked = getattr(exc, "retry_after", None)  # a server's Retry-After (HTTPErrorResponse)
+        if isinstance(asked, int | float) and asked > 0:
+            wait = max(wait, min(float(asked), self.policy.max_delay))
         if last or self.now() - self.start + wait > self.policy.deadline:
             why = "attempts" if last else f"{self.policy.deadline:g} s deadline"
             raise TransientFetchError(

