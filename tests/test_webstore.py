@@ -345,3 +345,14 @@ def test_an_untrusted_certificate_is_refused_at_once(web_tls: WebServer, web_dat
         resolve_shards(url)
     assert url in str(info.value)
     assert len(web_tls.requests()) == 0
+
+
+def test_index_files_refused_beside_named_shards_are_no_index(
+    web: WebServer, web_data: WebData
+) -> None:
+    """A server answering 403 for the index files probed beside named shards (static
+    hosting on S3, a presigned URL's siblings): no index, the shards read all the same."""
+    web.inject(403, match=".json", count=1000)
+    samples = read_all(web_data.urls(web.url), web_data, samples_per_shard=None)
+    assert_exact(samples, web_data)
+    assert any(r.status == 403 for r in web.requests())

@@ -5,7 +5,10 @@ A shard's size and version come from a ``HEAD`` (redirects followed: the Hub ans
 ``302`` to its CDN); where ``HEAD`` is refused (a presigned URL signed for ``GET`` answers
 ``403``; some servers answer ``405``) or says no length, from a one-byte ranged ``GET``
 whose ``Content-Range`` gives the total. Whole small objects (index files) are one
-``GET``; a missing one (``404``, ``410``) is ``None``. Throttling, server errors, resets
+``GET``; a missing one (``404``, ``410``) is ``None``, and so is one the server refuses
+with ``403``: static hosting on S3 or GCS answers ``403`` for a file it does not have, and
+a presigned shard URL's signature does not cover the index files probed beside it (a
+``401``, asking for credentials, is an error). Throttling, server errors, resets
 and timeouts are retried (:func:`~._retry.retrying_sync`, a server's ``Retry-After``
 honoured); the rest is raised at once, naming the URL and the server that answered.
 """
@@ -71,9 +74,10 @@ class WebObjects:
         return Shard(url, int(length), version_of(answer.fields))
 
     def read(self, url: str) -> bytes | None:
-        """The whole object, or ``None`` where there is none (404, 410)."""
+        """The whole object, or ``None`` where there is none (404, 410) or it is refused
+        (403: see the module docstring)."""
         answer = self._retried("GET", url, body=True)
-        if answer.status in (404, 410):
+        if answer.status in (403, 404, 410):
             return None
         if answer.status >= 300:
             raise self._error(answer, url)
