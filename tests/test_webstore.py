@@ -356,3 +356,16 @@ def test_index_files_refused_beside_named_shards_are_no_index(
     samples = read_all(web_data.urls(web.url), web_data, samples_per_shard=None)
     assert_exact(samples, web_data)
     assert any(r.status == 403 for r in web.requests())
+
+
+def test_a_token_appears_in_no_repr(web: WebServer) -> None:
+    from asyncstream.engine._config import EngineConfig
+    from asyncstream.stores._registry import make_store
+    from asyncstream.stores._store import StoreSetup
+    from asyncstream.stores._webstore import WebStore
+
+    configure_store("http", token="tok-s3cret", headers={"Cookie": "c-s3cret"})
+    store = make_store("http", StoreSetup())
+    assert isinstance(store, WebStore)
+    for shown in (repr(EngineConfig()), repr(store.settings)):
+        assert "s3cret" not in shown

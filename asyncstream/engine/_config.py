@@ -65,7 +65,8 @@ class EngineConfig:
     endpoints: tuple[tuple[str, S3Options], ...] = ()
     registry: tuple[tuple[str, str], ...] = field(default_factory=registered_stores)
     store_settings: tuple[tuple[str, tuple[tuple[str, Any], ...]], ...] = field(
-        default_factory=store_settings
+        default_factory=store_settings,
+        repr=False,  # tokens, connection strings
     )
     seed: int = 0
     adaptive: bool = True
