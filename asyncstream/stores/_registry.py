@@ -1,7 +1,8 @@
 """The registry of stores: which store serves a URL scheme, and the one place a scheme is read.
 
 A URL's scheme is parsed here and nowhere else (:func:`scheme_of`): ``s3://`` URLs go to
-the S3 store, ``file://`` URLs and plain paths to the local-file store, and any scheme
+the S3 store, ``file://`` URLs and plain paths to the local-file store, ``http://`` and
+``https://`` URLs to the web store (:mod:`._webstore`), and any scheme
 registered with :func:`register_store` to its store. Every other module asks a store
 (:class:`~._store.Store`) what a URL means: whether it names a folder, its canonical form,
 how to list it, read it or write it.
