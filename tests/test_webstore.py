@@ -5,6 +5,7 @@ WebServer``, fixtures in tests/_servers_web.py), with faults from the real Fault
 from __future__ import annotations
 
 import json
+import logging
 import os
 import random
 import shutil
@@ -325,8 +326,11 @@ def test_pack_refuses_and_index_writes_elsewhere(
     (tmp_path / "images" / "cat" / "a.jpg").write_bytes(make_jpeg(0, 0, 0, 1))
     with pytest.raises(ShardURLError, match="read-only"):
         pack(tmp_path / "images", f"{web.url}/packed/")
+    before = len(web.requests())
     with pytest.raises(ShardURLError, match="read-only"):
         index_dataset(web_data.pattern(web.url), index_cache=False)
+    # Refused before counting: no shard was read.
+    assert [r for r in web.requests()[before:] if r.method == "GET" and ".tar" in r.path] == []
     result = index_dataset(
         web_data.pattern(web.url), output=str(tmp_path / "asyncstream.json"), index_cache=False
     )
@@ -336,6 +340,17 @@ def test_pack_refuses_and_index_writes_elsewhere(
     assert result is not None
     samples = read_all(str(tmp_path / "asyncstream.json"), web_data, samples_per_shard=None)
     assert_exact(samples, web_data)
+
+
+def test_counting_without_an_index_suggests_an_index_kept_elsewhere(
+    web: WebServer, web_data: WebData, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Web shards cannot be indexed in place: the counting warning says where to put it."""
+    pattern = web_data.pattern(web.url)
+    with caplog.at_level(logging.WARNING, logger="asyncstream"):
+        samples = read_all(pattern, web_data, samples_per_shard=None, index_cache=False)
+    assert_exact(samples, web_data)
+    assert f"'asyncstream index '{pattern}' --output asyncstream.json'" in caplog.text
 
 
 def test_an_untrusted_certificate_is_refused_at_once(web_tls: WebServer, web_data: WebData) -> None:

@@ -26,6 +26,7 @@ from typing import Any
 
 from ..shards._tar import check_not_empty
 from ..shards._urls import Shard, url_items
+from ..stores._registry import scheme_of, store_class
 from ..stores._s3 import S3Options
 from ._count import CountSettings, OnProgress, count_shards, count_shared, distributed
 from ._index import folder_of
@@ -119,6 +120,8 @@ class DatasetPlan:
 
 
 def _hint(urls: Sequence[str], shards: Sequence[Shard]) -> str:
+    if shards and not store_class(scheme_of(shards[0].url)).writable:
+        return f"'{urls[0]}' --output asyncstream.json"  # a manifest kept elsewhere
     if len(urls) == 1 and "{" not in urls[0]:
         return urls[0]
     folders = {folder_of(s.url) for s in shards}

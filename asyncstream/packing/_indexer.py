@@ -205,6 +205,7 @@ def index_dataset(
     for shard in shards:
         check_not_empty(shard.url, shard.size)
     target = _manifest_url(output, folder)
+    objects.for_url(target).prepare(folder_of(target))  # a read-only store refuses now
     previous = _previous(objects, target)
     counts: dict[str, int] = {}
     for shard in shards:

@@ -123,6 +123,9 @@ class Store(abc.ABC):
     #: whether one listing of a folder is cheaper than a HEAD per named object (a
     #: listing of 1,000 keys is one request on S3)
     lists_folders: bool = False
+    #: whether objects can be written (``pack``, an index's manifest); a read-only store
+    #: refuses in :meth:`prepare`, before any work
+    writable: bool = True
 
     @classmethod
     def from_setup(cls, setup: StoreSetup) -> Store:

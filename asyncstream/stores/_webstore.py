@@ -67,6 +67,7 @@ class WebStore(Store):
     hedgeable = True
     coalesces = True
     cacheable = True
+    writable = False
     lists_folders = False
 
     def __init__(
@@ -148,7 +149,7 @@ class WebStore(Store):
             raise self._read_only(url, "a delete")
 
     def prepare(self, url: str) -> None:
-        raise self._read_only(url, "pack")
+        raise self._read_only(url, "pack or index")
 
     def upload(self, url: str, path: Path) -> str | None:
         raise self._read_only(url, "an upload")
