@@ -1,18 +1,22 @@
 """Stores against each other: the fetch engine reading the same bytes from each store's
 emulator, and the gs:// store's direct transport against a ``requests`` client.
 
-Run: ``python -m bench.stores --stores gs,s3`` (``--quick`` for a smoke run). The same
-objects (random bytes: raw fetch does not parse them) are uploaded to each store's local
-server, each in a process of its own: ``gs``, fake-gcs-server (Go,
-:class:`asyncstream.testing.GCSEmulator`); ``s3``, moto (:class:`asyncstream.LocalS3`
-in process mode). Each ``engine`` row is the fetch engine reading every chunk into the
-ring and straight back, K = 8 downloads in flight, twice on one engine; the second pass
-counts: MB/s and the engine's CPU seconds per GB (the client's alone), and the server's
-CPU seconds per GB (from ``/proc``, over both passes). The ``requests`` row (``gs`` only)
-reads the same ranges with the client the blocking half (and google-cloud-storage's
-downloads) use, 8 threads with a ``requests.Session`` each, every body then copied into a
-buffer as a ring slot would need: what a store built on a synchronous SDK would spend.
-Rows are interleaved and the best of ``--repeat`` is kept.
+Run: ``python -m bench.stores --stores gs,web,s3`` (``--quick`` for a smoke run;
+``--profile s3-like`` puts the fault proxy, in a process of its own, with 20 to 50 ms to
+the first byte and 90 MB/s per connection, in front of every server: the same link for
+each store). The same objects (random bytes: raw fetch does not parse them) are uploaded
+to each store's local server, each in a process of its own: ``gs``, fake-gcs-server (Go,
+:class:`asyncstream.testing.GCSEmulator`); ``web``, :class:`asyncstream.testing.WebServer`
+over a folder (``http://`` URLs, named by a brace pattern: the web has no listing);
+``s3``, moto (:class:`asyncstream.LocalS3` in process mode). Each ``engine`` row is the
+fetch engine reading every chunk into the ring and straight back, K = 8 downloads in
+flight, twice on one engine; the second pass counts: MB/s and the engine's CPU seconds per
+GB (the client's alone), and the server's CPU seconds per GB (from ``/proc``, over both
+passes). The ``requests`` row (``gs`` only) reads the same ranges with the client the
+blocking half (and google-cloud-storage's downloads) use, 8 threads with a
+``requests.Session`` each, every body then copied into a buffer as a ring slot would need:
+what a store built on a synchronous SDK would spend. Rows are interleaved and the best of
+``--repeat`` is kept.
 """
 
 from __future__ import annotations
@@ -20,6 +24,9 @@ from __future__ import annotations
 import argparse
 import contextlib
 import os
+import subprocess
+import sys
+import tempfile
 import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -34,6 +41,7 @@ from asyncstream.stores._registry import make_store
 from asyncstream.stores._store import ChunkRequest, StoreSetup
 from asyncstream.testing import GCSEmulator
 
+from ._proxy import ProxyProcess
 from ._run import arguments, header, report
 
 MB = 1e6
@@ -59,9 +67,50 @@ class Served:
     endpoint: str
 
 
+# A WebServer in a process of its own (its CPU apart from the benchmark's), until stdin closes.
+_WEB = (
+    "import sys\n"
+    "from asyncstream.testing import WebServer\n"
+    "server = WebServer(sys.argv[1]).start()\n"
+    "print(server.url, flush=True)\n"
+    "sys.stdin.read()\n"
+    "server.close()\n"
+)
+
+
 @contextlib.contextmanager
-def serve(store: str, objects: int, size: int) -> Iterator[Served]:
-    """The store's server holding ``objects`` random objects (gs:// configured for it)."""
+def _linked(endpoint: str, profile: str) -> Iterator[str]:
+    """``endpoint``, or the fault proxy in front of it with the link ``profile``."""
+    if profile == "loopback":
+        yield endpoint
+    else:
+        with ProxyProcess(endpoint, profile=profile) as proxy:
+            yield proxy.endpoint_url
+
+
+@contextlib.contextmanager
+def _web_server(root: Path) -> Iterator[tuple[str, int]]:
+    proc = subprocess.Popen(
+        [sys.executable, "-c", _WEB, str(root)], stdin=subprocess.PIPE, stdout=subprocess.PIPE
+    )
+    try:
+        assert proc.stdout is not None
+        url = proc.stdout.readline().decode().strip()
+        if not url.startswith("http://"):
+            raise RuntimeError("the web server process did not start")
+        yield url, proc.pid
+    finally:
+        assert proc.stdin is not None
+        proc.stdin.close()
+        proc.wait(10)
+        if proc.stdout is not None:
+            proc.stdout.close()
+
+
+@contextlib.contextmanager
+def serve(store: str, objects: int, size: int, profile: str = "loopback") -> Iterator[Served]:
+    """The store's server holding ``objects`` random objects (gs:// configured for it),
+    reached through the link ``profile``."""
     if store == "gs":
         with GCSEmulator() as gcs:
             gcs.create_bucket("stores-bench")
@@ -70,9 +119,19 @@ def serve(store: str, objects: int, size: int) -> Iterator[Served]:
                 blobs = make_store("gs", StoreSetup())
                 for i in range(objects):
                     blobs.write(f"gs://stores-bench/raw/{i:04d}.tar", os.urandom(size))
-                yield Served("gs://stores-bench/raw/", S3Options(), gcs.pid, gcs.endpoint_url)
+                with _linked(gcs.endpoint_url, profile) as endpoint:
+                    configure_store("gs", **{**gcs.settings(), "endpoint": endpoint})
+                    yield Served("gs://stores-bench/raw/", S3Options(), gcs.pid, endpoint)
             finally:
                 configure_store("gs")
+    elif store == "web":
+        with tempfile.TemporaryDirectory(prefix="stores-bench-") as root:
+            (Path(root) / "raw").mkdir()
+            for i in range(objects):
+                (Path(root) / "raw" / f"{i:04d}.tar").write_bytes(os.urandom(size))
+            with _web_server(Path(root)) as (url, pid), _linked(url, profile) as endpoint:
+                pattern = f"{endpoint}/raw/{{0000..{objects - 1:04d}}}.tar"
+                yield Served(pattern, S3Options(), pid, endpoint)
     elif store == "s3":
         with LocalS3(mode="process") as s3:
             client = s3.client()
@@ -80,9 +139,13 @@ def serve(store: str, objects: int, size: int) -> Iterator[Served]:
             for i in range(objects):
                 body = os.urandom(size)
                 client.put_object(Bucket="stores-bench", Key=f"raw/{i:04d}.tar", Body=body)
-            yield Served("s3://stores-bench/raw/", s3.options(), s3.pid, s3.endpoint_url)
+            with _linked(s3.endpoint_url, profile) as endpoint:
+                options = S3Options(
+                    endpoint_url=endpoint, credentials=s3.options().credentials
+                ).resolve()
+                yield Served("s3://stores-bench/raw/", options, s3.pid, endpoint)
     else:
-        raise ValueError(f"unknown store {store!r}: expected gs or s3")
+        raise ValueError(f"unknown store {store!r}: expected gs, web or s3")
 
 
 def _requests_of(url: str, options: S3Options, chunk: int) -> list[ChunkRequest]:
@@ -158,11 +221,15 @@ def requests_pass(url: str, endpoint: str, chunk: int, pid: int | None) -> dict[
     }
 
 
-def measure(stores: list[str], objects: int, size: int, repeat: int) -> dict[str, Any]:
+def measure(
+    stores: list[str], objects: int, size: int, repeat: int, profile: str = "loopback"
+) -> dict[str, Any]:
     """Every row, best of ``repeat``, interleaved: ``{"rows": [...]}``."""
     best: dict[tuple[str, str, int], dict[str, Any]] = {}
     with contextlib.ExitStack() as stack:
-        served = {store: stack.enter_context(serve(store, objects, size)) for store in stores}
+        served = {
+            store: stack.enter_context(serve(store, objects, size, profile)) for store in stores
+        }
         for _ in range(repeat):
             for chunk in (MiB, 16 * MiB):
                 for store, at in served.items():
@@ -187,7 +254,7 @@ def table(rows: list[dict[str, Any]]) -> str:
         "| store (server) | client | chunk | MB/s | client CPU-s per GB | server CPU-s per GB |",
         "|---|---|---:|---:|---:|---:|",
     ]
-    names = {"gs": "gs (fake-gcs-server)", "s3": "s3 (moto)"}
+    names = {"gs": "gs (fake-gcs-server)", "web": "http (WebServer)", "s3": "s3 (moto)"}
     for r in rows:
         lines.append(
             f"| {names[r['store']]} | {r['client']} ({r['transport']}) | {r['chunk_MiB']} MiB | "
@@ -199,15 +266,23 @@ def table(rows: list[dict[str, Any]]) -> str:
 def main() -> None:
     def more(parser: argparse.ArgumentParser) -> None:
         parser.add_argument(
-            "--stores", default="gs,s3", help="comma-separated: gs (emulator), s3 (moto)"
+            "--stores",
+            default="gs,web,s3",
+            help="comma-separated: gs (emulator), web (WebServer), s3 (moto)",
+        )
+        parser.add_argument(
+            "--profile", default="loopback", choices=["loopback", "s3-like"], help="the link"
         )
 
     args = arguments(__doc__ or "", more)
     objects, size = (4, 16 * MiB) if args.quick else (16, 16 * MiB)
     stores = [s.strip() for s in args.stores.split(",") if s.strip()]
-    out = {**header(), "objects": objects, "object_bytes": size}
-    out.update(measure(stores, objects, size, 1 if args.quick else args.repeat))
-    text = f"{out['date']}, {out['machine']}, {objects} objects of {size // MiB} MiB\n\n"
+    out = {**header(), "objects": objects, "object_bytes": size, "profile": args.profile}
+    out.update(measure(stores, objects, size, 1 if args.quick else args.repeat, args.profile))
+    text = (
+        f"{out['date']}, {out['machine']}, {objects} objects of {size // MiB} MiB, "
+        f"link: {args.profile}\n\n"
+    )
     report(out, text + table(out["rows"]), args.json)
 
 
