@@ -285,6 +285,32 @@ def test_a_wrong_key_is_access_denied_naming_the_store(az_data: AzData, use_azur
     assert "attempts" not in message
 
 
+def test_without_a_key_or_token_default_azure_credential_is_asked_and_its_refusal_named(
+    azurite: Azurite, use_azure: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """DefaultAzureCredential limited to its environment credential (azure-identity's
+    AZURE_TOKEN_CREDENTIALS), with no service principal in the environment: it finds no
+    token, without a request to the network; the store says so, naming the account."""
+    from asyncstream.engine._engine import Engine, EngineConfig
+    from asyncstream.stores._store import ChunkRequest
+
+    monkeypatch.setenv("AZURE_TOKEN_CREDENTIALS", "EnvironmentCredential")
+    use_azure(key=None, endpoint="http://127.0.0.1:9/devstoreaccount1")
+    with pytest.raises(AccessDeniedError, match="needs an https:// endpoint"):
+        resolve_shards("az://data/train/")
+    use_azure(key=None, endpoint="https://127.0.0.1:9/devstoreaccount1")  # never reached
+    with pytest.raises(AccessDeniedError, match="no usable Azure credentials") as info:
+        resolve_shards("az://data/train/")
+    assert "'devstoreaccount1'" in str(info.value)
+    assert "attempts" not in str(info.value)
+    request = ChunkRequest("az://data/train/x.tar", 0, 10, size=10)
+    with Engine(EngineConfig(), n_slots=1, slot_bytes=16, mode="thread") as engine:
+        engine.submit([request])
+        with pytest.raises(AccessDeniedError, match="no usable Azure credentials") as info:
+            engine.next()
+    assert "az://data/train/x.tar" in str(info.value)
+
+
 def test_a_403_in_the_engine_is_access_denied_at_once(
     az_data: AzData, proxied: Callable[..., FaultProxy]
 ) -> None:

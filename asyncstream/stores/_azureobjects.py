@@ -71,7 +71,7 @@ class AzureObjects:
         if config.sas_token:
             return config.sas_token
         if self._credential is None:
-            self._credential = default_credential(url)
+            self._credential = default_credential(url, config.endpoint_of(path, url))
         return self._credential
 
     def blob(self, url: str) -> Any:
@@ -197,12 +197,19 @@ class AzureObjects:
         return retrying_sync(attempt, url=url, policy=self._policy)
 
 
-def default_credential(url: str) -> Any:
+def default_credential(url: str, endpoint: str) -> Any:
     """azure-identity's ``DefaultAzureCredential`` (no key or SAS token was given).
 
     Raises:
-        AccessDeniedError: azure-identity is not installed.
+        AccessDeniedError: azure-identity is not installed, or the endpoint is plain HTTP
+            (Azure sends bearer tokens over HTTPS only).
     """
+    if not endpoint.startswith("https://"):
+        raise AccessDeniedError(
+            f"{url}: no Azure key, SAS token or connection string is configured, and a "
+            f"bearer token (DefaultAzureCredential) needs an https:// endpoint, not {endpoint}",
+            url=url,
+        )
     try:
         from azure.identity import DefaultAzureCredential
     except ImportError:

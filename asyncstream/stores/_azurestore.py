@@ -38,7 +38,7 @@ from pathlib import Path
 from typing import Any
 
 from ..shards._urls import Shard
-from ._azure import AzureConfig, BlobPath, error_answer, parse_blob_url
+from ._azure import AzureConfig, BlobPath, azure_error, error_answer, parse_blob_url
 from ._azureobjects import AzureObjects, default_credential
 from ._errors import ChunkFailure
 from ._http import ConnectionPool
@@ -211,7 +211,8 @@ class AzureStore(Store):
         elif auth == "sas":
             url = f"{url}?{self.config.sas_token}"
         else:
-            headers["Authorization"] = f"Bearer {await self._bearer(request.url)}"
+            token = await self._bearer(request.url, path, account)
+            headers["Authorization"] = f"Bearer {token}"
         return url, headers, account
 
     async def _container_sas(self, path: BlobPath, url: str, account: str) -> str:
@@ -234,12 +235,22 @@ class AzureStore(Store):
             found = self._sas[key] = (sas, (now + _SAS_LIFETIME).timestamp())
         return found[0]
 
-    async def _bearer(self, url: str) -> str:
-        """An OAuth token from DefaultAzureCredential (renewed before it expires)."""
+    async def _bearer(self, url: str, path: BlobPath, account: str) -> str:
+        """An OAuth token from DefaultAzureCredential (renewed before it expires).
+
+        Raises:
+            AccessDeniedError: no credential found one (or the endpoint is plain HTTP).
+        """
         if self._token is None or self._token[1] - time.time() < _RENEW_BEFORE / 12:
             if self._credential is None:
-                self._credential = default_credential(url)
-            token = await asyncio.to_thread(self._credential.get_token, _TOKEN_SCOPE)
+                self._credential = default_credential(url, self.config.endpoint_of(path, url))
+            try:
+                token = await asyncio.to_thread(self._credential.get_token, _TOKEN_SCOPE)
+            except Exception as exc:
+                mapped = azure_error(exc, account)
+                if mapped is None:
+                    raise
+                raise mapped from exc
             self._token = (str(token.token), float(token.expires_on))
         return self._token[0]
 
