@@ -281,7 +281,7 @@ def test_a_wrong_key_is_access_denied_naming_the_store(az_data: AzData, use_azur
         resolve_shards(az_data.prefix)
     message = str(info.value)
     assert az_data.prefix in message
-    assert "'devstoreaccount1'" in message
+    assert "Azure Blob Storage account 'devstoreaccount1'" in message
     assert "attempts" not in message
 
 

@@ -271,7 +271,9 @@ def azure_error(exc: BaseException, account: str) -> BaseException | None:
         code = getattr(exc, "error_code", None) or ""
         code = str(getattr(code, "value", code))
         detail = _first_line(str(exc.reason or exc.message or ""))
-        return S3ErrorResponse(int(exc.status_code), code, f"{detail} (account {account!r})")
+        return S3ErrorResponse(
+            int(exc.status_code), code, f"{detail} (Azure Blob Storage account {account!r})"
+        )
     if isinstance(exc, ClientAuthenticationError):  # no token: DefaultAzureCredential found none
         return S3ErrorResponse(
             403, "NoCredentials", f"no usable Azure credentials for account {account!r}: {exc}"
@@ -291,4 +293,4 @@ def error_answer(status: int, fields: Mapping[str, str], body: bytes, account: s
         code_found = re.search(r"<Code>(.*?)</Code>", text)
         code = code_found[1] if code_found else ""
     detail = _first_line(found[1]) if found else f"HTTP {status}"
-    return S3ErrorResponse(status, code, f"{detail} (account {account!r})")
+    return S3ErrorResponse(status, code, f"{detail} (Azure Blob Storage account {account!r})")
