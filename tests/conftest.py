@@ -12,6 +12,7 @@ from typing import Any
 
 import pytest
 from _servers import Backend, start_s3rver_or_skip
+from _servers_azure import az_data, azurite, use_azure  # noqa: F401
 from _servers_gcs import gcs_emulator, gcs_env  # noqa: F401 - fixtures
 from _servers_web import cdn, web, web_data, web_servers, web_tls  # noqa: F401
 

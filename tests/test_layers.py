@@ -39,6 +39,7 @@ FORBIDDEN_IN_ENGINE = (
     "dali_ops",
     "nvidia",
     "bench",
+    "azure",  # the Azure store's SDK: only where an az:// URL is read
 )
 
 

@@ -283,8 +283,12 @@ class ConnectionPool:
         if "chunked" in fields.get("transfer-encoding", "") or not declared.isdigit():
             if status < 300:
                 raise ChunkFailure("length", "a response without a Content-Length")
-            body = await self._error_body(conn, extra, None, timeouts)
-            return Reply(status, fields, body), headers_at
+            # An error document in chunks (Azurite's): read to its last chunk, then the
+            # connection is closed (not reused: what follows it is not checked).
+            chunked = "chunked" in fields.get("transfer-encoding", "")
+            body = await self._error_body(conn, extra, None, timeouts, chunked=chunked)
+            conn.close()
+            return Reply(status, fields, _dechunk(body) if chunked else body), headers_at
         length = int(declared)
         if status >= 300:
             body = await self._error_body(conn, extra, length, timeouts)
@@ -351,18 +355,40 @@ class ConnectionPool:
         return int(code), fields, bytes(data[end + 4 :]), keep
 
     async def _error_body(
-        self, conn: Conn, body: bytes, length: int | None, timeouts: Timeouts
+        self,
+        conn: Conn,
+        body: bytes,
+        length: int | None,
+        timeouts: Timeouts,
+        *,
+        chunked: bool = False,
     ) -> bytes:
         limit = _ERROR_BODY_LIMIT if length is None else min(length, _ERROR_BODY_LIMIT)
         buffer = bytearray(limit)
         with contextlib.suppress(OSError, TimeoutError):
             async with asyncio.timeout(timeouts.stall):
-                while len(body) < limit:
+                while len(body) < limit and not (chunked and body.endswith(b"0\r\n\r\n")):
                     n = await conn.recv_into(memoryview(buffer)[: limit - len(body)])
                     if not n:
                         break
                     body += buffer[:n]
         return body[:limit]
+
+
+def _dechunk(data: bytes) -> bytes:
+    """A body in HTTP/1.1 chunked transfer coding, decoded (as far as it is whole)."""
+    out, at = bytearray(), 0
+    while (end := data.find(b"\r\n", at)) >= 0:
+        size_field = data[at:end].split(b";")[0].strip()
+        try:
+            size = int(size_field, 16)
+        except ValueError:
+            break
+        if size == 0:
+            break
+        out += data[end + 2 : end + 2 + size]
+        at = end + 2 + size + 2
+    return bytes(out)
 
 
 async def first_byte(response: Awaitable[T], timeouts: Timeouts) -> T:

@@ -66,6 +66,9 @@ _TABLE: dict[str, str] = {
     "gs": "asyncstream.stores._gcsstore:GCSStore",
     "https": "asyncstream.stores._webstore:WebStore",
     "http": "asyncstream.stores._webstore:HttpStore",
+    "az": "asyncstream.stores._azurestore:AzureStore",
+    "abfs": "asyncstream.stores._azurestore:AzureStore",
+    "abfss": "asyncstream.stores._azurestore:AzureStore",
 }
 _BUILT_IN = dict(_TABLE)
 _CLASSES: dict[str, type[Store]] = {}

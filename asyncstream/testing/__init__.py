@@ -17,6 +17,8 @@ What it holds, module by module:
                   Google Cloud Storage emulator for ``gs://``
 ``_webserver``    :class:`WebServer`, a static-file HTTP(S) server with byte ranges, ETags,
                   redirects, a bearer token and injected errors (``https://`` shard URLs)
+``_azurite``      :class:`Azurite`, Microsoft's Azure Storage emulator (Node.js, from npm
+                  on first use), for the Azure Blob store (``az://``)
 ``_datagen``      :func:`generate_imagefolder`, :func:`make_jpeg`: synthetic photographs
 ================  ==========================================================================
 
@@ -116,6 +118,7 @@ closed, stalls included, and the thread ends; all its waits are bounded.
 
 from typing import TYPE_CHECKING, Any
 
+from ._azurite import Azurite, AzuriteStartError, AzuriteUnavailable
 from ._certs import TestCertificates, make_test_certificates
 from ._faults import Fault, FaultPlan
 from ._gcsemulator import GCSEmulator, GCSEmulatorStartError, GCSEmulatorUnavailable
@@ -130,6 +133,9 @@ if TYPE_CHECKING:
     from ._datagen import class_names, generate_imagefolder, make_jpeg
 
 __all__ = [
+    "Azurite",
+    "AzuriteStartError",
+    "AzuriteUnavailable",
     "Fault",
     "FaultPlan",
     "FaultProxy",
