@@ -69,6 +69,10 @@ Scenarios (``--scenarios`` picks some; all by default):
     and a user's own wrapper that forwards no state: images/s, time to first batch, and
     the time to the first batch of a resume from halfway in a fresh process
     (:mod:`bench.cpudecode`).
+``stores``
+    Every store on its local server (fake-gcs-server, Azurite, a web server, moto), the
+    same objects, the S3-like link in front of each: MB/s and the engine's CPU per GB
+    (:mod:`bench.stores`).
 
 Output: JSON with every figure and the environment (``--json``, default
 ``bench/out/bench.json``), the Markdown tables written into ``bench/RESULTS.md`` between
@@ -464,6 +468,18 @@ def first_sample(b: Bench) -> dict[str, Any]:
     return measure(folder, rounds=b.sizes.repeat, baseline=None, s3=True, shards=len(shards))
 
 
+def stores(b: Bench) -> dict[str, Any]:
+    """Every store on its emulator, the same objects, the S3-like link in front of each
+    (:mod:`bench.stores`): MB/s and the engine's CPU per GB against S3's."""
+    from .stores import measure
+
+    quick = b.sizes is QUICK
+    objects, size = (2, 8 << 20) if quick else (16, 16 << 20)
+    names = ["gs", "az", "web", "s3"]
+    out = measure(names, objects, size, b.sizes.repeat, profile="s3-like")
+    return {"objects": objects, "object_bytes": size, "profile": "s3-like", **out}
+
+
 def cpu_decode(b: Bench) -> dict[str, Any]:
     from .cpudecode import run as run_cpu_decode
 
@@ -492,6 +508,7 @@ SCENARIOS: dict[str, Callable[[Bench], dict[str, Any]]] = {
     "ring": ring,
     "cpu_decode": cpu_decode,
     "first_sample": first_sample,
+    "stores": stores,
 }
 
 

@@ -277,6 +277,21 @@ def tables(out: dict[str, Any], base: Path | None = None) -> str:
                 f"| {f['abs_correlation']:.3f} | {f['distinct_classes_per_batch']:.1f} |"
             )
         lines.append("")
+    if "stores" in sc:
+        from .stores import table as stores_table
+
+        r = sc["stores"]
+        lines += [
+            "### Every store against S3",
+            "",
+            f"The same {r['objects']} objects of {r['object_bytes'] >> 20} MiB on each "
+            "store's local server, the fault proxy with the S3-like link (20 to 50 ms to the "
+            "first byte, 90 MB/s per connection) in front of each; the fetch engine reads "
+            "every chunk, K = 8, second pass (`python -m bench.stores`).",
+            "",
+            stores_table(r["rows"]),
+            "",
+        ]
     if "mixing" in sc:
         r = sc["mixing"]
         a, b = r["datasets"]["a"], r["datasets"]["b"]

@@ -1,14 +1,15 @@
 """Stores against each other: the fetch engine reading the same bytes from each store's
 emulator, and the gs:// store's direct transport against a ``requests`` client.
 
-Run: ``python -m bench.stores --stores gs,web,s3`` (``--quick`` for a smoke run;
+Run: ``python -m bench.stores --stores gs,az,web,s3`` (``--quick`` for a smoke run;
 ``--profile s3-like`` puts the fault proxy, in a process of its own, with 20 to 50 ms to
 the first byte and 90 MB/s per connection, in front of every server: the same link for
 each store). The same objects (random bytes: raw fetch does not parse them) are uploaded
 to each store's local server, each in a process of its own: ``gs``, fake-gcs-server (Go,
 :class:`asyncstream.testing.GCSEmulator`); ``web``, :class:`asyncstream.testing.WebServer`
 over a folder (``http://`` URLs, named by a brace pattern: the web has no listing);
-``s3``, moto (:class:`asyncstream.LocalS3` in process mode). Each ``engine`` row is the
+``az``, Azurite (Node.js, :class:`asyncstream.testing.Azurite`, in memory); ``s3``, moto
+(:class:`asyncstream.LocalS3` in process mode). Each ``engine`` row is the
 fetch engine reading every chunk into the ring and straight back, K = 8 downloads in
 flight, twice on one engine; the second pass counts: MB/s and the engine's CPU seconds per
 GB (the client's alone), and the server's CPU seconds per GB (from ``/proc``, over both
@@ -39,7 +40,7 @@ from asyncstream import LocalS3, S3Options, configure_store, resolve_shards
 from asyncstream.engine._engine import Engine, EngineConfig
 from asyncstream.stores._registry import make_store
 from asyncstream.stores._store import ChunkRequest, StoreSetup
-from asyncstream.testing import GCSEmulator
+from asyncstream.testing import Azurite, GCSEmulator
 
 from ._proxy import ProxyProcess
 from ._run import arguments, header, report
@@ -124,6 +125,21 @@ def serve(store: str, objects: int, size: int, profile: str = "loopback") -> Ite
                     yield Served("gs://stores-bench/raw/", S3Options(), gcs.pid, endpoint)
             finally:
                 configure_store("gs")
+    elif store == "az":
+        with Azurite(in_memory=True) as azurite:
+            azurite.create_container("stores-bench")
+            configure_store("az", **azurite.settings())
+            try:
+                blobs = make_store("az", StoreSetup())
+                for i in range(objects):
+                    blobs.write(f"az://stores-bench/raw/{i:04d}.tar", os.urandom(size))
+                blobs.close()
+                origin, _, account = azurite.endpoint_url.rpartition("/")
+                with _linked(origin, profile) as endpoint:
+                    configure_store("az", **azurite.settings(endpoint=f"{endpoint}/{account}"))
+                    yield Served("az://stores-bench/raw/", S3Options(), azurite.pid, endpoint)
+            finally:
+                configure_store("az")
     elif store == "web":
         with tempfile.TemporaryDirectory(prefix="stores-bench-") as root:
             (Path(root) / "raw").mkdir()
@@ -145,7 +161,7 @@ def serve(store: str, objects: int, size: int, profile: str = "loopback") -> Ite
                 ).resolve()
                 yield Served("s3://stores-bench/raw/", options, s3.pid, endpoint)
     else:
-        raise ValueError(f"unknown store {store!r}: expected gs, web or s3")
+        raise ValueError(f"unknown store {store!r}: expected gs, az, web or s3")
 
 
 def _requests_of(url: str, options: S3Options, chunk: int) -> list[ChunkRequest]:
@@ -254,7 +270,12 @@ def table(rows: list[dict[str, Any]]) -> str:
         "| store (server) | client | chunk | MB/s | client CPU-s per GB | server CPU-s per GB |",
         "|---|---|---:|---:|---:|---:|",
     ]
-    names = {"gs": "gs (fake-gcs-server)", "web": "http (WebServer)", "s3": "s3 (moto)"}
+    names = {
+        "gs": "gs (fake-gcs-server)",
+        "az": "az (Azurite)",
+        "web": "http (WebServer)",
+        "s3": "s3 (moto)",
+    }
     for r in rows:
         lines.append(
             f"| {names[r['store']]} | {r['client']} ({r['transport']}) | {r['chunk_MiB']} MiB | "
@@ -267,8 +288,8 @@ def main() -> None:
     def more(parser: argparse.ArgumentParser) -> None:
         parser.add_argument(
             "--stores",
-            default="gs,web,s3",
-            help="comma-separated: gs (emulator), web (WebServer), s3 (moto)",
+            default="gs,az,web,s3",
+            help="comma-separated: gs (emulator), az (Azurite), web (WebServer), s3 (moto)",
         )
         parser.add_argument(
             "--profile", default="loopback", choices=["loopback", "s3-like"], help="the link"

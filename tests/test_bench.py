@@ -130,6 +130,11 @@ def test_every_scenario_runs_and_the_json_is_complete(quick_run: dict[str, Any])
         assert set(systems) == {"asyncstream", "naive"}
         for figures in systems.values():
             assert figures["first_sample_s"] >= figures["import_s"] > 0
+    stores = data["scenarios"]["stores"]["rows"]
+    assert {(r["store"], r["chunk_MiB"]) for r in stores} == {
+        (store, chunk) for store in ("gs", "az", "web", "s3") for chunk in (1, 16)
+    }
+    assert all(r["MB/s"] > 0 and r["client_cpu_s_per_gb"] > 0 for r in stores)
     decode = data["scenarios"]["cpu_decode"]
     assert set(decode["systems"]) == {"asyncstream", "webdataset", "asyncstream-wrapped"}
     for figures in decode["systems"].values():

@@ -206,6 +206,21 @@ class Azurite:
         endpoint, account and key (``overrides`` replace or add some)."""
         return {"endpoint": self.endpoint_url, "account": ACCOUNT, "key": KEY, **overrides}
 
+    def create_container(self, name: str) -> None:
+        """Make a container (an existing one is fine), with the SDK of the ``azure`` extra."""
+        from azure.core.exceptions import ResourceExistsError
+        from azure.storage.blob import BlobServiceClient
+
+        service = BlobServiceClient(
+            self.endpoint_url, credential={"account_name": ACCOUNT, "account_key": KEY}
+        )
+        try:
+            service.create_container(name)
+        except ResourceExistsError:
+            pass
+        finally:
+            service.close()
+
     def close(self) -> None:
         """Stop the server (its stdin closes: it exits) and remove a temporary workspace;
         safe to call more than once."""
