@@ -175,8 +175,11 @@ class _Server:
         assert self.scheduler is not None
         main: dict[str, Any] = {}
         named: dict[str, dict[str, Any]] = {}
+        each: list[dict[str, Any]] = []
         for key, store in sorted(self.stores.items()):
-            (named.setdefault(key.endpoint, {}) if key.endpoint else main).update(store.stats())
+            own = store.stats()
+            (named.setdefault(key.endpoint, {}) if key.endpoint else main).update(own)
+            each.append({"scheme": key.scheme, "endpoint": key.endpoint, **own})
         return self.scheduler.stats.as_dict(
             concurrency_limit=self.scheduler.aimd.limit,
             store=main,
@@ -185,6 +188,7 @@ class _Server:
                 {"name": name, **named[name]} for name, _ in self.config.endpoints if name in named
             ],
             tasks=len(asyncio.all_tasks()),
+            stores=each,
         )
 
     def _send(self, message: FromEngine) -> None:

@@ -86,6 +86,7 @@ class EngineStats:
         store: dict[str, Any],
         endpoints: list[dict[str, Any]],
         tasks: int,
+        stores: list[dict[str, Any]] | None = None,
     ) -> dict[str, Any]:
         """The statistics as :meth:`Engine.stats` returns them.
 
@@ -95,6 +96,8 @@ class EngineStats:
             endpoints: those of the other endpoints' stores, named, in the settings' order
                 (left out of the dict when there are none).
             tasks: asyncio tasks alive in the engine's loop.
+            stores: every store the engine opened, each its own statistics under its
+                scheme and endpoint (a stream of sources in several stores has one each).
         """
         self.add_inflight(0)
         seconds = self.clock() - self.started
@@ -127,6 +130,7 @@ class EngineStats:
         }
         if endpoints:
             stats["endpoints"] = endpoints
+        stats["stores"] = stores or []
         return stats
 
 

@@ -437,7 +437,9 @@ class ShardStream(IterableDataset[dict[str, Any]]):
         to the next, so they add up over epochs): bytes, chunks, retries by cause,
         downloads in flight (peak, time-weighted mean), the adaptive concurrency limit and
         its cuts, hedges sent and won, chunk latencies, the engine's CPU and peak RSS,
-        and ``starved_s``, the time this reader waited for chunks; and ``index``: which
+        ``stores``, each store the engine opened with its own counters under its scheme (a
+        stream of sources in several stores has one each), and ``starved_s``, the time this
+        reader waited for chunks; and ``index``: which
         index gave the sample counts, and how many shards' counts came from it, from
         ``samples_per_shard``, the local cache or counting (:class:`~._dataset.IndexInfo`).
         Called from another thread than the one reading the stream, ``fetch`` is the
