@@ -1,7 +1,8 @@
 """One stream mixing sources in four stores at once: S3 (moto), Google Cloud Storage
-(fake-gcs-server), Azure Blob (Azurite) and a web server (``http://``), each source's
-shards written by other tools than ``pack``. Every sample of every source once, with its
-bytes, each store named in the statistics, and a checkpoint that resumes exactly."""
+(fake-gcs-server), Azure Blob (Azurite) and a web server over HTTPS, each source's shards
+written by other tools than ``pack``. Every sample of every source once, with its bytes,
+each store named in the statistics, a checkpoint that resumes exactly, and the disk
+cache serving a second epoch from all four."""
 
 from __future__ import annotations
 
@@ -12,10 +13,10 @@ from typing import Any
 
 import pytest
 
-from asyncstream import LocalS3, ShardStream, Source, configure_store
+from asyncstream import CacheConfig, LocalS3, ShardStream, Source, configure_store
 from asyncstream.stores._registry import make_store
 from asyncstream.stores._store import StoreSetup
-from asyncstream.testing import Azurite, GCSEmulator, WebServer
+from asyncstream.testing import Azurite, GCSEmulator, TestCertificates, WebServer
 from tests._foreign import ForeignShards, write_foreign_shards
 
 STORES = ("s3", "gs", "az", "web")
@@ -62,7 +63,7 @@ def sources(
         served.mkdir(exist_ok=True)
         for path in shards["web"]:
             (served / path.name).write_bytes(path.read_bytes())
-        web = web_servers["http"].url
+        web = web_servers["https"].url
         urls = {
             "s3": "s3://mixed/s3/",
             "gs": "gs://mixed/gs/",
@@ -85,11 +86,6 @@ def sources(
         configure_store("az")
 
 
-def _configured(gcs: GCSEmulator, azurite: Azurite) -> None:
-    configure_store("gs", **gcs.settings())
-    configure_store("az", **azurite.settings())
-
-
 def _expected(datasets: dict[str, ForeignShards]) -> dict[tuple[str, str], bytes]:
     """(source, key) -> the sample's jpg bytes, read back from the shards with tarfile."""
     import tarfile
@@ -107,11 +103,15 @@ def _expected(datasets: dict[str, ForeignShards]) -> dict[tuple[str, str], bytes
 
 
 @pytest.fixture
-def stores_configured(gcs_emulator: GCSEmulator, azurite: Azurite) -> Iterator[None]:
-    _configured(gcs_emulator, azurite)
+def stores_configured(
+    gcs_emulator: GCSEmulator, azurite: Azurite, certs: TestCertificates
+) -> Iterator[None]:
+    configure_store("gs", **gcs_emulator.settings())
+    configure_store("az", **azurite.settings())
+    configure_store("https", ca_bundle=certs.ca)  # the web server's test CA
     yield
-    configure_store("gs")
-    configure_store("az")
+    for scheme in ("gs", "az", "https"):
+        configure_store(scheme)
 
 
 def test_one_stream_reads_four_stores_at_once(
@@ -125,7 +125,7 @@ def test_one_stream_reads_four_stores_at_once(
     assert {(source, key): jpg for source, key, jpg in got} == expected
     assert {source for source, _, _ in got[: len(got) // 2]} == set(STORES)  # mixed throughout
     # Each store's own statistics, named by its scheme.
-    assert sorted(s["scheme"] for s in fetch["stores"]) == ["az", "gs", "http", "s3"]
+    assert sorted(s["scheme"] for s in fetch["stores"]) == ["az", "gs", "https", "s3"]
     own = {s["scheme"]: s for s in fetch["stores"]}
     assert own["az"]["store"] == "azure-blob"
     assert "Google Cloud Storage" in own["gs"]["store"]
@@ -145,3 +145,21 @@ def test_a_mixed_stream_of_four_stores_resumes_exactly(
         resumed = [(s["__source__"], s["__key__"]) for s in stream]
     assert resumed == rest
     assert len(set(head + rest)) == len(head) + len(rest)
+
+
+def test_the_disk_cache_serves_a_second_epoch_from_four_stores(
+    sources: list[Source], stores_configured: None, tmp_path: Path
+) -> None:
+    cache = CacheConfig(path=tmp_path / "cache")
+    epochs = []
+    for _ in range(2):
+        with ShardStream(sources, window=4, seed=5, inflight=4, cache=cache) as stream:
+            keys = [(s["__source__"], s["__key__"]) for s in stream]
+            stores = {s["scheme"]: s["cache"] for s in stream.stats()["fetch"]["stores"]}
+        epochs.append((keys, stores))
+    (cold, cold_cache), (warm, warm_cache) = epochs
+    assert warm == cold
+    assert set(cold_cache) == {"az", "gs", "https", "s3"}
+    assert all(c["hits"] == 0 and c["misses"] > 0 for c in cold_cache.values())
+    assert all(warm_cache[s]["misses"] == 0 for s in warm_cache)
+    assert all(warm_cache[s]["hits"] == cold_cache[s]["misses"] for s in warm_cache)
