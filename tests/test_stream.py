@@ -238,7 +238,7 @@ def saved_state(dataset: dict[str, Any]) -> Iterator[dict[str, Any]]:
         ({"seed": 6}, "seed"),
         ({"window": 5}, "window"),
         ({"shuffle": False}, "shuffle"),
-        ({"chunk_bytes": 8192}, "chunk_bytes"),
+        ({"block_bytes": 8192}, "block_bytes=4096"),
     ],
 )
 def test_state_of_another_configuration_is_refused(
