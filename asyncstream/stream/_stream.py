@@ -71,6 +71,11 @@ class ShardStream(IterableDataset[dict[str, Any]]):
     ``hedge=False`` (:attr:`ring_bytes`). A ring larger than the free space in /dev/shm is
     refused at construction.
 
+    The fetch engine runs in a process of its own, started at construction so that its
+    start overlaps the dataset's open; the first iteration's engine takes it over. Not
+    read within 30 s (DataLoader workers run engines of their own), closed, or on a failed
+    open, that process is stopped.
+
     Sample counts (the plan needs them to split ranks exactly) come from an index, read at
     construction: asyncstream's ``asyncstream.json`` or another tool's (a wids shard index,
     timm / Hugging Face ``_info.json``, OpenCLIP ``sizes.json``, img2dataset
