@@ -10,10 +10,13 @@ for its :class:`~._protocol.Hello`. The stream's first :class:`~._engine.Engine`
 its own where there is none to adopt.
 
 Lifetime: a process nobody adopts within ``idle_limit`` seconds (a stream read only by
-DataLoader workers, each of which runs its own engine) is killed, as it is by
-:meth:`EngineProcess.close` (a stream closed, or whose open failed) and at exit. Before
-the Hello it holds nothing (no ring, no store, no connection), so killing it leaves
-nothing behind.
+DataLoader workers, each of which runs its own engine) exits by itself; the consumer
+adopts none older than ``idle_limit`` less a margin, so a Hello never meets a process on
+its way out, and starts another instead. :meth:`EngineProcess.close` (a stream closed,
+or whose open failed) and the exit of the consumer kill it. Before the Hello it holds
+nothing (no ring, no store, no connection), so killing it leaves nothing behind. No
+thread watches it: a thread alive when DataLoader forks its workers is unsafe (Python
+3.12 warns of it).
 """
 
 from __future__ import annotations
@@ -25,6 +28,7 @@ import socket
 import subprocess
 import sys
 import threading
+import time
 import weakref
 from collections.abc import Iterable
 from multiprocessing.connection import Connection
@@ -34,6 +38,7 @@ from ..stores._registry import registered_stores, scheme_of
 __all__ = ["EngineProcess", "spawn", "store_modules"]
 
 IDLE_LIMIT = 30.0
+_MARGIN = 5.0  # at most: a process this close to its idle limit is not adopted
 
 # Client libraries a store imports only when it is opened, by scheme: the S3 store's
 # botocore session (``S3Store.open``) is most of its opening time in a fresh process.
@@ -57,11 +62,13 @@ def store_modules(urls: Iterable[str]) -> tuple[str, ...]:
     return tuple(dict.fromkeys(found))
 
 
-def spawn(preload: Iterable[str] = ()) -> tuple[Connection, subprocess.Popen[bytes]]:
-    """Start ``python -m asyncstream.engine FD [MODULE ...]``: a fresh interpreter running
-    only the engine (not multiprocessing's spawn, which re-imports the caller's
+def spawn(
+    preload: Iterable[str] = (), idle_limit: float | None = None
+) -> tuple[Connection, subprocess.Popen[bytes]]:
+    """Start ``python -m asyncstream.engine FD IDLE [MODULE ...]``: a fresh interpreter
+    running only the engine (not multiprocessing's spawn, which re-imports the caller's
     ``__main__`` and with it torch and the training script), which imports ``preload``
-    while it waits for its Hello.
+    while it waits for its Hello, for at most ``idle_limit`` seconds (None: no limit).
 
     Returns:
         The consumer's end of the connection, and the process.
@@ -74,7 +81,14 @@ def spawn(preload: Iterable[str] = ()) -> tuple[Connection, subprocess.Popen[byt
         root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
         env["PYTHONPATH"] = os.pathsep.join(filter(None, [root, env.get("PYTHONPATH")]))
         proc = subprocess.Popen(
-            [sys.executable, "-m", "asyncstream.engine", str(fd), *preload],
+            [
+                sys.executable,
+                "-m",
+                "asyncstream.engine",
+                str(fd),
+                "-" if idle_limit is None else repr(float(idle_limit)),
+                *preload,
+            ],
             pass_fds=[fd],
             env=env,
             stdin=subprocess.DEVNULL,
@@ -92,20 +106,19 @@ class EngineProcess:
 
     Args:
         preload: modules it imports meanwhile (:func:`store_modules`).
-        idle_limit: seconds after which, not adopted, it is killed.
+        idle_limit: seconds it waits for a Hello, counted once its imports are done, then
+            exits; it is not adopted within a margin of that (see the module).
     """
 
     def __init__(self, preload: Iterable[str] = (), *, idle_limit: float = IDLE_LIMIT) -> None:
         self._owner = os.getpid()  # a forked child holds a mere copy
         self._lock = threading.Lock()
+        self._adopt_within = idle_limit - min(_MARGIN, idle_limit / 2)
+        self._started = time.monotonic()  # before the process's own count begins
         self._conn: Connection | None = None
         self._proc: subprocess.Popen[bytes] | None = None
-        self._conn, self._proc = spawn(preload)
+        self._conn, self._proc = spawn(preload, idle_limit)
         self.pid = self._proc.pid
-        self._timer = threading.Timer(idle_limit, self.close)
-        self._timer.daemon = True
-        self._timer.name = "asyncstream-launch-timer"
-        self._timer.start()
         _WAITING.add(self)
 
     def __repr__(self) -> str:
@@ -121,17 +134,18 @@ class EngineProcess:
         with self._lock:
             conn, proc = self._conn, self._proc
             self._conn = self._proc = None
-        self._timer.cancel()
         _WAITING.discard(self)
         return conn, proc
 
     def adopt(self) -> tuple[Connection, subprocess.Popen[bytes]] | None:
         """Hand the process over to an engine, once: its connection and itself; ``None``
-        where it is gone (killed as idle, closed), dead, or another process's."""
+        where it is closed, dead, near its idle limit (then it is killed), or another
+        process's."""
+        fresh = time.monotonic() - self._started < self._adopt_within
         conn, proc = self._take()
         if conn is None or proc is None:
             return None
-        if self.owned and proc.poll() is None:
+        if self.owned and fresh and proc.poll() is None:
             return conn, proc
         self._end(conn, proc)
         return None

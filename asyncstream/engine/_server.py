@@ -224,11 +224,14 @@ def run_engine(conn: Connection, ring_name: str, config: EngineConfig, foreign: 
         conn.close()
 
 
-def serve(fd: int, preload: Sequence[str] = ()) -> None:
-    """``python -m asyncstream.engine FD [MODULE ...]``: the engine process (:mod:`.__main__`).
+def serve(fd: int, idle_limit: float | None = None, preload: Sequence[str] = ()) -> None:
+    """``python -m asyncstream.engine FD IDLE [MODULE ...]``: the engine process
+    (:mod:`.__main__`).
 
     Args:
         fd: its end of the connection to the consumer.
+        idle_limit: seconds to wait for the Hello, then exit (a process started ahead that
+            nobody adopted, see :mod:`._launch`); None: no limit.
         preload: modules to import before the Hello comes (the stores' and their client
             libraries, see :func:`~._launch.store_modules`): a process started ahead of its
             settings does its imports while the consumer opens the dataset. One that fails
@@ -244,6 +247,8 @@ def serve(fd: int, preload: Sequence[str] = ()) -> None:
         with contextlib.suppress(Exception):
             importlib.import_module(name)
     try:
+        if idle_limit is not None and not conn.poll(idle_limit):
+            return  # nobody adopted it
         hello: Hello = conn.recv()
     except (EOFError, OSError):
         return  # the consumer died before it sent anything
