@@ -4,6 +4,8 @@
 (``mode="process"``: a fresh ``python -m asyncstream.engine``, which imports neither
 torch nor the training script) or, where a process may not start children (PyTorch
 DataLoader workers are daemonic), in a thread of the consumer (``mode="thread"``). The
+process may also be started ahead, before the ring and the settings are known, and
+adopted here (:mod:`._launch`: a stream starts it while it opens its dataset). The
 two sides talk over one duplex connection, in the typed messages of :mod:`._protocol`;
 the engine's side is :mod:`._server`, its scheduler :mod:`._scheduler`.
 
@@ -27,7 +29,6 @@ import multiprocessing.connection
 import multiprocessing.util
 import os
 import signal
-import socket
 import subprocess
 import sys
 import threading
@@ -41,6 +42,7 @@ from typing import Any, Literal
 from .._exceptions import EngineError
 from ..stores._store import ChunkRequest
 from ._config import EngineConfig
+from ._launch import EngineProcess, spawn
 from ._policies import Hedging
 from ._protocol import (
     AskStats,
@@ -58,7 +60,6 @@ from ._protocol import (
     with_remote_cause,
 )
 from ._ring import Ring
-from ._server import run_engine
 
 __all__ = ["Engine", "EngineConfig", "Ready"]
 
@@ -84,6 +85,9 @@ class Engine:
             ring has one more, kept for hedges.
         slot_bytes: bytes per slot (the chunk size).
         mode: ``"process"`` (own process, spawn context) or ``"thread"``.
+        process: an engine process started ahead (:class:`~._launch.EngineProcess`), to
+            adopt in ``"process"`` mode; one that is gone is replaced by a new one, and
+            in ``"thread"`` mode it is closed.
     """
 
     def __init__(
@@ -93,12 +97,18 @@ class Engine:
         n_slots: int,
         slot_bytes: int,
         mode: Literal["process", "thread"] = "process",
+        process: EngineProcess | None = None,
     ) -> None:
         if mode not in ("process", "thread"):
             raise ValueError(f"mode must be 'process' or 'thread', got {mode!r}")
         self.config = config
         self.mode = mode
-        self.ring = Ring.create(n_slots + Hedging(enabled=config.hedge).reserve, slot_bytes)
+        try:
+            self.ring = Ring.create(n_slots + Hedging(enabled=config.hedge).reserve, slot_bytes)
+        except BaseException:
+            if process is not None:
+                process.close()
+            raise
         self._conn: Connection | None = None
         self._proc: subprocess.Popen[bytes] | None = None
         self._thread: threading.Thread | None = None
@@ -110,8 +120,10 @@ class Engine:
         self._closed = False
         self._pid = os.getpid()  # a forked child inherits this object, not the engine
         try:
-            self._start()
+            self._start(process)
         except BaseException:
+            if process is not None:
+                process.close()  # not adopted: killed here
             self.close()
             raise
         _LIVE.add(self)
@@ -129,27 +141,19 @@ class Engine:
             f"{'closed' if self._closed else 'open'})"
         )
 
-    def _start(self) -> None:
+    def _start(self, process: EngineProcess | None) -> None:
         if self.mode == "process":
-            # A fresh interpreter running only the engine (not multiprocessing's spawn, which
-            # re-imports the caller's __main__ and with it torch and the training script).
-            ours_sock, theirs_sock = socket.socketpair()
-            self._conn = Connection(ours_sock.detach())
-            fd = theirs_sock.detach()
+            adopted = process.adopt() if process is not None else None
+            self._conn, self._proc = adopted if adopted is not None else spawn()
             try:
-                env = dict(os.environ)
-                root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-                env["PYTHONPATH"] = os.pathsep.join(filter(None, [root, env.get("PYTHONPATH")]))
-                self._proc = subprocess.Popen(
-                    [sys.executable, "-m", "asyncstream.engine", str(fd)],
-                    pass_fds=[fd],
-                    env=env,
-                    stdin=subprocess.DEVNULL,
-                )
-            finally:
-                os.close(fd)
-            self._conn.send(Hello(self.ring.name, self.config))
+                self._conn.send(Hello(self.ring.name, self.config))
+            except OSError as exc:  # the process died before it could be told anything
+                raise self._died() from exc
         else:
+            if process is not None:
+                process.close()  # a thread serves here (a DataLoader worker, say)
+            from ._server import run_engine  # the consumer's import skips the engine's side
+
             ours, theirs = multiprocessing.Pipe(duplex=True)
             self._conn = ours
             self._thread = threading.Thread(
@@ -159,8 +163,8 @@ class Engine:
                 daemon=True,
             )
             self._thread.start()
-        # Not waiting for "started" lets the engine boot (about half a second) while the
-        # caller sets up; a broken set-up still fails at the first wait, before any data.
+        # Not waiting for "started" lets the engine boot while the caller sets up; a
+        # broken set-up still fails at the first wait, before any data.
 
     @property
     def pid(self) -> int | None:

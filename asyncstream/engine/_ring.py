@@ -37,11 +37,13 @@ import weakref
 from multiprocessing import resource_tracker
 from multiprocessing.shared_memory import SharedMemory
 from types import TracebackType
-
-import numpy as np
-import numpy.typing as npt
+from typing import TYPE_CHECKING
 
 from asyncstream._exceptions import AsyncStreamError
+
+if TYPE_CHECKING:
+    import numpy as np
+    import numpy.typing as npt
 
 __all__ = [
     "Ring",
@@ -341,6 +343,8 @@ class Ring:
 
     def array(self, slot: int, nbytes: int) -> npt.NDArray[np.uint8]:
         """A writable zero-copy ``uint8`` array of the first ``nbytes`` bytes of ``slot``."""
+        import numpy as np  # here: the engine's process, which never calls it, starts faster
+
         self._check(slot)
         if not 0 <= nbytes <= self._slot_bytes:
             raise ValueError(f"nbytes must be between 0 and {self._slot_bytes}, got {nbytes}")

@@ -14,16 +14,17 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import importlib
 import signal
 import threading
 import traceback
+from collections.abc import Sequence
 from multiprocessing.connection import Connection
 from typing import Any
 
 from .._exceptions import AsyncStreamError, EngineError
 from ..stores._registry import StoreKey, install_stores, make_store, scheme_of
 from ..stores._store import ChunkRequest, Store, StoreSetup
-from ._cache import CachedStore
 from ._config import EngineConfig
 from ._protocol import (
     AskStats,
@@ -123,6 +124,8 @@ class _Server:
         try:
             await store.open()
             if self.config.cache_dir is not None and store.cacheable:
+                from ._cache import CachedStore  # only with a cache: the process starts faster
+
                 cache = CachedStore(
                     store,
                     self.config.cache_dir,
@@ -225,13 +228,31 @@ def run_engine(conn: Connection, ring_name: str, config: EngineConfig, foreign: 
         conn.close()
 
 
-def serve(fd: int) -> None:
-    """``python -m asyncstream.engine FD``: the engine process (:mod:`.__main__`)."""
+def serve(fd: int, idle_limit: float | None = None, preload: Sequence[str] = ()) -> None:
+    """``python -m asyncstream.engine FD IDLE [MODULE ...]``: the engine process
+    (:mod:`.__main__`).
+
+    Args:
+        fd: its end of the connection to the consumer.
+        idle_limit: seconds to wait for the Hello, then exit (a process started ahead that
+            nobody adopted, see :mod:`._launch`); None: no limit.
+        preload: modules to import before the Hello comes (the stores' and their client
+            libraries, see :func:`~._launch.store_modules`): a process started ahead of its
+            settings does its imports while the consumer opens the dataset. One that fails
+            to import is skipped here; the store that needs it reports the error.
+    """
     # Ctrl-C reaches the whole process group; the consumer stops the engine (or its pipe
     # closes when the consumer dies), so the engine itself ignores it.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     conn = Connection(fd)
+    with contextlib.suppress(ImportError):
+        import uvloop  # noqa: F401  # imported now, used by run_engine
+    for name in preload:
+        with contextlib.suppress(Exception):
+            importlib.import_module(name)
     try:
+        if idle_limit is not None and not conn.poll(idle_limit):
+            return  # nobody adopted it
         hello: Hello = conn.recv()
     except (EOFError, OSError):
         return  # the consumer died before it sent anything

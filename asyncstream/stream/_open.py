@@ -10,6 +10,7 @@ stream's sources (:func:`~asyncstream.dataset._sources.open_sources`), as one
 
 from __future__ import annotations
 
+import multiprocessing
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from typing import Any
@@ -17,12 +18,13 @@ from typing import Any
 from .._config import Configs
 from ..dataset._sources import Source, open_plain, open_sources, split_sources
 from ..engine._cache import cache_options
+from ..engine._launch import EngineProcess, store_modules
 from ..order._plan import Topology
 from ..stores._s3 import S3Options
 from ._run import default_topology
 from ._settings import StreamSettings
 
-__all__ = ["Opened", "open_settings"]
+__all__ = ["Opened", "open_settings", "start_engine_process"]
 
 
 @dataclass(frozen=True)
@@ -109,3 +111,22 @@ def open_settings(
         endpoints=opened.endpoints,
     )
     return Opened(settings, index_info, rank, world_size)
+
+
+def start_engine_process(
+    urls: str | Sequence[str] | Source | Sequence[Source],
+) -> EngineProcess | None:
+    """The fetch engine's process, started before the dataset is opened so that its start
+    overlaps the open (:mod:`asyncstream.engine._launch`); it imports the stores of the
+    URLs' schemes (one URL per source names it) meanwhile. ``None`` where the engine will
+    run in a thread: a daemonic process (a DataLoader worker) may not start children.
+    """
+    if multiprocessing.current_process().daemon:
+        return None
+    try:
+        sources, plain = split_sources(urls)
+        given = [s.urls for s in sources] if sources is not None else [plain]
+        firsts = [u if isinstance(u, str) else next(iter(u), "") for u in given]
+    except Exception:  # bad arguments are the open's to report
+        firsts = []
+    return EngineProcess(store_modules(u for u in firsts if isinstance(u, str)))

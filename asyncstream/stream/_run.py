@@ -37,6 +37,7 @@ from typing import Any, Literal
 
 from .._exceptions import AsyncStreamError, StateError
 from ..engine._engine import Engine
+from ..engine._launch import EngineProcess
 from ..order._mix import Blend
 from ..order._plan import Piece, Topology
 from ..order._shuffle import Lane, Need, WindowShuffle, mix_key
@@ -106,6 +107,8 @@ class EpochRun(Iterator[dict[str, Any]]):
         start: where the reader starts (see :mod:`._state`).
         topology: the reader's rank and worker.
         engine: an idle engine of the previous epoch, to reuse.
+        launch: an engine process started ahead, for the engine to adopt when there is
+            none to reuse (closed if unused).
     """
 
     def __init__(
@@ -115,7 +118,12 @@ class EpochRun(Iterator[dict[str, Any]]):
         start: Start,
         topology: Topology,
         engine: Engine | None = None,
+        launch: EngineProcess | None = None,
     ) -> None:
+        if engine is not None and launch is not None:
+            launch.close()  # an engine is reused: no process is needed
+            launch = None
+        self.launch = launch
         self.settings = settings
         self.start = start
         self.epoch = start.epoch
@@ -154,8 +162,13 @@ class EpochRun(Iterator[dict[str, Any]]):
             mode: Literal["thread", "process"] = (
                 "thread" if multiprocessing.current_process().daemon else "process"
             )
+            launch, self.launch = self.launch, None
             self.engine = Engine(
-                config, n_slots=s.lanes + s.prefetch_slots, slot_bytes=s.chunk_bytes, mode=mode
+                config,
+                n_slots=s.lanes + s.prefetch_slots,
+                slot_bytes=s.chunk_bytes,
+                mode=mode,
+                process=launch,
             )
         return self.engine
 
@@ -364,6 +377,7 @@ class EpochRun(Iterator[dict[str, Any]]):
     def finish(self) -> Engine | None:
         """End the run; return its engine if it is idle (all chunks taken, all slots free)."""
         self.closed = True
+        self._close_launch()
         engine, self.engine = self.engine, None
         if engine is not None and engine.idle:
             return engine
@@ -371,9 +385,15 @@ class EpochRun(Iterator[dict[str, Any]]):
             engine.close()
         return None
 
+    def _close_launch(self) -> None:
+        if self.launch is not None:
+            self.launch.close()
+            self.launch = None
+
     def close(self) -> None:
         """Stop the engine and free the ring. Idempotent."""
         self.closed = True
+        self._close_launch()
         if self.engine is not None:
             self.engine.close()
             self.engine = None

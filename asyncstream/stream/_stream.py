@@ -26,7 +26,7 @@ from ._checkpoint import Checkpoint
 from ._epochs import Pending
 from ._iteration import Iteration
 from ._mapped import MappedStream
-from ._open import open_settings
+from ._open import open_settings, start_engine_process
 from ._run import EpochRun, worker_topology
 from ._stall import StallMeter
 from ._state import fresh, resume
@@ -70,6 +70,11 @@ class ShardStream(IterableDataset[dict[str, Any]]):
     dataset's number of chunks; the 1 is the engine's hedge slot, none with
     ``hedge=False`` (:attr:`ring_bytes`). A ring larger than the free space in /dev/shm is
     refused at construction.
+
+    The fetch engine runs in a process of its own, started at construction so that its
+    start overlaps the dataset's open; the first iteration's engine takes it over. Not
+    read within 30 s (DataLoader workers run engines of their own), closed, or on a failed
+    open, that process is stopped.
 
     Sample counts (the plan needs them to split ranks exactly) come from an index, read at
     construction: asyncstream's ``asyncstream.json`` or another tool's (a wids shard index,
@@ -153,17 +158,25 @@ class ShardStream(IterableDataset[dict[str, Any]]):
         index: IndexConfig | None = None,
         **flat: Unpack[FlatSettings],
     ) -> None:
-        opened = open_settings(
-            urls,
-            epoch_size=epoch_size,
-            endpoint_url=endpoint_url,
-            s3=s3,
-            configs=group(flat, order=order, fetch=fetch, cache=cache, index=index),
-        )
+        # The engine's process starts first, so that its start overlaps the open.
+        launch = start_engine_process(urls)
+        try:
+            opened = open_settings(
+                urls,
+                epoch_size=epoch_size,
+                endpoint_url=endpoint_url,
+                s3=s3,
+                configs=group(flat, order=order, fetch=fetch, cache=cache, index=index),
+            )
+            # Each reader's ring is made when it starts reading: say now if it cannot fit.
+            check_node_room(opened.settings.ring_bytes, 0, "lower window, prefetch or block_bytes")
+        except BaseException:
+            if launch is not None:
+                launch.close()
+            raise
+        self._launch = launch  # adopted by the first iteration's engine
         self._settings, self._index = opened.settings, opened.index
         self._rank, self._world_size = opened.rank, opened.world_size
-        # Each reader's ring is made when it starts reading: say now if it cannot fit.
-        check_node_room(self._settings.ring_bytes, 0, "lower window, prefetch or block_bytes")
         self._shared = SharedEpoch()
         self._run: EpochRun | None = None
         self._live: weakref.ref[Iteration] | None = None  # the iterator last handed out
@@ -188,6 +201,7 @@ class ShardStream(IterableDataset[dict[str, Any]]):
         state = self.__dict__.copy()
         state["_run"] = None  # a DataLoader worker starts its own engine
         state["_engine"] = None
+        state["_launch"] = None
         state["_live"] = None
         return state
 
@@ -358,7 +372,18 @@ class ShardStream(IterableDataset[dict[str, Any]]):
         if not self._shared.owned:
             self._shared.worker_started()
         engine, self._engine = self._engine, None
-        self._run = EpochRun(self._settings, start=start, topology=topology, engine=engine)
+        if engine is not None and not engine.owned:  # a forked copy of the parent's
+            engine.close()
+            engine = None
+        launch, self._launch = self._launch, None
+        try:
+            self._run = EpochRun(
+                self._settings, start=start, topology=topology, engine=engine, launch=launch
+            )
+        except BaseException:
+            if launch is not None:
+                launch.close()
+            raise
         begin = (
             None if claim is None else functools.partial(self._loaded.begin, self._shared, claim)
         )
@@ -486,6 +511,9 @@ class ShardStream(IterableDataset[dict[str, Any]]):
             if self._engine is not None:
                 self._engine.close()
                 self._engine = None
+            if self._launch is not None:
+                self._launch.close()
+                self._launch = None
             self._closed = True
 
     def __del__(self) -> None:
