@@ -51,7 +51,8 @@ _PLAIN_DATALOADER = (
 
 
 class ShardStream(IterableDataset[dict[str, Any]]):
-    """Samples of webdataset-style tar shards, streamed from S3 or local files.
+    """Samples of webdataset-style tar shards, streamed from any store (S3, Google Cloud
+    Storage, Azure Blob, web URLs) or local files.
 
     Iterating yields one dict per sample: ``{"__key__": "000017", "__url__": shard URL,
     "jpg": bytes, "cls": bytes, ...}`` (one entry per member extension; the bytes are the
@@ -59,43 +60,37 @@ class ShardStream(IterableDataset[dict[str, Any]]):
 
     The order is a pure function of (``seed``, epoch, rank, world size, worker): a seeded
     shard permutation per epoch, split exactly across ranks and DataLoader workers, then
-    a window shuffle over ``window`` open shards with one chunk each resident. Call
+    a window shuffle over ``window`` open shards with one block each resident. Call
     :meth:`set_epoch` before each epoch for a new order; it reaches DataLoader workers,
     ``persistent_workers=True`` included. :meth:`state_dict` taken after any sample
     resumes, in a new process, with exactly the samples that would have come next.
 
-    Memory: the ring holds ``(window + prefetch + 1) x chunk_bytes`` per reader (each
-    DataLoader worker runs its own engine and ring), with ``chunk_bytes`` capped at the
-    largest shard, ``window`` at the number of shards plus two and ``prefetch`` at the
-    dataset's number of chunks; the 1 is the engine's hedge slot, none with
-    ``hedge=False`` (:attr:`ring_bytes`). A ring larger than the free space in /dev/shm is
-    refused at construction.
+    Memory: the ring holds ``(window + prefetch + 1)`` blocks per reader (each DataLoader
+    worker runs its own engine and ring; a block is ``OrderConfig.block_bytes``, else a
+    loaded state's, else ``chunk_bytes``, capped at the largest shard), ``window`` capped
+    at the number of shards plus two and ``prefetch`` at the dataset's number of blocks;
+    the 1 is the engine's hedge slot, none with ``hedge=False`` (:attr:`ring_bytes`). A
+    ring larger than the free space in /dev/shm is refused at construction.
 
     The fetch engine runs in a process of its own, started at construction so that its
     start overlaps the dataset's open; the first iteration's engine takes it over. Not
     read within 30 s (DataLoader workers run engines of their own), closed, or on a failed
     open, that process is stopped.
 
-    Sample counts (the plan needs them to split ranks exactly) come from an index, read at
-    construction: asyncstream's ``asyncstream.json`` or another tool's (a wids shard index,
-    timm / Hugging Face ``_info.json``, OpenCLIP ``sizes.json``, img2dataset
-    ``*_stats.json``) beside the shards or given as ``urls``; else from the local index
-    cache; else the shards are counted once through the fetch engine (logged, and kept in
-    the cache; under ``torch.distributed`` the ranks split that work, so every rank must
-    build the stream). Under a prefix, the index decides which shards are read: a
-    shard it does not list is left out with a :class:`~asyncstream.StaleShardWarning`.
-    ``stats()["index"]`` says which index was used (:mod:`asyncstream.dataset._dataset`).
-
-    Several datasets mix in one stream when ``urls`` is a list of
-    :class:`~asyncstream.Source`: one engine and one ring read them all, each epoch takes
-    each source's share (a relative weight or an absolute count, repeating or sub-sampling
-    a source, each sample once before any twice), every window of draws holds the sources
-    in proportion, and each sample says its source in ``__source__``. See the README's
-    "Mixing datasets" and :mod:`asyncstream.order._mix`.
+    Sample counts (the plan needs them to split ranks exactly) come from an index read at
+    construction (asyncstream's ``asyncstream.json`` or another tool's: a wids index,
+    ``_info.json``, ``sizes.json``, img2dataset ``*_stats.json``), else the local index
+    cache, else a count through the fetch engine (under ``torch.distributed`` the ranks
+    split it, so every rank must build the stream); under a prefix, a shard the index does
+    not list is left out with a :class:`~asyncstream.StaleShardWarning`; ``stats()["index"]``
+    says which index was used. A list of :class:`~asyncstream.Source` mixes datasets in
+    one stream, each epoch taking each source's share, each sample naming its source in
+    ``__source__`` (docs/mixing.md).
 
     Args:
-        urls: shard URLs: ``s3://bucket/train-{0000..0099}.tar``, an ``s3://`` prefix,
-            local files or folders, an index file (``.../asyncstream.json``,
+        urls: shard URLs: ``s3://bucket/train-{0000..0099}.tar``, a prefix (``s3://``,
+            ``gs://``, ``az://``), ``https://`` URLs (braces or a list: the web has no
+            listing), local files or folders, an index file (``.../asyncstream.json``,
             ``.../_info.json``, a wids index), or a list of these; or a list of
             :class:`~asyncstream.Source` to mix.
         epoch_size: with sources, the samples of an epoch, all sources and ranks
@@ -104,22 +99,21 @@ class ShardStream(IterableDataset[dict[str, Any]]):
             With sources, the default of those without their own (so is ``s3``).
         s3: full S3 options (credentials, timeouts, profile); ``endpoint_url`` overrides.
         order: what decides the sample order, and so what a checkpoint must share
-            (:class:`~asyncstream.OrderConfig`: seed, shuffle, window, mode, remainder,
-            rank, world size).
+            (:class:`~asyncstream.OrderConfig`: seed, shuffle, window, mode, block,
+            remainder, rank, world size).
         fetch: how chunks are fetched (:class:`~asyncstream.FetchConfig`: inflight,
-            prefetch, chunk size, coalescing, retries, timeouts, adaptive concurrency,
-            hedging, transport, ETag checks): speed and memory only.
+            prefetch, GET size, coalescing, retries, timeouts, adaptive concurrency,
+            hedging, transport, ETag checks): speed only, never the order.
         cache: the local chunk cache (:class:`~asyncstream.CacheConfig`): a folder that
-            keeps every S3 chunk fetched, so later epochs, and other streams and
-            processes given the same folder, read it from disk instead of S3, in the same
-            order and with the same resume. Keyed by URL, ETag (else size) and range;
-            each file is checksummed and a bad one is fetched again. Local shards are
-            never cached. See the README.
+            keeps every remote chunk fetched, so later epochs, and other streams and
+            processes given the same folder, read it from disk, in the same order and
+            with the same resume; local shards are never cached (docs/cache.md).
         index: where sample counts come from (:class:`~asyncstream.IndexConfig`).
         **flat: each group's settings as flat keyword arguments, as before the config
             objects (one table maps them, ``asyncstream._config.FLAT``): ``seed``,
             ``shuffle``, ``window``, ``shuffle_mode``, ``remainder``, ``rank``,
-            ``world_size`` (``order``); ``inflight``, ``prefetch``, ``chunk_bytes``,
+            ``world_size``, ``block_bytes`` (``order``); ``inflight``, ``prefetch``,
+            ``chunk_bytes``,
             ``retry``, ``timeouts``, ``check_etag``, ``adaptive``, ``hedge`` (``fetch``);
             ``cache_dir``, ``cache_limit`` (``cache``: ``path``, ``limit``);
             ``samples_per_shard``, ``split``, ``strict``, ``index_cache`` (``index``:
@@ -271,8 +265,7 @@ class ShardStream(IterableDataset[dict[str, Any]]):
         Raises:
             ValueError: ``check`` and /dev/shm cannot hold the total (the message gives it).
         """
-        if isinstance(workers, bool) or not isinstance(workers, int) or workers < 0:
-            raise ValueError(f"workers must be an integer >= 0, got {workers!r}")
+        _count_at_least("workers", workers, 0)
         if not check:
             return local_ranks() * max(1, workers) * self._settings.ring_bytes
         return check_node_room(
@@ -286,23 +279,15 @@ class ShardStream(IterableDataset[dict[str, Any]]):
         With workers every worker ends its share on its own, so a DataLoader's batches per
         epoch are ``sum(ceil(n / batch_size) for n in worker_samples(workers))``.
         """
-        if isinstance(num_workers, bool) or not isinstance(num_workers, int) or num_workers < 0:
-            raise ValueError(f"num_workers must be an integer >= 0, got {num_workers!r}")
-        if num_workers == 0:
-            return [
-                reader_samples(
-                    self.epoch_samples,
-                    Topology(self._rank, self._world_size),
-                    self._settings.remainder,
-                )
-            ]
+        _count_at_least("num_workers", num_workers, 0)
+        readers = max(1, num_workers)
         return [
             reader_samples(
                 self.epoch_samples,
-                Topology(self._rank, self._world_size, worker, num_workers),
+                Topology(self._rank, self._world_size, worker, readers),
                 self._settings.remainder,
             )
-            for worker in range(num_workers)
+            for worker in range(readers)
         ]
 
     def batches(self, batch_size: int, *, num_workers: int = 0, drop_last: bool = False) -> int:
@@ -315,17 +300,9 @@ class ShardStream(IterableDataset[dict[str, Any]]):
         Raises:
             ValueError: ``batch_size`` below 1 or ``num_workers`` below 0.
         """
-        if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
-            raise ValueError(f"batch_size must be an integer >= 1, got {batch_size!r}")
-        if isinstance(num_workers, bool) or not isinstance(num_workers, int) or num_workers < 0:
-            raise ValueError(f"num_workers must be an integer >= 0, got {num_workers!r}")
-        readers = max(1, num_workers)
-        total = 0
-        for worker in range(readers):
-            topology = Topology(self._rank, self._world_size, worker, readers)
-            share = reader_samples(self.epoch_samples, topology, self._settings.remainder)
-            total += share // batch_size if drop_last else -(-share // batch_size)
-        return total
+        _count_at_least("batch_size", batch_size, 1)
+        shares = self.worker_samples(num_workers)
+        return sum(n // batch_size if drop_last else -(-n // batch_size) for n in shares)
 
     def map(self, fn: Callable[[dict[str, Any]], T]) -> MappedStream[T]:
         """A stage that yields ``fn(sample)`` for each sample, where the samples are read
@@ -457,25 +434,17 @@ class ShardStream(IterableDataset[dict[str, Any]]):
             self._loaded.load(states, LOCAL)
 
     def stats(self) -> dict[str, Any]:
-        """Statistics: samples, shuffle radius and remainder of the current epoch, and
-        ``fetch``, the engine's counters since it started (it is kept from one clean epoch
-        to the next, so they add up over epochs): bytes, chunks, retries by cause,
-        downloads in flight (peak, time-weighted mean), the adaptive concurrency limit and
-        its cuts, hedges sent and won, chunk latencies, the engine's CPU and peak RSS,
-        ``stores``, each store the engine opened with its own counters under its scheme (a
-        stream of sources in several stores has one each), and ``starved_s``, the time this
-        reader waited for chunks; and ``index``: which
-        index gave the sample counts, and how many shards' counts came from it, from
-        ``samples_per_shard``, the local cache or counting (:class:`~._dataset.IndexInfo`).
-        Called from another thread than the one reading the stream, ``fetch`` is the
-        engine's counters as that thread last asked for them. ``stall``: how long the loop
-        reading this stream waited in ``next()`` against its
-        own time between calls, this epoch and over the last 200 samples
-        (:class:`~asyncstream.StallMeter`). With sources: ``sources``, each one's samples
-        ``drawn`` so far this epoch,
-        ``planned`` for this reader, ``epoch_quota`` (all ranks) and ``shards``; ``index``
-        is then by source name; ``fetch["endpoints"]`` holds the stores of sources with
-        an endpoint of their own."""
+        """Statistics: samples, shuffle radius and remainder of the current epoch;
+        ``fetch``, the engine's counters since it started (kept from one clean epoch to
+        the next): bytes, chunks, retries by cause, downloads in flight, the adaptive
+        limit and its cuts, hedges, latencies, the engine's CPU and peak RSS, ``stores``
+        (each store opened, its own counters under its scheme) and ``starved_s`` (this
+        reader's wait for chunks); from another thread than the reader's, the engine's
+        last answer. ``index``: where the sample counts came from
+        (:class:`~._dataset.IndexInfo`). ``stall``: the loop's wait in ``next()`` against
+        its time between calls (:class:`~asyncstream.StallMeter`). With sources:
+        ``sources`` (each one's samples ``drawn``, ``planned``, ``epoch_quota`` and
+        ``shards``), ``index`` by source name, and ``fetch["endpoints"]``."""
         self._check_open()
         if self._run is None:
             stats = {
@@ -525,3 +494,8 @@ class ShardStream(IterableDataset[dict[str, Any]]):
 
     def __exit__(self, *exc_info: object) -> None:
         self.close()
+
+
+def _count_at_least(name: str, value: object, least: int) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value < least:
+        raise ValueError(f"{name} must be an integer >= {least}, got {value!r}")
