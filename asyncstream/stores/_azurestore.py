@@ -33,20 +33,19 @@ import asyncio
 import datetime
 import os
 import time
-from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
-from ..shards._urls import Shard
 from ._azure import AzureConfig, BlobPath, azure_error, error_answer, parse_blob_url
 from ._azureobjects import AzureObjects, default_credential
 from ._errors import ChunkFailure
 from ._http import ConnectionPool
 from ._httpconn import Reply, Scatter
+from ._httpstore import ObjectStore
 from ._origin import Origin
 from ._registry import store_settings
 from ._retry import Timeouts
-from ._store import ChunkRequest, Store, StoreSetup, Timing
+from ._store import ChunkRequest, StoreSetup
 
 __all__ = ["AzureStore"]
 
@@ -56,7 +55,7 @@ _RENEW_BEFORE = 3600.0  # seconds: a SAS or token is renewed this long before it
 _TOKEN_SCOPE = "https://storage.azure.com/.default"
 
 
-class AzureStore(Store):
+class AzureStore(ObjectStore):
     """Blobs of Azure Blob Storage (see the module docstring).
 
     Args:
@@ -83,7 +82,7 @@ class AzureStore(Store):
         self.timeouts = timeouts or Timeouts()
         self.check_etag = check_etag
         self.connections = connections
-        self.objects = AzureObjects(config)  # the blocking half
+        self._objects = AzureObjects(config)  # the blocking half
         self._pools: dict[Origin, ConnectionPool] = {}
         self._urls: dict[str, tuple[str, BlobPath]] = {}  # az:// URL -> blob URL, path
         self._sas: dict[tuple[str, str], tuple[str, float]] = {}  # (endpoint, container)
@@ -114,20 +113,9 @@ class AzureStore(Store):
 
     # -- at open: the blocking half (see :mod:`._azureobjects`) ------------------------------
 
-    def list(self, url: str) -> list[Shard]:
-        return self.objects.list(url)
-
-    def head(self, url: str) -> Shard:
-        return self.objects.head(url)
-
-    def read(self, url: str) -> bytes | None:
-        return self.objects.read(url)
-
-    def write(self, url: str, data: bytes) -> None:
-        self.objects.write(url, data)
-
-    def delete(self, urls: Iterable[str]) -> None:
-        self.objects.delete(urls)
+    @property
+    def objects(self) -> AzureObjects:
+        return self._objects
 
     def prepare(self, url: str) -> None:
         self.objects.check_container(url)
@@ -160,36 +148,17 @@ class AzureStore(Store):
             "connections_reused": sum(p.reused for p in pools),
         }
 
-    async def read_into(self, request: ChunkRequest, out: memoryview) -> Timing:
-        return await self.read_group(request, [out[: request.length]], None)
+    async def _get(self, request: ChunkRequest, view: Scatter) -> float:
+        url, headers, account = await self._request(request, view.total)
 
-    async def read_group(
-        self,
-        request: ChunkRequest,
-        outs: Sequence[memoryview],
-        filled: Callable[[int], None] | None,
-    ) -> Timing:
-        loop = asyncio.get_running_loop()
-        start = loop.time()
-        view = Scatter(outs, filled)
-        try:
-            async with asyncio.timeout(self.timeouts.chunk) as whole:
-                url, headers, account = await self._request(request, view.total)
+        def accept(reply: Reply) -> None:  # before any byte lands in a slot
+            self._check(request, reply)
 
-                def accept(reply: Reply) -> None:  # before any byte lands in a slot
-                    self._check(request, reply)
-
-                pool = self._pool(Origin.of(url))
-                reply, headers_at = await pool.get(url, headers, view, self.timeouts, accept)
-                if reply.status >= 300:
-                    raise error_answer(reply.status, reply.fields, reply.body, account)
-        except TimeoutError:
-            if whole.expired():
-                raise ChunkFailure(
-                    "chunk_timeout", f"chunk not complete within {self.timeouts.chunk:g} s"
-                ) from None
-            raise
-        return Timing(headers_at - start, loop.time() - start)
+        pool = self._pool(Origin.of(url))
+        reply, headers_at = await pool.get(url, headers, view, self.timeouts, accept)
+        if reply.status >= 300:
+            raise error_answer(reply.status, reply.fields, reply.body, account)
+        return headers_at
 
     async def _request(self, request: ChunkRequest, length: int) -> tuple[str, dict[str, str], str]:
         """The chunk's URL (with a SAS) and headers (with a bearer token), and its account."""

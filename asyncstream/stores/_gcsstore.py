@@ -17,18 +17,18 @@ permanent ``changed`` failure, raised at once.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from ..shards._urls import Shard
 from ._errors import ChunkFailure
 from ._gcs import GCSSettings, GoogleAuth, gcs_error, object_path, parse_gs_url
 from ._http import ConnectionPool
 from ._httpconn import Reply, Scatter
+from ._httpstore import ObjectStore
 from ._origin import Origin
 from ._retry import Timeouts
-from ._store import ChunkRequest, Store, StoreSetup, Timing
+from ._store import ChunkRequest, StoreSetup
 
 if TYPE_CHECKING:
     from ._gcsobjects import GCSObjects
@@ -36,7 +36,7 @@ if TYPE_CHECKING:
 __all__ = ["GCSStore"]
 
 
-class GCSStore(Store):
+class GCSStore(ObjectStore):
     """Objects on Google Cloud Storage, or an emulator of it (see the module docstring).
 
     Args:
@@ -47,7 +47,6 @@ class GCSStore(Store):
     """
 
     hedgeable = True
-    coalesces = True
     cacheable = True
     lists_folders = True
 
@@ -98,21 +97,6 @@ class GCSStore(Store):
             self._objects = GCSObjects(self.settings, self.auth)
         return self._objects
 
-    def list(self, url: str) -> list[Shard]:
-        return self.objects.list(url)
-
-    def head(self, url: str) -> Shard:
-        return self.objects.head(url)
-
-    def read(self, url: str) -> bytes | None:
-        return self.objects.read(url)
-
-    def write(self, url: str, data: bytes) -> None:
-        self.objects.write(url, data)
-
-    def delete(self, urls: Iterable[str]) -> None:
-        self.objects.delete(urls)
-
     def prepare(self, url: str) -> None:
         self.objects.check_bucket(url)
 
@@ -141,28 +125,6 @@ class GCSStore(Store):
             "connections_opened": pool.opened if pool else 0,
             "connections_reused": pool.reused if pool else 0,
         }
-
-    async def read_into(self, request: ChunkRequest, out: memoryview) -> Timing:
-        return await self.read_group(request, [out[: request.length]], None)
-
-    async def read_group(
-        self,
-        request: ChunkRequest,
-        outs: Sequence[memoryview],
-        filled: Callable[[int], None] | None,
-    ) -> Timing:
-        loop = asyncio.get_running_loop()
-        start = loop.time()
-        try:
-            async with asyncio.timeout(self.timeouts.chunk) as whole:
-                headers_at = await self._get(request, Scatter(outs, filled))
-        except TimeoutError:
-            if whole.expired():
-                raise ChunkFailure(
-                    "chunk_timeout", f"chunk not complete within {self.timeouts.chunk:g} s"
-                ) from None
-            raise
-        return Timing(headers_at - start, loop.time() - start)
 
     async def _get(self, request: ChunkRequest, out: Scatter) -> float:
         bucket, name = parse_gs_url(request.url)

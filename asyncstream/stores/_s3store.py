@@ -33,7 +33,7 @@ import ssl
 import time
 import urllib.request
 import xml.etree.ElementTree as ElementTree
-from collections.abc import Awaitable, Callable, Iterable, Sequence
+from collections.abc import Awaitable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, Literal, TypeVar
@@ -44,16 +44,16 @@ from botocore.awsrequest import AWSRequest
 from botocore.credentials import ReadOnlyCredentials
 from botocore.exceptions import NoCredentialsError
 
-from ..shards._urls import Shard
 from ._errors import ChunkFailure, S3ErrorResponse
 from ._http import PROBE_AFTER, ConnectionPool, first_byte
 from ._httpconn import Reply, Scatter, receive
+from ._httpstore import ObjectStore
 from ._origin import Origin
 from ._retry import Timeouts
 from ._s3 import S3Options, parse_s3_url, ssl_context
 from ._s3objects import S3Objects
 from ._s3upload import upload_file
-from ._store import ChunkRequest, Store, StoreSetup, Timing
+from ._store import ChunkRequest, StoreSetup
 
 __all__ = ["S3Store"]
 
@@ -73,7 +73,7 @@ def _split(url: str) -> tuple[str, str]:
     return bucket, key
 
 
-class S3Store(Store):
+class S3Store(ObjectStore):
     """Ranged GETs from an S3-compatible endpoint (see the module docstring).
 
     Args:
@@ -100,7 +100,7 @@ class S3Store(Store):
         self.options = options
         self.timeouts = timeouts or Timeouts()
         self.check_etag = check_etag
-        self.objects = S3Objects(options)  # the blocking half
+        self._objects = S3Objects(options)  # the blocking half
         self.connections = connections
         self.transport = transport
         self._stack = contextlib.AsyncExitStack()
@@ -134,20 +134,9 @@ class S3Store(Store):
 
     # -- at open: the blocking half (see :mod:`._s3objects`) --------------------------------
 
-    def list(self, url: str) -> list[Shard]:
-        return self.objects.list(url)
-
-    def head(self, url: str) -> Shard:
-        return self.objects.head(url)
-
-    def read(self, url: str) -> bytes | None:
-        return self.objects.read(url)
-
-    def write(self, url: str, data: bytes) -> None:
-        self.objects.write(url, data)
-
-    def delete(self, urls: Iterable[str]) -> None:
-        self.objects.delete(urls)
+    @property
+    def objects(self) -> S3Objects:
+        return self._objects
 
     def prepare(self, url: str) -> None:
         self.objects.check_bucket(url)
@@ -209,37 +198,14 @@ class S3Store(Store):
 
     # -- reading ---------------------------------------------------------------------------
 
-    coalesces = True
-
-    async def read_into(self, request: ChunkRequest, out: memoryview) -> Timing:
-        return await self.read_group(request, [out[: request.length]], None)
-
-    async def read_group(
-        self,
-        request: ChunkRequest,
-        outs: Sequence[memoryview],
-        filled: Callable[[int], None] | None,
-    ) -> Timing:
-        loop = asyncio.get_running_loop()
-        start = loop.time()
-        view = Scatter(outs, filled)
-        try:
-            async with asyncio.timeout(self.timeouts.chunk) as whole:
-                url = await self._object_url(request.url)
-                origin = Origin.of(url)
-                if self.transport == "auto" and not _proxied(origin):
-                    self._used.add("direct")
-                    headers_at = await self._direct(request, origin, view)
-                else:
-                    self._used.add("aiohttp")
-                    headers_at = await self._botocore(request, origin, view)
-        except TimeoutError:
-            if whole.expired():
-                raise ChunkFailure(
-                    "chunk_timeout", f"chunk not complete within {self.timeouts.chunk:g} s"
-                ) from None
-            raise
-        return Timing(headers_at - start, loop.time() - start)
+    async def _get(self, request: ChunkRequest, view: Scatter) -> float:
+        url = await self._object_url(request.url)
+        origin = Origin.of(url)
+        if self.transport == "auto" and not _proxied(origin):
+            self._used.add("direct")
+            return await self._direct(request, origin, view)
+        self._used.add("aiohttp")
+        return await self._botocore(request, origin, view)
 
     async def _object_url(self, url: str) -> str:
         """The object's HTTP(S) URL, as botocore resolves it (once per object)."""

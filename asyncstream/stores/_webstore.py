@@ -32,7 +32,7 @@ server errors: both retried. Settings (token, headers, CA bundle) are in :mod:`.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
@@ -42,9 +42,10 @@ from ..shards._urls import Shard
 from ._errors import ChunkFailure
 from ._http import ConnectionPool
 from ._httpconn import Reply, Scatter
+from ._httpstore import HTTPStore
 from ._origin import Origin, TLSMismatch
 from ._retry import Timeouts
-from ._store import ChunkRequest, Store, StoreSetup, Timing
+from ._store import ChunkRequest, StoreSetup
 from ._web import LAST_MODIFIED, WebSettings, error_for, is_redirect, next_url, same_tag
 from ._webobjects import WebObjects
 
@@ -54,7 +55,7 @@ _RESOLVED_FOR = 600.0  # seconds a redirect's final URL is reused
 _STALE = frozenset({401, 403, 404, 410})  # from a reused redirect target: ask again
 
 
-class WebStore(Store):
+class WebStore(HTTPStore):
     """Ranged GETs of ``http(s)://`` URLs (see the module docstring).
 
     Args:
@@ -65,7 +66,6 @@ class WebStore(Store):
     """
 
     hedgeable = True
-    coalesces = True
     cacheable = True
     writable = False
     lists_folders = False
@@ -181,37 +181,18 @@ class WebStore(Store):
             )
         return pool
 
-    async def read_into(self, request: ChunkRequest, out: memoryview) -> Timing:
-        return await self.read_group(request, [out[: request.length]], None)
-
-    async def read_group(
-        self,
-        request: ChunkRequest,
-        outs: Sequence[memoryview],
-        filled: Callable[[int], None] | None,
-    ) -> Timing:
-        loop = asyncio.get_running_loop()
-        start = loop.time()
-        view = Scatter(outs, filled)
+    async def _get(self, request: ChunkRequest, view: Scatter) -> float:
+        """One ranged GET of ``request``, its redirects followed; the loop time of the
+        success's headers. A certificate that does not verify says how to trust it."""
         try:
-            async with asyncio.timeout(self.timeouts.chunk) as whole:
-                headers_at = await self._get(request, view)
-        except TimeoutError:
-            if whole.expired():
-                raise ChunkFailure(
-                    "chunk_timeout", f"chunk not complete within {self.timeouts.chunk:g} s"
-                ) from None
-            raise
+            return await self._follow(request, view)
         except TLSMismatch as exc:
             hint = f"configure_store({self.settings.scheme!r}, ca_bundle=...) or SSL_CERT_FILE"
             raise PermanentFetchError(
                 f"{request.url}: {exc} [for web URLs: {hint}]", url=request.url
             ) from exc
-        return Timing(headers_at - start, loop.time() - start)
 
-    async def _get(self, request: ChunkRequest, view: Scatter) -> float:
-        """One ranged GET of ``request``, its redirects followed; the loop time of the
-        success's headers."""
+    async def _follow(self, request: ChunkRequest, view: Scatter) -> float:
         loop = asyncio.get_running_loop()
         headers = {**self.settings.headers_for(request.url), **self._conditions(request)}
         cached = self._resolved.get(request.url)
