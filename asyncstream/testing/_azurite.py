@@ -20,8 +20,6 @@ not start raises :class:`AzuriteStartError` instead, which fails the run.
 from __future__ import annotations
 
 import contextlib
-import fcntl
-import json
 import os
 import shutil
 import subprocess
@@ -32,6 +30,7 @@ from typing import Any
 
 from ..stores._azure import DEV_ACCOUNT, DEV_KEY
 from ._local import stop_child, wait_for_line
+from ._npm import NpmUnavailable, npm_cache_folder, npm_install
 
 __all__ = [
     "ACCOUNT",
@@ -49,7 +48,6 @@ VERSION = "3.37.0"
 ACCOUNT = DEV_ACCOUNT
 KEY = DEV_KEY
 
-_INSTALL_TIMEOUT = 300.0
 _START_TIMEOUT = 30.0
 _READY = "Azurite Blob service successfully listens on "
 # Runs azurite-blob's own command line, and exits when stdin closes (the test process ended).
@@ -67,57 +65,21 @@ class AzuriteStartError(RuntimeError):
 
 def cache_folder() -> Path:
     """Where Azurite is installed: ``$XDG_CACHE_HOME`` (or ``~/.cache``) /asyncstream-tests."""
-    base = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
-    return Path(base) / "asyncstream-tests" / f"azurite-{VERSION}"
-
-
-def _installed(folder: Path) -> Path | None:
-    package = folder / "node_modules" / "azurite"
-    with contextlib.suppress(OSError, ValueError):
-        if json.loads((package / "package.json").read_text())["version"] == VERSION:
-            return package / "dist" / "src" / "blob" / "main.js"
-    return None
+    return npm_cache_folder("azurite", VERSION)
 
 
 def install(folder: Path | None = None) -> Path:
-    """Azurite's blob-service script, installed into ``folder`` first if need be.
+    """Azurite's script, installed from npm into ``folder`` first if need be
+    (:func:`~._npm.npm_install`).
 
     Raises:
         AzuriteUnavailable: no ``node`` or ``npm`` on PATH, or the install failed (offline
             with nothing cached, say).
     """
-    folder = folder or cache_folder()
-    for tool in ("node", "npm"):
-        if shutil.which(tool) is None:
-            raise AzuriteUnavailable(
-                f"{tool} is not on PATH: Azurite {VERSION} needs Node.js and npm"
-            )
-    script = _installed(folder)
-    if script is not None:
-        return script
-    folder.mkdir(parents=True, exist_ok=True)
-    with open(folder.parent / f"{folder.name}.lock", "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)  # another session may be installing it right now
-        script = _installed(folder)
-        if script is not None:
-            return script
-        command = ["npm", "install", "--prefix", str(folder), "--no-audit", "--no-fund"]
-        command += ["--no-save", "--prefer-offline", "--loglevel=error", f"azurite@{VERSION}"]
-        try:
-            done = subprocess.run(
-                command, capture_output=True, text=True, timeout=_INSTALL_TIMEOUT, check=False
-            )
-        except subprocess.TimeoutExpired:
-            raise AzuriteUnavailable(
-                f"npm install azurite@{VERSION} took over {_INSTALL_TIMEOUT:.0f} s"
-            ) from None
-        script = _installed(folder)
-        if done.returncode != 0 or script is None:
-            tail = (done.stderr or done.stdout).strip()[-500:]
-            raise AzuriteUnavailable(
-                f"npm install azurite@{VERSION} failed (exit {done.returncode}): {tail}"
-            )
-        return script
+    try:
+        return npm_install("azurite", VERSION, "dist/src/blob/main.js", folder)
+    except NpmUnavailable as exc:
+        raise AzuriteUnavailable(str(exc)) from None
 
 
 class Azurite:

@@ -16,11 +16,7 @@ fails the run: a broken second server must not quietly turn its tests into skips
 
 from __future__ import annotations
 
-import contextlib
-import fcntl
-import json
 import os
-import shutil
 import subprocess
 from pathlib import Path
 from types import TracebackType
@@ -28,6 +24,7 @@ from typing import Any
 
 from ..stores._s3 import S3Credentials, S3Options, sync_client
 from ._local import stop_child, wait_for_line
+from ._npm import NpmUnavailable, npm_cache_folder, npm_install
 
 __all__ = [
     "CREDENTIALS",
@@ -42,7 +39,6 @@ __all__ = [
 VERSION = "3.7.1"
 CREDENTIALS = S3Credentials("S3RVER", "S3RVER")  # s3rver's one key pair
 
-_INSTALL_TIMEOUT = 300.0
 _START_TIMEOUT = 30.0
 # Runs s3rver's own command line, and exits when stdin closes (the test process ended).
 _WATCHDOG = "process.stdin.on('end', () => process.exit(0)).resume(); require(process.argv[1]);"
@@ -59,67 +55,21 @@ class S3rverStartError(RuntimeError):
 
 def cache_folder() -> Path:
     """Where s3rver is installed: ``$XDG_CACHE_HOME`` (or ``~/.cache``) /asyncstream-tests."""
-    base = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
-    return Path(base) / "asyncstream-tests" / f"s3rver-{VERSION}"
-
-
-def _installed(folder: Path) -> Path | None:
-    package = folder / "node_modules" / "s3rver"
-    with contextlib.suppress(OSError, ValueError):
-        if json.loads((package / "package.json").read_text())["version"] == VERSION:
-            return package / "bin" / "s3rver.js"
-    return None
+    return npm_cache_folder("s3rver", VERSION)
 
 
 def install(folder: Path | None = None) -> Path:
-    """s3rver's command-line script, installed into ``folder`` first if need be.
+    """s3rver's script, installed from npm into ``folder`` first if need be
+    (:func:`~._npm.npm_install`).
 
     Raises:
-        S3rverUnavailable: no ``node`` or ``npm`` on PATH, or the install failed (offline with
-            nothing cached, say).
+        S3rverUnavailable: no ``node`` or ``npm`` on PATH, or the install failed (offline
+            with nothing cached, say).
     """
-    folder = folder or cache_folder()
-    for tool in ("node", "npm"):
-        if shutil.which(tool) is None:
-            raise S3rverUnavailable(
-                f"{tool} is not on PATH: s3rver {VERSION} needs Node.js and npm"
-            )
-    script = _installed(folder)
-    if script is not None:
-        return script
-    folder.mkdir(parents=True, exist_ok=True)
-    with open(folder.parent / f"{folder.name}.lock", "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)  # another session may be installing it right now
-        script = _installed(folder)
-        if script is not None:
-            return script
-        command = [
-            "npm",
-            "install",
-            "--prefix",
-            str(folder),
-            "--no-audit",
-            "--no-fund",
-            "--no-save",
-            "--prefer-offline",
-            "--loglevel=error",
-            f"s3rver@{VERSION}",
-        ]
-        try:
-            done = subprocess.run(
-                command, capture_output=True, text=True, timeout=_INSTALL_TIMEOUT, check=False
-            )
-        except subprocess.TimeoutExpired:
-            raise S3rverUnavailable(
-                f"npm install s3rver@{VERSION} took over {_INSTALL_TIMEOUT:.0f} s"
-            ) from None
-        script = _installed(folder)
-        if done.returncode != 0 or script is None:
-            tail = (done.stderr or done.stdout).strip()[-500:]
-            raise S3rverUnavailable(
-                f"npm install s3rver@{VERSION} failed (exit {done.returncode}): {tail}"
-            )
-        return script
+    try:
+        return npm_install("s3rver", VERSION, "bin/s3rver.js", folder)
+    except NpmUnavailable as exc:
+        raise S3rverUnavailable(str(exc)) from None
 
 
 class S3rver:
