@@ -142,6 +142,28 @@ def test_a_stream_of_blocks_read_in_parts_is_exact_under_faults(
     assert injected > 0
 
 
+def test_blocks_read_in_parts_over_https(
+    shards: ForeignShards, s3_tls_server: LocalS3, s3_server: LocalS3
+) -> None:
+    """The same blocks in parts over HTTPS (the direct transport's TLS path): the same
+    order as the stream of a GET a block over HTTP."""
+
+    def epoch(options: S3Options, chunk: int) -> list[str]:
+        with ShardStream(
+            "s3://parts/p/",
+            s3=options,
+            samples_per_shard=shards.counts,
+            order=OrderConfig(seed=6, window=3, block_bytes=BLOCK),
+            fetch=FetchConfig(chunk_bytes=chunk, inflight=4, hedge=False),
+        ) as stream:
+            return [s["__key__"] for s in stream]
+
+    whole = epoch(s3_server.options(), BLOCK)
+    parts = epoch(s3_tls_server.options(), PART)
+    assert parts == whole
+    assert sorted(parts) == sorted(shards.keys)
+
+
 def test_blocks_read_in_parts_are_cached_whole(
     shards: ForeignShards, proxy: FaultProxy, tmp_path: Path
 ) -> None:

@@ -87,19 +87,15 @@ def sources(
 
 
 def _expected(datasets: dict[str, ForeignShards]) -> dict[tuple[str, str], bytes]:
-    """(source, key) -> the sample's jpg bytes, read back from the shards with tarfile."""
-    import tarfile
+    """(source, key) -> the sample's jpg bytes, as webdataset reads the same shards."""
+    from tests._wds import wds_samples
 
-    out = {}
-    for store, data in datasets.items():
-        for path in sorted(data.folder.glob("*.tar")):
-            with tarfile.open(path) as tar:
-                for member in tar:
-                    if member.name.endswith(".jpg"):
-                        body = tar.extractfile(member)
-                        assert body is not None
-                        out[(store, member.name[: -len(".jpg")])] = body.read()
-    return out
+    return {
+        (store, sample["__key__"]): sample["jpg"]
+        for store, data in datasets.items()
+        for path in sorted(data.folder.glob("*.tar"))
+        for sample in wds_samples(path.read_bytes(), path.name)
+    }
 
 
 @pytest.fixture
@@ -145,6 +141,35 @@ def test_a_mixed_stream_of_four_stores_resumes_exactly(
         resumed = [(s["__source__"], s["__key__"]) for s in stream]
     assert resumed == rest
     assert len(set(head + rest)) == len(head) + len(rest)
+
+
+def test_dataloader_workers_read_four_stores_and_resume_exactly(
+    sources: list[Source], datasets: dict[str, ForeignShards], stores_configured: None
+) -> None:
+    """Two StatefulDataLoader workers, each with its own engine reaching all four stores
+    (the stores' settings reach the workers' engines too): saved mid-epoch, resumed by a
+    new loader, every sample once."""
+    from torchdata.stateful_dataloader import StatefulDataLoader
+
+    from tests._resume_child import keys
+
+    def loader(stream: ShardStream) -> StatefulDataLoader:
+        return StatefulDataLoader(stream, batch_size=4, num_workers=2, collate_fn=keys)
+
+    with ShardStream(sources, window=4, seed=2, inflight=2) as stream:
+        first = loader(stream)
+        it = iter(first)
+        head = [k for _ in range(5) for k in next(it)]
+        state = json.loads(json.dumps(first.state_dict()))
+        rest = [k for batch in it for k in batch]
+        del it, first
+    with ShardStream(sources, window=4, seed=2, inflight=2) as stream:
+        again = loader(stream)
+        again.load_state_dict(state)
+        resumed = [k for batch in again for k in batch]
+        del again
+    assert resumed == rest
+    assert sorted(head + rest) == sorted(key for _, key in _expected(datasets))
 
 
 def test_the_disk_cache_serves_a_second_epoch_from_four_stores(
