@@ -148,20 +148,25 @@ def test_blocks_read_in_parts_over_https(
     """The same blocks in parts over HTTPS (the direct transport's TLS path): the same
     order as the stream of a GET a block over HTTP."""
 
-    def epoch(options: S3Options, chunk: int) -> list[str]:
+    def epoch(options: S3Options, chunk: int) -> tuple[list[str], dict[str, int]]:
         with ShardStream(
             "s3://parts/p/",
             s3=options,
             samples_per_shard=shards.counts,
             order=OrderConfig(seed=6, window=3, block_bytes=BLOCK),
-            fetch=FetchConfig(chunk_bytes=chunk, inflight=4, hedge=False),
+            fetch=FetchConfig(chunk_bytes=chunk, inflight=4, hedge=False, coalesce_bytes=0),
         ) as stream:
-            return [s["__key__"] for s in stream]
+            keys = [s["__key__"] for s in stream]
+            fetch = stream.stats()["fetch"]
+        return keys, fetch
 
-    whole = epoch(s3_server.options(), BLOCK)
-    parts = epoch(s3_tls_server.options(), PART)
+    whole, whole_fetch = epoch(s3_server.options(), BLOCK)
+    parts, parts_fetch = epoch(s3_tls_server.options(), PART)
     assert parts == whole
     assert sorted(parts) == sorted(shards.keys)
+    assert parts_fetch["tls"] is True
+    assert whole_fetch["part_reads"] == 0
+    assert parts_fetch["part_reads"] > parts_fetch["chunks"]  # blocks of several GETs
 
 
 def test_blocks_read_in_parts_are_cached_whole(

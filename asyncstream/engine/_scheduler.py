@@ -295,12 +295,13 @@ class Scheduler:
         try:
             store = self._store(request)
             size = self.config.request_bytes
+            parts: PartReader | None = None
             read: Callable[[], Awaitable[Timing]]
             if size is None or request.length <= size:
                 read = lambda: store.read_into(request, out)  # noqa: E731
             elif isinstance(store, CachedStore):
-                fill = PartReader(store.inner.read_into, size)
-                read = lambda: store.read_into(request, out, fill=fill)  # noqa: E731
+                parts = PartReader(store.inner.read_into, size)
+                read = lambda: store.read_into(request, out, fill=parts)  # noqa: E731
             else:
                 parts = PartReader(store.read_into, size)
                 read = lambda: parts(request, out)  # noqa: E731
@@ -313,6 +314,8 @@ class Scheduler:
             )
         finally:
             out.release()
+            if parts is not None:
+                self.stats.part_reads += parts.parts
 
     def _hedge_after(self, request: ChunkRequest) -> float | None:
         """Seconds after which this chunk gets a hedge, or None for no hedge."""

@@ -50,6 +50,7 @@ class EngineStats:
     # with a cache, hits are reads too (its "misses" are the ones that went out).
     requests: int = 0
     coalesced_chunks: int = 0  # chunks that rode on an earlier chunk's GET
+    part_reads: int = 0  # GETs of parts of chunks larger than one GET (_parts), retries too
     first_byte: collections.deque[float] = field(default_factory=_latencies)
     total: collections.deque[float] = field(default_factory=_latencies)
     started: float = field(init=False)
@@ -118,6 +119,7 @@ class EngineStats:
             "hedge_wins": self.hedge_wins,
             "requests": self.requests,
             "coalesced_chunks": self.coalesced_chunks,
+            "part_reads": self.part_reads,
             "first_byte_s": _summary(self.first_byte),
             "chunk_s": _summary(self.total),
             "seconds": seconds,
