@@ -153,8 +153,7 @@ class Checkpoint:
         order = self.settings.order
         if order.block_bytes is not None:
             return self.settings
-        found = list(find_states(data)) or ([data] if isinstance(data, dict) else [])
-        saved = {state.get("chunk_bytes") for state in found if isinstance(state, dict)}
+        saved = {state.get("chunk_bytes") for state in _found(data)}
         if len(saved) != 1:
             return self.settings  # none, or several: load_all says what is wrong
         block = saved.pop()
@@ -175,9 +174,7 @@ class Checkpoint:
             StateError: no state found, a state :meth:`load` refuses, or states of
                 different epochs.
         """
-        found = list(find_states(data))
-        if not found and isinstance(data, dict):
-            found = [data]  # parsing it says what it lacks
+        found = _found(data)
         if not found:
             raise StateError(
                 f"no ShardStream state in the {type(data).__name__} given to load_state_dict"
@@ -224,3 +221,10 @@ class Checkpoint:
         if position.blend is not None:
             blend = {"drawn": list(position.blend[0]), "credit": list(position.blend[1])}
         return StageStates(plan, reader, shuffle, blend, {"emitted": position.emitted})
+
+
+def _found(data: Any) -> list[dict[str, Any]]:
+    """The reader states inside ``data`` (:func:`~._state.find_states`), else ``data``
+    itself where it is a dict (parsing it says what it lacks)."""
+    found = list(find_states(data))
+    return found or ([data] if isinstance(data, dict) else [])

@@ -25,12 +25,12 @@ import shutil
 import subprocess
 import tempfile
 from pathlib import Path
-from types import TracebackType
 from typing import Any
 
 from ..stores._azure import DEV_ACCOUNT, DEV_KEY
 from ._local import stop_child, wait_for_line
 from ._npm import NpmUnavailable, npm_cache_folder, npm_install
+from ._served import Served
 
 __all__ = [
     "ACCOUNT",
@@ -82,7 +82,7 @@ def install(folder: Path | None = None) -> Path:
         raise AzuriteUnavailable(str(exc)) from None
 
 
-class Azurite:
+class Azurite(Served):
     """Azurite's blob service on a free port of 127.0.0.1, as a context manager.
 
     Args:
@@ -192,14 +192,3 @@ class Azurite:
         if self._temporary and self.directory is not None:
             shutil.rmtree(self.directory, ignore_errors=True)
             self.directory = None
-
-    def __enter__(self) -> Azurite:
-        return self.start()
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self.close()

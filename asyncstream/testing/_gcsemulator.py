@@ -37,8 +37,9 @@ import threading
 import urllib.error
 import urllib.request
 from pathlib import Path
-from types import TracebackType
 from typing import IO, Any
+
+from ._served import Served
 
 __all__ = ["GCSEmulator", "GCSEmulatorStartError", "GCSEmulatorUnavailable", "emulator_binary"]
 
@@ -98,7 +99,7 @@ def _free_port() -> int:
         return port
 
 
-class GCSEmulator:
+class GCSEmulator(Served):
     """fake-gcs-server on a free port of 127.0.0.1, in memory, as a context manager
     (module docstring).
 
@@ -207,14 +208,3 @@ class GCSEmulator:
         if proc.stderr is not None:
             with contextlib.suppress(OSError):
                 proc.stderr.close()
-
-    def __enter__(self) -> GCSEmulator:
-        return self.start()
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self.close()

@@ -32,12 +32,12 @@ import tempfile
 import threading
 import urllib.request
 import warnings
-from types import TracebackType
 from typing import IO, Any, Literal
 
 from ..stores._s3 import S3Credentials, S3Options, sync_client
 from . import _moto_ranges
 from ._motoserver import MotoServer, require_moto
+from ._served import Served
 
 __all__ = ["LOCAL_CREDENTIALS", "LocalS3", "stop_child", "wait_for_line"]
 
@@ -49,7 +49,7 @@ _STDERR_TAIL = 4000  # characters of a failed child's stderr that its error carr
 _relayed: set[str] = set()  # warnings of children already raised again in this process
 
 
-class LocalS3:
+class LocalS3(Served):
     """A local S3 server, as a context manager.
 
     Example::
@@ -242,17 +242,6 @@ class LocalS3:
         stderr, self._stderr = self._stderr, None
         if stderr is not None:
             stderr.close()
-
-    def __enter__(self) -> LocalS3:
-        return self.start()
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self.close()
 
 
 def wait_for_line(stream: IO[str], prefix: str, timeout: float) -> str | None:

@@ -22,6 +22,7 @@ from ._connection import Connection
 from ._control import Control
 from ._faults import Fault, FaultPlan, Injection, make_action
 from ._network import NetworkProfile
+from ._served import Served
 
 __all__ = ["FaultProxy"]
 
@@ -32,7 +33,7 @@ _CLOSE_TIMEOUT: Final = 5.0
 _HEAD_LIMIT: Final = 64 * 1024
 
 
-class FaultProxy:
+class FaultProxy(Served):
     """An HTTP/1.1 proxy on loopback that forwards to an S3 server and injects faults.
 
     Use it as a context manager (or ``async with``), or call :meth:`start` and
@@ -193,17 +194,6 @@ class FaultProxy:
             if thread.is_alive():
                 _log.warning("FaultProxy: the proxy thread did not end in time")
         self._endpoint = None
-
-    def __enter__(self) -> FaultProxy:
-        return self.start()
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self.close()
 
     async def __aenter__(self) -> FaultProxy:
         return await asyncio.to_thread(self.start)

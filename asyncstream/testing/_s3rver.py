@@ -19,12 +19,12 @@ from __future__ import annotations
 import os
 import subprocess
 from pathlib import Path
-from types import TracebackType
 from typing import Any
 
 from ..stores._s3 import S3Credentials, S3Options, sync_client
 from ._local import stop_child, wait_for_line
 from ._npm import NpmUnavailable, npm_cache_folder, npm_install
+from ._served import Served
 
 __all__ = [
     "CREDENTIALS",
@@ -72,7 +72,7 @@ def install(folder: Path | None = None) -> Path:
         raise S3rverUnavailable(str(exc)) from None
 
 
-class S3rver:
+class S3rver(Served):
     """s3rver on a free port of 127.0.0.1, as a context manager.
 
     Args:
@@ -154,14 +154,3 @@ class S3rver:
         proc, self._proc = self._proc, None
         if proc is not None:
             stop_child(proc)
-
-    def __enter__(self) -> S3rver:
-        return self.start()
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self.close()

@@ -33,7 +33,8 @@ import threading
 import urllib.parse
 from dataclasses import dataclass, field
 from pathlib import Path
-from types import TracebackType
+
+from ._served import Served
 
 __all__ = ["ServedRequest", "WebServer"]
 
@@ -85,7 +86,7 @@ class _Reply:
     body: bytes = b""
 
 
-class WebServer:
+class WebServer(Served):
     """A static-file HTTP/1.1 server of ``root`` on a free loopback port (module docstring).
 
     Use it as a context manager, or call :meth:`start` and :meth:`close`.
@@ -203,17 +204,6 @@ class WebServer:
                 loop.call_soon_threadsafe(stop.set)
         if thread is not None:
             thread.join(_START_TIMEOUT)
-
-    def __enter__(self) -> WebServer:
-        return self.start()
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self.close()
 
     def _run(self, ready: threading.Event) -> None:
         loop = self._loop = asyncio.new_event_loop()
