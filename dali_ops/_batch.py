@@ -27,11 +27,11 @@ from typing import TYPE_CHECKING, Any, Literal
 
 import numpy as np
 import numpy.typing as npt
-import torch
 
 from asyncstream import DataError, DecodeError
 
 from ._checks import Precheck, check_image, describe_sample, source_of
+from ._shm import BufferPool, BufferViews
 
 if TYPE_CHECKING:
     from asyncstream import ShardStream
@@ -66,7 +66,8 @@ class EncodedBatch:
         error: the error that ended the batch (it is then not fed).
         worker: the DataLoader worker that built it (``-1``: the training process).
         stats: the worker stream's statistics, sent now and then by workers.
-        owner: what keeps the arrays' memory alive (a shared-memory tensor from a worker).
+        owner: what keeps the arrays' memory alive and, once dropped, hands it back to the
+            worker that sent it (:mod:`._shm`).
         inputs: the arrays as DALI ``TensorCPU`` views, made by the producer (DALI's
             source then skips its own per-image conversion, about 3 us an image).
     """
@@ -109,18 +110,13 @@ class EncodedBatch:
 
     # -- across a process boundary -------------------------------------------------------
 
-    def to_wire(self) -> dict[str, Any]:
-        """A picklable form whose image bytes lie in one shared-memory buffer.
-
-        The buffer is allocated in shared memory from the start, so sending it to the
-        training process copies nothing more: torch passes its file descriptor.
-        """
+    def to_wire(self, pool: BufferPool) -> dict[str, Any]:
+        """A picklable form whose image bytes lie in a buffer of ``pool`` (shared memory),
+        named in it rather than sent (see :mod:`._shm`)."""
         sizes = [len(a) for a in self.arrays]
         offsets = np.zeros(len(sizes) + 1, dtype=np.int64)
         np.cumsum(sizes, out=offsets[1:])
-        storage = torch.UntypedStorage._new_shared(max(1, int(offsets[-1])))  # type: ignore[no-untyped-call]
-        buffer = torch.empty(0, dtype=torch.uint8).set_(storage)
-        view = buffer.numpy()
+        slot, view, handle = pool.take(int(offsets[-1]))
         for start, array in zip(offsets[:-1].tolist(), self.arrays, strict=True):
             view[start : start + len(array)] = array
         error = self.error
@@ -129,7 +125,7 @@ class EncodedBatch:
             trace = "".join(traceback.format_exception(error))
             error = error.with_traceback(None)
         return {
-            "buffer": buffer,
+            "buffer": pool.wire(slot, handle),
             "offsets": offsets,
             "keys": self.keys,
             "urls": self.urls,
@@ -144,10 +140,10 @@ class EncodedBatch:
         }
 
     @classmethod
-    def from_wire(cls, wire: dict[str, Any], state: Any) -> EncodedBatch:
-        """The batch a worker sent (views into its buffer, which the batch keeps alive)."""
-        buffer: torch.Tensor = wire["buffer"]
-        view = buffer.numpy()
+    def from_wire(cls, wire: dict[str, Any], state: Any, views: BufferViews) -> EncodedBatch:
+        """The batch a worker sent: views into its buffer, mapped by ``views``; the batch
+        holds the buffer, which the worker reuses once the batch is dropped."""
+        view, lease = views.open(wire["buffer"], wire["worker"])
         bounds = wire["offsets"].tolist()
         error = wire["error"]
         if error is not None and wire["trace"]:
@@ -164,7 +160,7 @@ class EncodedBatch:
             dropped=wire["dropped"],
             worker=wire["worker"],
             stats=wire["stats"],
-            owner=buffer,
+            owner=lease,
         )
 
 

@@ -46,6 +46,7 @@ from typing import TYPE_CHECKING, Any
 from nvidia.dali.tensors import TensorCPU
 
 from ._batch import BatchBuilder, EncodedBatch, read_batches
+from ._shm import BufferViews
 
 if TYPE_CHECKING:
     from torchdata.stateful_dataloader import StatefulDataLoader
@@ -199,6 +200,7 @@ class WorkerFeed(Feed):
         # builds its pipeline (no DALI or CUDA thread is running yet at that fork).
         self._next_state: Any = loader.state_dict()
         self._batches: Iterator[dict[str, Any]] | None = iter(loader)
+        self.views = BufferViews()  # the workers' batch buffers, mapped once each
 
     def get(self) -> EncodedBatch | None:
         if self._batches is None:
@@ -217,7 +219,7 @@ class WorkerFeed(Feed):
         finally:
             self.wait_seconds += time.perf_counter() - started
         started = time.perf_counter()
-        batch = prepare(EncodedBatch.from_wire(wire, state))
+        batch = prepare(EncodedBatch.from_wire(wire, state, self.views))
         self._next_state = self.loader.state_dict()
         self.busy_seconds += time.perf_counter() - started
         return batch

@@ -2,7 +2,8 @@
 
 Each worker iterates its copy of the stream (the stream splits the epoch over workers, as
 for any DataLoader) and yields batches built by a :class:`~._batch.BatchBuilder`, each as
-one shared-memory buffer of encoded images plus small lists (:meth:`EncodedBatch.to_wire`).
+one shared-memory buffer of encoded images, reused (:mod:`._shm`), plus small lists
+(:meth:`EncodedBatch.to_wire`).
 ``state_dict`` / ``load_state_dict`` are the stream's, so ``StatefulDataLoader`` saves each
 worker's exact position with every batch and gives it back on resume.
 
@@ -12,6 +13,7 @@ with any DataLoader over an iterable dataset; with ``drop_last`` it is dropped, 
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterator
 from typing import Any
 
@@ -20,6 +22,7 @@ from torch.utils.data import IterableDataset, get_worker_info
 from asyncstream import ShardStream
 
 from ._batch import BatchBuilder, read_batches
+from ._shm import BufferPool
 
 __all__ = ["EncodedBatches", "identity"]
 
@@ -42,14 +45,18 @@ class EncodedBatches(IterableDataset[dict[str, Any]]):
         self.stream = stream
         self.builder = builder
         self.drop_last = drop_last
+        self._pool: BufferPool | None = None  # made in the worker, at its first pass
 
     def __iter__(self) -> Iterator[dict[str, Any]]:
         info = get_worker_info()
         worker = -1 if info is None else info.id
+        pool = self._pool
+        if pool is None or pool.pid != os.getpid():  # one pool a worker process, kept
+            pool = self._pool = BufferPool()
         for batch in read_batches(
             self.stream, self.builder, drop_last=self.drop_last, worker=worker
         ):
-            yield batch.to_wire()
+            yield batch.to_wire(pool)
 
     def state_dict(self) -> dict[str, Any]:
         """The stream's position (this worker's, in a worker)."""

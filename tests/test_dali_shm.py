@@ -1,0 +1,125 @@
+"""The workers' batch buffers (``dali_ops._shm``): reused once the training process lets go
+of a batch, never while it holds one; checked in one process, then through real
+``StatefulDataLoader`` workers with batches held as DALI holds them."""
+
+from __future__ import annotations
+
+import gc
+from collections import deque
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from asyncstream import ShardStream, pack
+from asyncstream.testing import generate_imagefolder
+from dali_ops._batch import BatchBuilder, EncodedBatch
+from dali_ops._feeds import WorkerFeed
+from dali_ops._shm import SLOTS, BufferPool, BufferViews
+from dali_ops._workers import make_worker_loader
+
+pytestmark = pytest.mark.filterwarnings("ignore:This DataLoader will create:UserWarning")
+
+
+def wire(pool: BufferPool, payload: bytes) -> dict[str, object]:
+    slot, view, handle = pool.take(len(payload))
+    view[: len(payload)] = np.frombuffer(payload, dtype=np.uint8)
+    return pool.wire(slot, handle)
+
+
+def test_a_buffer_is_reused_only_after_its_batch_is_dropped() -> None:
+    pool, views = BufferPool(), BufferViews()
+    first = wire(pool, b"a" * 1000)
+    held, lease = views.open(first, worker=0)
+    second = wire(pool, b"b" * 1000)  # the first is held: another buffer
+    assert second["slot"] != first["slot"]
+    assert bytes(held[:1000]) == b"a" * 1000  # not overwritten
+    other, _other_lease = views.open(second, worker=0)
+    del held, lease
+    gc.collect()
+    third = wire(pool, b"c" * 1000)  # the first is free again: reused, mapped already
+    assert third["slot"] == first["slot"]
+    assert third["handle"] == first["handle"]
+    again, _ = views.open(third, worker=0)
+    assert bytes(again[:1000]) == b"c" * 1000
+    assert bytes(other[:1000]) == b"b" * 1000
+    assert pool.made == 2
+
+
+def test_a_free_buffer_too_small_is_replaced_and_mapped_anew() -> None:
+    pool, views = BufferPool(), BufferViews()
+    small = wire(pool, b"x" * 10)
+    views.open(small, worker=0)  # dropped at once: free
+    gc.collect()
+    big = wire(pool, b"y" * (3 << 20))
+    assert big["slot"] == small["slot"]
+    assert big["handle"] != small["handle"]
+    data, _ = views.open(big, worker=0)
+    assert len(data) >= 3 << 20
+    assert bytes(data[: 3 << 20]) == b"y" * (3 << 20)
+
+
+def test_more_batches_in_flight_than_slots_get_buffers_of_their_own() -> None:
+    pool, views = BufferPool(), BufferViews()
+    held = [views.open(wire(pool, bytes([i % 256]) * 64), worker=0) for i in range(SLOTS)]
+    extra = wire(pool, b"z" * 64)
+    assert extra["slot"] == -1
+    data, lease = views.open(extra, worker=0)
+    assert bytes(data[:64]) == b"z" * 64
+    del data, lease
+    gc.collect()
+    assert pool.flags[:SLOTS].all()  # the held ones stay in use
+    assert all(bytes(d[:64]) == bytes([i % 256]) * 64 for i, (d, _) in enumerate(held))
+
+
+def test_a_replaced_worker_s_buffers_are_let_go() -> None:
+    views = BufferViews()
+    old, new = BufferPool(), BufferPool()
+    views.open(wire(old, b"o" * 10), worker=0)
+    views.open(wire(new, b"n" * 10), worker=0)  # the same worker id, a new process
+    assert list(views._workers) == [0]
+    assert views._workers[0][0] == new.flags_handle[1]
+
+
+@pytest.fixture(scope="module")
+def shards(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    root = tmp_path_factory.mktemp("dali-shm")
+    generate_imagefolder(root / "images", 96, 3, seed=2, workers=1)
+    pack(root / "images", str(root / "shards"), shard_samples=12, shard_bytes=None, workers=1)
+    return root / "shards"
+
+
+def test_workers_batches_stay_intact_while_held_and_buffers_are_reused(shards: Path) -> None:
+    """Batches held as DALI and the loader hold them (in flight, then retired) keep their
+    bytes while the workers go on building; over three epochs the workers reuse a few
+    buffers instead of one per batch."""
+    with ShardStream(str(shards), shuffle=False) as plain:
+        expected = {(s["__url__"], s["__key__"]): s["jpg"] for s in plain}
+    builder = BatchBuilder(
+        8, on_error="raise", precheck="markers", image_keys=("jpg",), label_key="cls"
+    )
+    stream = ShardStream(str(shards), window=4, inflight=2, seed=0)
+    loader = make_worker_loader(stream, builder, workers=2, drop_last=False, prefetch=2)
+    held: deque[EncodedBatch] = deque(maxlen=5)
+    seen, batches, mapped = 0, 0, set()
+    try:
+        for epoch in range(3):
+            stream.set_epoch(epoch)
+            feed = WorkerFeed(loader)
+            while (batch := feed.get()) is not None:
+                assert batch.error is None
+                batches += bool(batch.keys)
+                held.append(batch)
+                for old in held:  # every batch still held is as it was sent
+                    for url, key, array in zip(old.urls, old.keys, old.arrays, strict=True):
+                        assert array.tobytes() == expected[(url, key)]
+                seen += len(batch)
+                for worker, (_, _, buffers) in feed.views._workers.items():
+                    mapped |= {(worker, name) for name, _ in buffers.values()}
+            held.clear()
+    finally:
+        loader._iterator = None  # let the workers go
+        del loader
+        stream.close()
+    assert seen == 3 * len(expected)
+    assert len(mapped) <= 2 * 8 < batches  # a few buffers a worker, not one per batch
