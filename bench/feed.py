@@ -1,6 +1,6 @@
 """``python -m bench.feed``: does DALIImageLoader feed DALI as fast as DALI can decode?
 
-Three parts (``--parts``), each against DALI over the same encoded bytes preloaded in
+Four parts (``--parts``); the first three against DALI over the same encoded bytes preloaded in
 memory (the *ceiling*: the same pipeline, its source a slice of a list), in one run:
 
 ``proxy``
@@ -20,6 +20,12 @@ memory (the *ceiling*: the same pipeline, its source a slice of a list), in one 
     first (pipeline and engine start) reported apart from the steady state (the mean of
     the others). With ``--device mixed``: images/s per GPU and the GPU's utilisation
     (NVML, sampled every 50 ms).
+``handover``
+    No DALI: the batches of 1, 2 and 4 DataLoader workers (``--workers``) taken as DALI's
+    source takes them, batch 256, tiny JPEGs (``--handover-images real``: the realistic
+    run's): images/s and the training thread's CPU per
+    image, i.e. how fast workers can feed and what taking their batches costs the
+    training process (with ``--baseline``, before and after).
 
 ``--baseline REV`` runs the loader of git revision ``REV`` (its ``dali_ops``, imported
 as a package of its own from ``git show``) beside today's, in the same rounds: before
@@ -263,6 +269,40 @@ def feed_alone(pkg: ModuleType, shards: Path, batch: int) -> float:
         return images / (time.perf_counter() - started)
 
 
+def workers_alone(pkg: ModuleType, shards: Path, batch: int, n: int, epochs: int = 3) -> list[Any]:
+    """The batches of ``n`` DataLoader workers taken as DALI's source takes them, with no
+    DALI: each epoch's images/s and the training thread's CPU us per image (what the
+    hand-over costs the training process, and how fast the workers can feed)."""
+    batch_mod = importlib.import_module(pkg.__name__ + "._batch")
+    feeds = importlib.import_module(pkg.__name__ + "._feeds")
+    workers_mod = importlib.import_module(pkg.__name__ + "._workers")
+    builder = batch_mod.BatchBuilder(
+        batch, on_error="raise", precheck="markers", image_keys=("jpg",), label_key="cls"
+    )
+    stream = ShardStream(str(shards), window=16, inflight=8, chunk_bytes=8 << 20, seed=0)
+    loader = workers_mod.make_worker_loader(stream, builder, workers=n, drop_last=False, prefetch=2)
+    out = []
+    try:
+        for epoch in range(epochs):
+            stream.set_epoch(epoch)
+            feed = feeds.WorkerFeed(loader)
+            thread0, started, images = _thread_cpu(), time.perf_counter(), 0
+            while (got := feed.get()) is not None:
+                images += len(got.keys)
+                feeds.prepare(got)
+            wall = time.perf_counter() - started
+            out.append(
+                {
+                    "images_per_s": images / wall,
+                    "main_thread_us": 1e6 * (_thread_cpu() - thread0) / images,
+                }
+            )
+    finally:
+        del loader
+        stream.close()
+    return out
+
+
 def baseline_package(rev: str, workdir: Path) -> ModuleType:
     """``dali_ops`` as of git revision ``rev``, importable as ``dali_ops_<rev>``; or, if
     ``rev`` is a folder (a copy made beforehand, where there is no git), that package."""
@@ -395,7 +435,36 @@ def real(args: argparse.Namespace, packages: dict[str, ModuleType]) -> dict[str,
     return out
 
 
-PARTS = {"proxy": proxy, "workers": workers, "real": real}
+def handover(args: argparse.Namespace, packages: dict[str, ModuleType]) -> dict[str, Any]:
+    """:func:`workers_alone` for each package, batch 256, in interleaved rounds."""
+    if args.handover_images == "real":
+        shards = real_shards(args.data, args.images)
+    else:
+        shards = tiny_shards(args.data, args.tiny)
+    rows: dict[str, dict[int, list[dict[str, float]]]] = {}
+    for _ in range(args.repeat):
+        for n in [w for w in args.workers if w > 0]:
+            for name, pkg in packages.items():
+                epochs = workers_alone(pkg, shards, 256, n)
+                row = {
+                    "images_per_s": _steady(epochs, lambda e: e["images_per_s"]),
+                    "main_thread_us": _steady(epochs, lambda e: e["main_thread_us"]),
+                }
+                rows.setdefault(name, {}).setdefault(n, []).append(row)
+                print(
+                    f"handover {name} workers {n}: {row['images_per_s']:.0f} img/s, "
+                    f"{row['main_thread_us']:.1f} us/img in the training thread",
+                    flush=True,
+                )
+    return {
+        name: {
+            str(n): {k: statistics.median(r[k] for r in rs) for k in rs[0]} for n, rs in by.items()
+        }
+        for name, by in rows.items()
+    }
+
+
+PARTS = {"proxy": proxy, "workers": workers, "real": real, "handover": handover}
 
 
 def render(out: dict[str, Any]) -> str:
@@ -456,6 +525,18 @@ def render(out: dict[str, Any]) -> str:
                     + f" | {shares[0]} | {shares[1]} |"
                 )
         lines.append("")
+    if "handover" in out:
+        lines += [
+            "| hand-over (workers, no DALI, batch 256) | workers | images/s "
+            "| training thread us/img |",
+            "|---|---:|---:|---:|",
+        ]
+        for name, by in out["handover"].items():
+            for n, r in by.items():
+                lines.append(
+                    f"| {name} | {n} | {r['images_per_s']:.0f} | {r['main_thread_us']:.1f} |"
+                )
+        lines.append("")
     return "\n".join(lines)
 
 
@@ -471,6 +552,12 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--tiny", type=int, default=20_000, help="tiny images in the proxy")
     parser.add_argument("--images", type=int, default=20_000, help="images in the real run")
     parser.add_argument("--epochs", type=int, default=3)
+    parser.add_argument(
+        "--handover-images",
+        choices=["tiny", "real"],
+        default="tiny",
+        help="the images of the handover part: the proxy's, or the real run's",
+    )
     parser.add_argument("--repeat", type=int, default=3)
     parser.add_argument("--threads", type=int, default=os.cpu_count() or 2, help="DALI threads")
     parser.add_argument("--baseline", help="also the loader of this git revision")
