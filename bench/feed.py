@@ -422,7 +422,7 @@ def real(args: argparse.Namespace, packages: dict[str, ModuleType]) -> dict[str,
         settings = pkg.PipelineSettings(image_size=224, num_threads=args.threads)
         ceil = ceiling(pkg, settings, blobs, labels, 256, args.device, args.epochs)
         runs: dict[str, Any] = {"ceiling": ceil}
-        for n in sorted({0, *([args.real_workers] if name == "after" else [])}):
+        for n in sorted({0, args.real_workers}):
             epochs = loader_epochs(pkg, shards, settings, 256, args.device, args.epochs, n)
             runs[f"loader, {n} workers"] = epochs
             steady = _steady(epochs, lambda e: e["images_per_s"])

@@ -10,7 +10,8 @@ them for the loader's whole life (:mod:`._pass`).
 Copies. The stream copies each sample out of its shared-memory ring into ``bytes`` (one
 copy); in the training process the loader feeds DALI ``np.frombuffer`` views of those
 bytes with ``no_copy=True``; from workers, each batch's images are copied once more into
-one shared-memory buffer, which the training process maps without a copy. Not zero: the
+one shared-memory buffer, which the training process maps without a copy (each worker
+reuses a few buffers, mapped once: :mod:`._shm`). Not zero: the
 stream hands a ring slot back to its fetch engine as soon as the chunk's last sample is
 emitted, so views into the ring would be overwritten while DALI still reads them. With
 ``no_copy`` DALI does not own what it reads, so every fed batch stays referenced while in
