@@ -281,11 +281,14 @@ def workers_alone(pkg: ModuleType, shards: Path, batch: int, n: int, epochs: int
     )
     stream = ShardStream(str(shards), window=16, inflight=8, chunk_bytes=8 << 20, seed=0)
     loader = workers_mod.make_worker_loader(stream, builder, workers=n, drop_last=False, prefetch=2)
+    extra = []  # today's WorkerFeed takes the buffers' views, kept across passes
+    if hasattr(feeds, "BufferViews"):
+        extra.append(feeds.BufferViews())
     out = []
     try:
         for epoch in range(epochs):
             stream.set_epoch(epoch)
-            feed = feeds.WorkerFeed(loader)
+            feed = feeds.WorkerFeed(loader, *extra)
             thread0, started, images = _thread_cpu(), time.perf_counter(), 0
             while (got := feed.get()) is not None:
                 images += len(got.keys)

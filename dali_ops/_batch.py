@@ -22,7 +22,6 @@ import time
 import traceback
 from collections.abc import Callable, Generator, Iterator
 from dataclasses import dataclass, field
-from itertools import pairwise
 from typing import TYPE_CHECKING, Any, Literal
 
 import numpy as np
@@ -31,7 +30,7 @@ import numpy.typing as npt
 from asyncstream import DataError, DecodeError
 
 from ._checks import Precheck, check_image, describe_sample, source_of
-from ._shm import BufferPool, BufferViews
+from ._shm import BatchBuffer, BufferPool, BufferViews
 
 if TYPE_CHECKING:
     from asyncstream import ShardStream
@@ -70,6 +69,9 @@ class EncodedBatch:
             worker that sent it (:mod:`._shm`).
         inputs: the arrays as DALI ``TensorCPU`` views, made by the producer (DALI's
             source then skips its own per-image conversion, about 3 us an image).
+        placed: in a DataLoader worker, the shared buffer the images are written into as
+            they come (then ``arrays`` stays empty and ``spans`` says where each lies).
+        spans: where each image lies in ``placed``: ``(start, stop)``.
     """
 
     state: Any = None
@@ -85,6 +87,8 @@ class EncodedBatch:
     stats: dict[str, Any] | None = None
     owner: Any = None
     inputs: list[Any] | None = None
+    placed: BatchBuffer | None = None
+    spans: list[tuple[int, int]] = field(default_factory=list)
 
     def __len__(self) -> int:
         return len(self.keys)
@@ -106,27 +110,31 @@ class EncodedBatch:
         self.arrays = [self.arrays[i] for i in keep]
         self.labels = [self.labels[i] for i in keep]
         self.metas = [self.metas[i] for i in keep]
+        if self.spans:
+            self.spans = [self.spans[i] for i in keep]
         self.inputs = None
 
     # -- across a process boundary -------------------------------------------------------
 
-    def to_wire(self, pool: BufferPool) -> dict[str, Any]:
-        """A picklable form whose image bytes lie in a buffer of ``pool`` (shared memory),
-        named in it rather than sent (see :mod:`._shm`)."""
-        sizes = [len(a) for a in self.arrays]
-        offsets = np.zeros(len(sizes) + 1, dtype=np.int64)
-        np.cumsum(sizes, out=offsets[1:])
-        slot, view, handle = pool.take(int(offsets[-1]))
-        for start, array in zip(offsets[:-1].tolist(), self.arrays, strict=True):
-            view[start : start + len(array)] = array
+    def to_wire(self) -> dict[str, Any]:
+        """A picklable form: the images stay in the shared buffer they were written into
+        (``placed``), which is named rather than sent (see :mod:`._shm`)."""
+        buffer = None
+        if self.placed is not None:
+            buffer = self.placed.wire() if self.spans else None
+            if buffer is None:
+                self.placed.free()
+            self.placed = None
+        elif self.arrays:
+            raise ValueError("only a batch built into a shared buffer (placed) can be sent")
         error = self.error
         trace = None
         if error is not None:
             trace = "".join(traceback.format_exception(error))
             error = error.with_traceback(None)
         return {
-            "buffer": pool.wire(slot, handle),
-            "offsets": offsets,
+            "buffer": buffer,
+            "spans": self.spans,
             "keys": self.keys,
             "urls": self.urls,
             "labels": self.labels,
@@ -143,8 +151,11 @@ class EncodedBatch:
     def from_wire(cls, wire: dict[str, Any], state: Any, views: BufferViews) -> EncodedBatch:
         """The batch a worker sent: views into its buffer, mapped by ``views``; the batch
         holds the buffer, which the worker reuses once the batch is dropped."""
-        view, lease = views.open(wire["buffer"], wire["worker"])
-        bounds = wire["offsets"].tolist()
+        arrays: list[npt.NDArray[np.uint8]] = []
+        lease = None
+        if wire["buffer"] is not None:
+            view, lease = views.open(wire["buffer"], wire["worker"])
+            arrays = [view[a:b] for a, b in wire["spans"]]
         error = wire["error"]
         if error is not None and wire["trace"]:
             error.__cause__ = RemoteTraceback(f"in a DataLoader worker:\n{wire['trace']}")
@@ -152,7 +163,7 @@ class EncodedBatch:
             state=state,
             keys=wire["keys"],
             urls=wire["urls"],
-            arrays=[view[a:b] for a, b in pairwise(bounds)],
+            arrays=arrays,
             labels=wire["labels"],
             metas=wire["metas"],
             skipped=wire["skipped"],
@@ -209,11 +220,15 @@ class BatchBuilder:
         return False
 
     def _add(self, batch: EncodedBatch, sample: dict[str, Any]) -> None:
+        """Members are ``bytes``, or views valid until the next sample (a worker's stream
+        read with ``iter_views``): what is kept is copied here."""
         url, key = sample["__url__"], sample["__key__"]
         meta = sample.get(_META_KEY)
+        meta = bytes(meta) if isinstance(meta, memoryview) else meta
         meta = meta if isinstance(meta, bytes) else None
         try:
-            label = int(sample[self.label_key])
+            raw = sample[self.label_key]
+            label = int(bytes(raw) if isinstance(raw, memoryview) else raw)
         except (KeyError, ValueError, TypeError) as exc:
             raise DataError(
                 f"{describe_sample(url, key, meta)}: no integer label in {self.label_key!r} ({exc})"
@@ -223,7 +238,7 @@ class BatchBuilder:
             data = sample.get(image_key)
             if data is not None:
                 break
-        if not isinstance(data, bytes):
+        if not isinstance(data, (bytes, memoryview)):
             members = ", ".join(repr(k) for k in sorted(sample) if not k.startswith("__"))
             wanted = ", ".join(repr(k) for k in self.image_keys)
             problem: str | None = (
@@ -237,10 +252,13 @@ class BatchBuilder:
                 raise DecodeError(f"{describe_sample(url, key, meta)}: {problem}")
             batch.skipped.append((url, key, problem, source_of(meta)))
             return
-        assert isinstance(data, bytes)
+        assert isinstance(data, (bytes, memoryview))
         batch.keys.append(key)
         batch.urls.append(url)
-        batch.arrays.append(np.frombuffer(data, dtype=np.uint8))  # a view: no copy
+        if batch.placed is not None:
+            batch.spans.append(batch.placed.put(data))  # the one copy, into shared memory
+        else:
+            batch.arrays.append(np.frombuffer(data, dtype=np.uint8))  # a view: no copy
         batch.labels.append(label)
         batch.metas.append(meta)
 
@@ -252,6 +270,7 @@ def read_batches(
     drop_last: bool,
     worker: int = -1,
     track: Callable[[Any], None] | None = None,
+    pool: BufferPool | None = None,
 ) -> Generator[EncodedBatch, None, None]:
     """The batches of one pass over the stream's current epoch, built in this thread.
 
@@ -267,26 +286,38 @@ def read_batches(
         track: given ``stream.state_dict()`` before each batch and after the last, which
             is then each batch's ``state``; ``None``: not taken (DataLoader workers,
             whose DataLoader saves the stream's state itself).
+        pool: a DataLoader worker's shared buffers: each batch's images are copied into
+            one as they come, from the stream's views (``iter_views``: one copy in all),
+            and a batch not handed over gives its buffer back.
     """
     state = stream.state_dict() if track is not None else None
     if track is not None:
         track(state)
-    samples = iter(stream)
+    samples = iter(stream) if pool is None else stream.iter_views()
     last_stats = time.monotonic()
-    while True:
-        batch = EncodedBatch(state=state, worker=worker)
-        ended = builder.build(samples, batch)
-        if ended and batch.error is None and drop_last and len(batch) < builder.batch_size:
-            batch.dropped = len(batch)
-            batch.remove(set(range(len(batch))))
-        if track is not None and batch.error is None:
-            state = stream.state_dict()
-            track(state)
-        now = time.monotonic()
-        if (ended and batch.error is None) or now - last_stats > STATS_INTERVAL:
-            last_stats = now
-            batch.stats = stream.stats()
-        if batch.keys or batch.skipped or batch.dropped or batch.stats or batch.error:
-            yield batch
-        if ended:
-            return
+    batch = None
+    try:
+        while True:
+            batch = EncodedBatch(
+                state=state, worker=worker, placed=None if pool is None else BatchBuffer(pool)
+            )
+            ended = builder.build(samples, batch)
+            if ended and batch.error is None and drop_last and len(batch) < builder.batch_size:
+                batch.dropped = len(batch)
+                batch.remove(set(range(len(batch))))
+            if track is not None and batch.error is None:
+                state = stream.state_dict()
+                track(state)
+            now = time.monotonic()
+            if (ended and batch.error is None) or now - last_stats > STATS_INTERVAL:
+                last_stats = now
+                batch.stats = stream.stats()
+            if batch.keys or batch.skipped or batch.dropped or batch.stats or batch.error:
+                yield batch
+            if batch.placed is not None:  # not handed over (to_wire takes it): give it back
+                batch.placed.free()
+            if ended:
+                return
+    finally:
+        if batch is not None and batch.placed is not None:
+            batch.placed.free()

@@ -43,25 +43,32 @@ _SIGNATURES = (
 )
 _PIL_FORMATS = frozenset({"JPEG", "PNG", "TIFF", "BMP", "JPEG2000", "PPM", "WEBP"})
 _EOI_WINDOW = 64  # trailing bytes searched for a JPEG's end-of-image marker
+_HEAD = 16  # leading bytes the signatures are looked for in (the longest is 12)
 
 
-def check_image(data: bytes, level: Precheck) -> str | None:
+def check_image(data: bytes | memoryview, level: Precheck) -> str | None:
     """Why ``data`` cannot be a decodable image, or ``None`` if it passes ``level``.
 
     ``"markers"`` (well under a microsecond): not empty, starts with the signature of a
     format DALI decodes, and a JPEG ends with its end-of-image marker (truncated JPEGs
     otherwise decode "successfully" with the missing rows grey). ``"header"`` adds
     Pillow's ``Image.open``, which parses the headers only (15-30 us per image).
+    ``data`` may be a view (a worker reading the stream's views): only its first and last
+    bytes are copied to look at them.
     """
     if level == "none":
         return None
-    if not data:
+    if not len(data):
         return "empty image"
-    is_webp = data[:4] == b"RIFF" and data[8:12] == b"WEBP"
-    if not (is_webp or data.startswith(_SIGNATURES)):
+    head = bytes(data[:_HEAD]) if isinstance(data, memoryview) else data[:_HEAD]
+    is_webp = head[:4] == b"RIFF" and head[8:12] == b"WEBP"
+    if not (is_webp or head.startswith(_SIGNATURES)):
         return "not an image DALI decodes (unknown signature)"
-    if data.startswith(b"\xff\xd8\xff") and data.rfind(b"\xff\xd9", -_EOI_WINDOW) < 0:
-        return "truncated JPEG (no end-of-image marker)"
+    if head.startswith(b"\xff\xd8\xff"):
+        tail = data[-_EOI_WINDOW:]
+        tail = bytes(tail) if isinstance(tail, memoryview) else tail
+        if tail.rfind(b"\xff\xd9") < 0:
+            return "truncated JPEG (no end-of-image marker)"
     if level == "header":
         try:
             with Image.open(io.BytesIO(data)) as image:

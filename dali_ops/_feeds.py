@@ -191,16 +191,18 @@ class WorkerFeed(Feed):
     Args:
         loader: a ``StatefulDataLoader`` over :class:`~._workers.EncodedBatches`, with
             ``batch_size=None``.
+        views: the workers' buffers as mapped here, kept across passes (a buffer is
+            mapped once: its name is gone after), made before the workers start.
     """
 
-    def __init__(self, loader: StatefulDataLoader) -> None:
+    def __init__(self, loader: StatefulDataLoader, views: BufferViews) -> None:
         super().__init__()
         self.loader = loader
+        self.views = views  # the workers' batch buffers, mapped once for the loader's life
         # Here, in the caller's thread: the first pass forks the workers before the loader
         # builds its pipeline (no DALI or CUDA thread is running yet at that fork).
         self._next_state: Any = loader.state_dict()
         self._batches: Iterator[dict[str, Any]] | None = iter(loader)
-        self.views = BufferViews()  # the workers' batch buffers, mapped once each
 
     def get(self) -> EncodedBatch | None:
         if self._batches is None:

@@ -62,6 +62,7 @@ from ._feed import Counters, Feeder
 from ._feeds import Feed, ThreadFeed, WorkerFeed
 from ._pass import PipelineDriver
 from ._pipeline import PipelineSettings
+from ._shm import BufferViews
 from ._stages import StallWatch
 from ._workers import make_worker_loader
 
@@ -192,6 +193,7 @@ class DALIImageLoader:
         self._meter = StallMeter()
         self._watch = StallWatch(stall_warning)
         self._workers_loader: Any = None  # the StatefulDataLoader, while workers=N
+        self._views = BufferViews()  # the workers' batch buffers as mapped here
         self._workers_state: Any = None  # a DataLoader state to give it before its next pass
         self._feed: Feed | None = None
         self._resume: Any = None  # saved position while no pass runs
@@ -258,6 +260,7 @@ class DALIImageLoader:
         if not self.workers:
             return ThreadFeed(self._stream, self._builder, depth=depth, drop_last=self.drop_last)
         if self._workers_loader is None:
+            self._views = BufferViews()  # before the workers start (see BufferViews)
             self._workers_loader = make_worker_loader(
                 self._stream,
                 self._builder,
@@ -268,7 +271,7 @@ class DALIImageLoader:
         if self._workers_state is not None:
             self._workers_loader.load_state_dict(self._workers_state)
             self._workers_state = None
-        return WorkerFeed(self._workers_loader)
+        return WorkerFeed(self._workers_loader, self._views)
 
     def __next__(self) -> tuple[torch.Tensor, torch.Tensor]:
         if self._feed is None:
@@ -423,6 +426,7 @@ class DALIImageLoader:
 
     def _close_workers(self) -> None:
         loader, self._workers_loader = self._workers_loader, None
+        self._views.forget()
         if loader is not None:
             iterator = getattr(loader, "_iterator", None)
             shutdown = getattr(iterator, "_shutdown_workers", None)

@@ -54,9 +54,9 @@ class EncodedBatches(IterableDataset[dict[str, Any]]):
         if pool is None or pool.pid != os.getpid():  # one pool a worker process, kept
             pool = self._pool = BufferPool()
         for batch in read_batches(
-            self.stream, self.builder, drop_last=self.drop_last, worker=worker
+            self.stream, self.builder, drop_last=self.drop_last, worker=worker, pool=pool
         ):
-            yield batch.to_wire(pool)
+            yield batch.to_wire()
 
     def state_dict(self) -> dict[str, Any]:
         """The stream's position (this worker's, in a worker)."""

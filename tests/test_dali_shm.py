@@ -5,26 +5,33 @@ of a batch, never while it holds one; checked in one process, then through real
 from __future__ import annotations
 
 import gc
+import os
 from collections import deque
 from pathlib import Path
+from typing import Any
 
-import numpy as np
 import pytest
 
 from asyncstream import ShardStream, pack
 from asyncstream.testing import generate_imagefolder
 from dali_ops._batch import BatchBuilder, EncodedBatch
 from dali_ops._feeds import WorkerFeed
-from dali_ops._shm import SLOTS, BufferPool, BufferViews
+from dali_ops._shm import SLOTS, BatchBuffer, BufferPool, BufferViews
 from dali_ops._workers import make_worker_loader
 
 pytestmark = pytest.mark.filterwarnings("ignore:This DataLoader will create:UserWarning")
 
 
-def wire(pool: BufferPool, payload: bytes) -> dict[str, object]:
-    slot, view, handle = pool.take(len(payload))
-    view[: len(payload)] = np.frombuffer(payload, dtype=np.uint8)
-    return pool.wire(slot, handle)
+def wire(pool: BufferPool, *payloads: bytes) -> dict[str, Any]:
+    buffer = BatchBuffer(pool)
+    spans = [buffer.put(p) for p in payloads]
+    assert spans == [
+        (sum(map(len, payloads[:i])), sum(map(len, payloads[: i + 1])))
+        for i in range(len(payloads))
+    ]
+    sent = buffer.wire()
+    assert sent is not None
+    return sent
 
 
 def test_a_buffer_is_reused_only_after_its_batch_is_dropped() -> None:
@@ -59,6 +66,31 @@ def test_a_free_buffer_too_small_is_replaced_and_mapped_anew() -> None:
     assert bytes(data[: 3 << 20]) == b"y" * (3 << 20)
 
 
+def test_a_batch_that_outgrows_its_buffer_moves_and_frees_the_first() -> None:
+    pool, views = BufferPool(), BufferViews()
+    pool.hint = 1 << 20  # a new batch asks for 1 MiB first
+    buffer = BatchBuffer(pool)
+    first = buffer.put(b"a" * 1000)
+    slot = buffer.slot
+    second = buffer.put(memoryview(b"b" * (2 << 20)))  # a view, as a stream's iter_views
+    assert buffer.slot != slot
+    assert pool.flags[slot] == 0  # the first buffer is free again
+    data, _ = views.open(buffer.wire() or {}, worker=0)
+    assert bytes(data[slice(*first)]) == b"a" * 1000
+    assert bytes(data[slice(*second)]) == b"b" * (2 << 20)
+
+
+def test_a_buffer_not_sent_is_given_back() -> None:
+    pool = BufferPool()
+    buffer = BatchBuffer(pool)
+    buffer.put(b"x" * 10)
+    slot = buffer.slot
+    assert pool.flags[slot] == 1
+    buffer.free()
+    assert pool.flags[slot] == 0
+    assert BatchBuffer(pool).wire() is None  # nothing written: nothing to send
+
+
 def test_more_batches_in_flight_than_slots_get_buffers_of_their_own() -> None:
     pool, views = BufferPool(), BufferViews()
     held = [views.open(wire(pool, bytes([i % 256]) * 64), worker=0) for i in range(SLOTS)]
@@ -72,13 +104,37 @@ def test_more_batches_in_flight_than_slots_get_buffers_of_their_own() -> None:
     assert all(bytes(d[:64]) == bytes([i % 256]) * 64 for i, (d, _) in enumerate(held))
 
 
+def shm_names() -> set[str]:
+    return {n for n in os.listdir("/dev/shm") if n.startswith("asyncstream-batch")}
+
+
+def test_names_are_unlinked_once_mapped_and_at_the_pool_s_end() -> None:
+    before = shm_names()
+    pool, views = BufferPool(), BufferViews()
+    sent = wire(pool, b"n" * 100)
+    assert {sent["handle"][0], pool.flags_handle[0]} <= shm_names()
+    data, _lease = views.open(sent, worker=0)
+    assert sent["handle"][0] not in shm_names()  # mapped: the name is gone, the bytes not
+    assert pool.flags_handle[0] not in shm_names()
+    assert bytes(data[:100]) == b"n" * 100
+    unsent = BatchBuffer(pool)
+    unsent.put(b"u")
+    assert unsent.segment is not None
+    name = unsent.segment.name
+    unsent.free()
+    assert name in shm_names()
+    del pool, unsent
+    gc.collect()  # the pool's end (a worker's exit): what nobody mapped is unlinked
+    assert shm_names() == before
+
+
 def test_a_replaced_worker_s_buffers_are_let_go() -> None:
     views = BufferViews()
     old, new = BufferPool(), BufferPool()
     views.open(wire(old, b"o" * 10), worker=0)
     views.open(wire(new, b"n" * 10), worker=0)  # the same worker id, a new process
     assert list(views._workers) == [0]
-    assert views._workers[0][0] == new.flags_handle[1]
+    assert views._workers[0][0] == new.flags_handle[0]
 
 
 @pytest.fixture(scope="module")
@@ -99,13 +155,14 @@ def test_workers_batches_stay_intact_while_held_and_buffers_are_reused(shards: P
         8, on_error="raise", precheck="markers", image_keys=("jpg",), label_key="cls"
     )
     stream = ShardStream(str(shards), window=4, inflight=2, seed=0)
+    views = BufferViews()
     loader = make_worker_loader(stream, builder, workers=2, drop_last=False, prefetch=2)
     held: deque[EncodedBatch] = deque(maxlen=5)
     seen, batches, mapped = 0, 0, set()
     try:
         for epoch in range(3):
             stream.set_epoch(epoch)
-            feed = WorkerFeed(loader)
+            feed = WorkerFeed(loader, views)
             while (batch := feed.get()) is not None:
                 assert batch.error is None
                 batches += bool(batch.keys)
@@ -118,8 +175,9 @@ def test_workers_batches_stay_intact_while_held_and_buffers_are_reused(shards: P
                     mapped |= {(worker, name) for name, _ in buffers.values()}
             held.clear()
     finally:
-        loader._iterator = None  # let the workers go
-        del loader
+        loader._iterator._shutdown_workers()  # joins them: their exits unlink what is left
+        loader._iterator = None
         stream.close()
     assert seen == 3 * len(expected)
+    assert not shm_names()  # every buffer's name unlinked (the workers exited)
     assert len(mapped) <= 2 * 8 < batches  # a few buffers a worker, not one per batch

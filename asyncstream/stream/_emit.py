@@ -21,11 +21,16 @@ class Emit:
     Args:
         sources: the names of a mixed stream's sources (``__source__``), by group; empty
             for a stream without sources.
+
+    Attributes:
+        views: hand members out as ``memoryview`` s of the ring, not copied, valid until
+            the next sample is drawn (:meth:`ShardStream.iter_views`).
     """
 
     def __init__(self, sources: Sequence[str] = ()) -> None:
         self.sources = list(sources)
         self.emitted = 0
+        self.views = False
 
     def next(self, lane: LaneReader, sample: int, group: int = 0) -> dict[str, Any]:
         """The sample ``sample`` (in-shard index) of ``lane``'s resident chunk, as a dict of
@@ -33,8 +38,12 @@ class Emit:
         record = lane.records[sample - lane.first]
         out: dict[str, Any] = {"__key__": record[0], "__url__": lane.shard.url}
         view = lane.view
-        for ext, start, stop, owned in record[2:]:
-            out[ext] = view[start:stop].tobytes() if owned is None else owned
+        if self.views:
+            for ext, start, stop, owned in record[2:]:
+                out[ext] = view[start:stop] if owned is None else owned
+        else:
+            for ext, start, stop, owned in record[2:]:
+                out[ext] = view[start:stop].tobytes() if owned is None else owned
         if self.sources:
             out["__source__"] = self.sources[group]
         self.emitted += 1

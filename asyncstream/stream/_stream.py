@@ -369,6 +369,21 @@ class ShardStream(IterableDataset[dict[str, Any]]):
         self._live = weakref.ref(iteration)
         return iteration
 
+    def iter_views(self) -> Iterator[dict[str, Any]]:
+        """Like ``iter(stream)``, but each member is a ``memoryview`` of the stream's ring
+        instead of a copy in ``bytes``, valid only until the next sample is drawn.
+
+        For a consumer that copies what it keeps at once, into memory of its own (as
+        ``DALIImageLoader``'s DataLoader workers copy each image into the batch's shared
+        buffer): it saves the stream's one copy of every sample. A view kept past the next
+        ``next()`` may read another sample's bytes; convert with ``bytes(view)`` what you
+        keep. Everything else (order, state, statistics) is the same as ``iter``.
+        """
+        iteration = iter(self)
+        if isinstance(iteration, Iteration):
+            iteration.run.emit.views = True
+        return iteration
+
     def _stop_iteration(self, iteration: Iteration) -> None:
         """``iteration.close()``: stop its run if it is still this stream's live one."""
         if self._live is not None and self._live() is iteration:
