@@ -221,7 +221,17 @@ class WorkerFeed(Feed):
         finally:
             self.wait_seconds += time.perf_counter() - started
         started = time.perf_counter()
-        batch = prepare(EncodedBatch.from_wire(wire, state, self.views))
+        try:
+            batch = prepare(EncodedBatch.from_wire(wire, state, self.views))
+        except OSError as exc:  # its buffer is gone: the worker exited meanwhile
+            self._batches = None
+            return EncodedBatch(
+                state=state,
+                error=RuntimeError(
+                    f"the batch of DataLoader worker {wire.get('worker')} cannot be read: "
+                    f"its shared-memory buffer is gone ({exc}); did the worker exit?"
+                ),
+            )
         self._next_state = self.loader.state_dict()
         self.busy_seconds += time.perf_counter() - started
         return batch

@@ -181,3 +181,48 @@ def test_workers_batches_stay_intact_while_held_and_buffers_are_reused(shards: P
     assert seen == 3 * len(expected)
     assert not shm_names()  # every buffer's name unlinked (the workers exited)
     assert len(mapped) <= 2 * 8 < batches  # a few buffers a worker, not one per batch
+
+
+class _OneBatch:
+    """Stands in for the DataLoader: one batch whose buffer a worker made, then unlinked
+    at its exit before the training process mapped it."""
+
+    def __init__(self, wire: dict[str, Any]) -> None:
+        self.wire = wire
+
+    def state_dict(self) -> dict[str, Any]:
+        return {}
+
+    def __iter__(self) -> Any:
+        return iter([self.wire])
+
+
+def test_a_batch_whose_buffer_is_gone_is_a_clear_error_in_its_turn() -> None:
+    pool = BufferPool()
+    buffer = BatchBuffer(pool)
+    span = buffer.put(b"\xff\xd8\xff" + b"x" * 10)
+    sent = buffer.wire()
+    assert sent is not None
+    del pool, buffer  # the worker's exit: it unlinks the names nobody mapped
+    gc.collect()
+    wire = {
+        "buffer": sent,
+        "spans": [span],
+        "keys": ["k"],
+        "urls": ["u"],
+        "labels": [0],
+        "metas": [None],
+        "skipped": [],
+        "error": None,
+        "trace": None,
+        "dropped": 0,
+        "worker": 3,
+        "stats": None,
+    }
+    feed = WorkerFeed(_OneBatch(wire), BufferViews())  # type: ignore[arg-type]
+    batch = feed.get()
+    assert batch is not None
+    assert isinstance(batch.error, RuntimeError)
+    assert "worker 3" in str(batch.error)
+    assert "gone" in str(batch.error)
+    assert feed.get() is None  # nothing after it
