@@ -191,13 +191,8 @@ class ShardStream(IterableDataset[dict[str, Any]]):
             f"shuffle={s.shuffle}, rank={self._rank}/{self._world_size})"
         )
 
-    def __getstate__(self) -> dict[str, Any]:
-        state = self.__dict__.copy()
-        state["_run"] = None  # a DataLoader worker starts its own engine
-        state["_engine"] = None
-        state["_launch"] = None
-        state["_live"] = None
-        return state
+    def __getstate__(self) -> dict[str, Any]:  # a DataLoader worker starts its own engine
+        return {**self.__dict__, "_run": None, "_engine": None, "_launch": None, "_live": None}
 
     @property
     def epoch(self) -> int:
@@ -370,15 +365,11 @@ class ShardStream(IterableDataset[dict[str, Any]]):
         return iteration
 
     def iter_views(self) -> Iterator[dict[str, Any]]:
-        """Like ``iter(stream)``, but each member is a ``memoryview`` of the stream's ring
-        instead of a copy in ``bytes``, valid only until the next sample is drawn.
-
-        For a consumer that copies what it keeps at once, into memory of its own (as
-        ``DALIImageLoader``'s DataLoader workers copy each image into the batch's shared
-        buffer): it saves the stream's one copy of every sample. A view kept past the next
-        ``next()`` may read another sample's bytes; convert with ``bytes(view)`` what you
-        keep. Everything else (order, state, statistics) is the same as ``iter``.
-        """
+        """``iter(stream)`` with each member a ``memoryview`` of the ring instead of a copy
+        in ``bytes``, valid only until the next sample is drawn: for a consumer that copies
+        what it keeps at once (``DALIImageLoader``'s workers copy each image straight into
+        the batch's shared buffer), it saves the one copy. Order, state and statistics are
+        ``iter``'s."""
         iteration = iter(self)
         if isinstance(iteration, Iteration):
             iteration.run.emit.views = True
