@@ -390,30 +390,35 @@ def proxy(args: argparse.Namespace, packages: dict[str, ModuleType]) -> dict[str
 
 
 def workers(args: argparse.Namespace, packages: dict[str, ModuleType]) -> dict[str, Any]:
-    pkg = packages["after"]
+    """The proxy at batch 256 with the feed in ``--workers`` workers, for each package
+    (before and after, with ``--baseline``), in interleaved rounds."""
     shards = tiny_shards(args.data, args.tiny)
     blobs, labels = read_encoded(shards)
-    settings = pkg.PipelineSettings(image_size=32, num_threads=args.threads)
-    rows: dict[int, list[dict[str, Any]]] = {}
+    rows: dict[str, dict[int, list[dict[str, Any]]]] = {}
     for _ in range(args.repeat):
-        ceil = _steady(ceiling(pkg, settings, blobs, labels, 256, args.device, 3), float)
-        for n in args.workers:
-            epochs = loader_epochs(pkg, shards, settings, 256, args.device, 3, workers=n)
-            rate = _steady(epochs, lambda e: e["images_per_s"])
-            rows.setdefault(n, []).append(
-                {
-                    "ceiling": ceil,
-                    "loader": rate,
-                    "ratio": rate / ceil,
-                    "process_ms_per_1000": _steady(epochs, lambda e: e["process_ms_per_1000"]),
-                    "main_thread_us": _steady(epochs, lambda e: e["main_thread_us"]),
-                    "decode_wait_share": _steady(epochs, lambda e: e["decode_wait_share"]),
-                    "feed_wait_share": _steady(epochs, lambda e: e["feed_wait_share"]),
-                }
-            )
-            print(f"workers {n}: {rate:.0f}/{ceil:.0f} = {rate / ceil:.2f}", flush=True)
+        for name, pkg in packages.items():
+            settings = pkg.PipelineSettings(image_size=32, num_threads=args.threads)
+            ceil = _steady(ceiling(pkg, settings, blobs, labels, 256, args.device, 3), float)
+            for n in args.workers:
+                epochs = loader_epochs(pkg, shards, settings, 256, args.device, 3, workers=n)
+                rate = _steady(epochs, lambda e: e["images_per_s"])
+                rows.setdefault(name, {}).setdefault(n, []).append(
+                    {
+                        "ceiling": ceil,
+                        "loader": rate,
+                        "ratio": rate / ceil,
+                        "process_ms_per_1000": _steady(epochs, lambda e: e["process_ms_per_1000"]),
+                        "main_thread_us": _steady(epochs, lambda e: e["main_thread_us"]),
+                        "decode_wait_share": _steady(epochs, lambda e: e["decode_wait_share"]),
+                        "feed_wait_share": _steady(epochs, lambda e: e["feed_wait_share"]),
+                    }
+                )
+                print(f"workers {name} {n}: {rate:.0f}/{ceil:.0f} = {rate / ceil:.2f}", flush=True)
     return {
-        str(n): {k: statistics.median(r[k] for r in rs) for k in rs[0]} for n, rs in rows.items()
+        name: {
+            str(n): {k: statistics.median(r[k] for r in rs) for k in rs[0]} for n, rs in by.items()
+        }
+        for name, by in rows.items()
     }
 
 
@@ -489,16 +494,19 @@ def render(out: dict[str, Any]) -> str:
         lines.append("")
     if "workers" in out:
         lines += [
-            "| workers | ceiling img/s | loader img/s | ratio | training process CPU ms "
-            "per 1,000 images | main thread us/img | loop waits on DALI | DALI waits on feed |",
-            "|---:|---:|---:|---:|---:|---:|---:|---:|",
+            "| workers | loader | ceiling img/s | loader img/s | ratio | training process CPU "
+            "ms per 1,000 images | main thread us/img | loop waits on DALI "
+            "| DALI waits on feed |",
+            "|---:|---|---:|---:|---:|---:|---:|---:|---:|",
         ]
-        for n, r in out["workers"].items():
-            lines.append(
-                f"| {n} | {r['ceiling']:.0f} | {r['loader']:.0f} | {r['ratio']:.2f} "
-                f"| {r['process_ms_per_1000']:.0f} | {r['main_thread_us']:.1f} "
-                f"| {r['decode_wait_share']:.0%} | {r['feed_wait_share']:.0%} |"
-            )
+        for name, by in out["workers"].items():
+            for n, r in by.items():
+                lines.append(
+                    f"| {n} | {name} | {r['ceiling']:.0f} | {r['loader']:.0f} "
+                    f"| {r['ratio']:.2f} | {r['process_ms_per_1000']:.0f} "
+                    f"| {r['main_thread_us']:.1f} | {r['decode_wait_share']:.0%} "
+                    f"| {r['feed_wait_share']:.0%} |"
+                )
         lines.append("")
     if "real" in out:
         lines += [
