@@ -390,7 +390,8 @@ class DALIImageLoader:
         epoch and recently) with ``limit``, the stage that holds it back when it waits.
         ``stream`` is the stream's statistics: while a pass reads it, the producer's
         latest snapshot (at most a second old); with workers, ``workers`` holds each
-        worker's.
+        worker's. ``batch_buffers_bytes``: with workers, the shared memory of the batch
+        buffers they keep and reuse (a few batches' worth each), besides their rings.
         """
         self._check_open()
         counters = asdict(self._counters)
@@ -415,6 +416,7 @@ class DALIImageLoader:
             "stall": stall,
             "ring_bytes": self._stream.ring_bytes,
             "node_ring_bytes": self._stream.node_ring_bytes(self.workers, check=False),
+            "batch_buffers_bytes": self._views.nbytes(),
             "stream": stream,
         }
 

@@ -254,6 +254,13 @@ class BufferViews:
             data = buffer[1]
         return data, _Lease(flags, slot)
 
+    def nbytes(self) -> int:
+        """The shared memory of the workers' buffers mapped here (all the buffers the
+        workers keep, once each has been used)."""
+        return sum(
+            len(array) for _, _, mapped in self._workers.values() for _, array in mapped.values()
+        )
+
     def forget(self) -> None:
         """Drop every mapping (the workers are gone); batches still held keep theirs."""
         self._workers.clear()

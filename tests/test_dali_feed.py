@@ -117,6 +117,10 @@ def test_workers_spread_the_reading_over_processes(folder: Path) -> None:
     # Each worker read its own half through its own engine.
     assert [workers[w]["samples"] for w in (0, 1)] == [N_IMAGES // 2] * 2
     assert stats["node_ring_bytes"] == 2 * stats["ring_bytes"]
+    assert stats["batch_buffers_bytes"] > 0  # the workers' batch buffers, mapped here
+    with make(folder) as loader:
+        read_pass(loader, 1)
+        assert loader.stats()["batch_buffers_bytes"] == 0  # a thread feed has none
 
 
 # -- exact resume --------------------------------------------------------------------------

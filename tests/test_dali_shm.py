@@ -158,7 +158,7 @@ def test_workers_batches_stay_intact_while_held_and_buffers_are_reused(shards: P
     views = BufferViews()
     loader = make_worker_loader(stream, builder, workers=2, drop_last=False, prefetch=2)
     held: deque[EncodedBatch] = deque(maxlen=5)
-    seen, batches, mapped = 0, 0, set()
+    seen, batches, largest, mapped = 0, 0, 0, set()
     try:
         for epoch in range(3):
             stream.set_epoch(epoch)
@@ -171,9 +171,13 @@ def test_workers_batches_stay_intact_while_held_and_buffers_are_reused(shards: P
                     for url, key, array in zip(old.urls, old.keys, old.arrays, strict=True):
                         assert array.tobytes() == expected[(url, key)]
                 seen += len(batch)
+                largest = max(largest, sum(len(a) for a in batch.arrays))
                 for worker, (_, _, buffers) in feed.views._workers.items():
                     mapped |= {(worker, name) for name, _ in buffers.values()}
             held.clear()
+        # Each buffer holds a batch and a quarter, rounded up to whole MiB.
+        assert largest <= views.nbytes() <= len(mapped) * (largest * 5 // 4 + (1 << 20))
+        views.forget()
     finally:
         loader._iterator._shutdown_workers()  # joins them: their exits unlink what is left
         loader._iterator = None
@@ -181,6 +185,7 @@ def test_workers_batches_stay_intact_while_held_and_buffers_are_reused(shards: P
     assert seen == 3 * len(expected)
     assert not shm_names()  # every buffer's name unlinked (the workers exited)
     assert len(mapped) <= 2 * 8 < batches  # a few buffers a worker, not one per batch
+    assert views.nbytes() == 0  # let go with the workers (forget)
 
 
 class _OneBatch:
