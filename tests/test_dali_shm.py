@@ -12,12 +12,13 @@ from typing import Any
 
 import pytest
 
-from asyncstream import ShardStream, pack
+from asyncstream import ShardStream
 from asyncstream.testing import generate_imagefolder
 from dali_ops._batch import BatchBuilder, EncodedBatch
 from dali_ops._feeds import WorkerFeed
 from dali_ops._shm import SLOTS, BatchBuffer, BufferPool, BufferViews
 from dali_ops._workers import make_worker_loader
+from tests._foreign import write_foreign_shards
 
 pytestmark = pytest.mark.filterwarnings("ignore:This DataLoader will create:UserWarning")
 
@@ -139,10 +140,12 @@ def test_a_replaced_worker_s_buffers_are_let_go() -> None:
 
 @pytest.fixture(scope="module")
 def shards(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Real JPEGs in shards ``pack`` did not write (``tarfile`` and ``webdataset``), some
+    samples straddling the stream's blocks."""
     root = tmp_path_factory.mktemp("dali-shm")
-    generate_imagefolder(root / "images", 96, 3, seed=2, workers=1)
-    pack(root / "images", str(root / "shards"), shard_samples=12, shard_bytes=None, workers=1)
-    return root / "shards"
+    generate_imagefolder(root / "images", 24, 3, seed=2, workers=1)
+    jpgs = [p.read_bytes() for p in sorted((root / "images").rglob("*.jpg"))]
+    return write_foreign_shards(root / "shards", 0, counts=[12] * 8, jpgs=jpgs).folder
 
 
 def test_workers_batches_stay_intact_while_held_and_buffers_are_reused(shards: Path) -> None:
@@ -154,7 +157,7 @@ def test_workers_batches_stay_intact_while_held_and_buffers_are_reused(shards: P
     builder = BatchBuilder(
         8, on_error="raise", precheck="markers", image_keys=("jpg",), label_key="cls"
     )
-    stream = ShardStream(str(shards), window=4, inflight=2, seed=0)
+    stream = ShardStream(str(shards), window=4, inflight=2, chunk_bytes=256 << 10, seed=0)
     views = BufferViews()
     loader = make_worker_loader(stream, builder, workers=2, drop_last=False, prefetch=2)
     held: deque[EncodedBatch] = deque(maxlen=5)
