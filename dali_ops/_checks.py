@@ -60,14 +60,14 @@ def check_image(data: bytes | memoryview, level: Precheck) -> str | None:
         return None
     if not len(data):
         return "empty image"
-    head = bytes(data[:_HEAD]) if isinstance(data, memoryview) else data[:_HEAD]
+    # bytes are looked at in place; of a view, only the ends are copied
+    head = data if isinstance(data, bytes) else bytes(data[:_HEAD])
     is_webp = head[:4] == b"RIFF" and head[8:12] == b"WEBP"
     if not (is_webp or head.startswith(_SIGNATURES)):
         return "not an image DALI decodes (unknown signature)"
     if head.startswith(b"\xff\xd8\xff"):
-        tail = data[-_EOI_WINDOW:]
-        tail = bytes(tail) if isinstance(tail, memoryview) else tail
-        if tail.rfind(b"\xff\xd9") < 0:
+        tail = data if isinstance(data, bytes) else bytes(data[-_EOI_WINDOW:])
+        if tail.rfind(b"\xff\xd9", -_EOI_WINDOW) < 0:
             return "truncated JPEG (no end-of-image marker)"
     if level == "header":
         try:

@@ -193,7 +193,7 @@ class DALIImageLoader:
         self._meter = StallMeter()
         self._watch = StallWatch(stall_warning)
         self._workers_loader: Any = None  # the StatefulDataLoader, while workers=N
-        self._views = BufferViews()  # the workers' batch buffers as mapped here
+        self._views: BufferViews | None = None  # the workers' batch buffers, mapped here
         self._workers_state: Any = None  # a DataLoader state to give it before its next pass
         self._feed: Feed | None = None
         self._resume: Any = None  # saved position while no pass runs
@@ -260,7 +260,8 @@ class DALIImageLoader:
         if not self.workers:
             return ThreadFeed(self._stream, self._builder, depth=depth, drop_last=self.drop_last)
         if self._workers_loader is None:
-            self._views = BufferViews()  # before the workers start (see BufferViews)
+            if self._views is None:
+                self._views = BufferViews()  # before the workers start (see BufferViews)
             self._workers_loader = make_worker_loader(
                 self._stream,
                 self._builder,
@@ -271,6 +272,7 @@ class DALIImageLoader:
         if self._workers_state is not None:
             self._workers_loader.load_state_dict(self._workers_state)
             self._workers_state = None
+        assert self._views is not None  # made with the workers' loader
         return WorkerFeed(self._workers_loader, self._views)
 
     def __next__(self) -> tuple[torch.Tensor, torch.Tensor]:
@@ -416,7 +418,7 @@ class DALIImageLoader:
             "stall": stall,
             "ring_bytes": self._stream.ring_bytes,
             "node_ring_bytes": self._stream.node_ring_bytes(self.workers, check=False),
-            "batch_buffers_bytes": self._views.nbytes(),
+            "batch_buffers_bytes": 0 if self._views is None else self._views.nbytes(),
             "stream": stream,
         }
 
@@ -428,7 +430,8 @@ class DALIImageLoader:
 
     def _close_workers(self) -> None:
         loader, self._workers_loader = self._workers_loader, None
-        self._views.forget()
+        if self._views is not None:
+            self._views.forget()
         if loader is not None:
             iterator = getattr(loader, "_iterator", None)
             shutdown = getattr(iterator, "_shutdown_workers", None)

@@ -192,7 +192,6 @@ class BatchBuffer:
             "slot": self.slot,
             "handle": (self.segment.name, self.segment.size),
             "flags": self.pool.flags_handle,
-            "pid": self.pool.pid,
         }
         self.slot, self.segment, self.data = -1, None, None  # the training process's now
         return wire

@@ -39,7 +39,6 @@ from typing import Any
 from ._azure import AzureConfig, BlobPath, azure_error, error_answer, parse_blob_url
 from ._azureobjects import AzureObjects, default_credential
 from ._errors import ChunkFailure
-from ._http import ConnectionPool
 from ._httpconn import Reply, Scatter
 from ._httpstore import ObjectStore
 from ._origin import Origin
@@ -78,12 +77,9 @@ class AzureStore(ObjectStore):
         check_etag: bool = True,
         connections: int = 16,
     ) -> None:
+        super().__init__(timeouts=timeouts, check_etag=check_etag, connections=connections)
         self.config = config
-        self.timeouts = timeouts or Timeouts()
-        self.check_etag = check_etag
-        self.connections = connections
         self._objects = AzureObjects(config)  # the blocking half
-        self._pools: dict[Origin, ConnectionPool] = {}
         self._urls: dict[str, tuple[str, BlobPath]] = {}  # az:// URL -> blob URL, path
         self._sas: dict[tuple[str, str], tuple[str, float]] = {}  # (endpoint, container)
         self._token: tuple[str, float] | None = None
@@ -129,23 +125,18 @@ class AzureStore(ObjectStore):
     # -- in the fetch engine -------------------------------------------------------------------
 
     async def aclose(self) -> None:
-        for pool in self._pools.values():
-            pool.close()
-        self._pools.clear()
+        self._close_pools()
         credential, self._credential = self._credential, None
         if credential is not None:
             await asyncio.to_thread(credential.close)
 
     def stats(self) -> dict[str, Any]:
-        pools = self._pools.values()
         return {
             "store": "azure-blob",
             "azure_accounts": sorted(self._accounts),
             "azure_auth": self.config.auth,
             "transport": "direct",
-            "tls": any(origin.tls for origin in self._pools),
-            "connections_opened": sum(p.opened for p in pools),
-            "connections_reused": sum(p.reused for p in pools),
+            **self._pool_stats(),
         }
 
     async def _get(self, request: ChunkRequest, view: Scatter) -> float:
@@ -222,12 +213,6 @@ class AzureStore(ObjectStore):
                 raise mapped from exc
             self._token = (str(token.token), float(token.expires_on))
         return self._token[0]
-
-    def _pool(self, origin: Origin) -> ConnectionPool:
-        pool = self._pools.get(origin)
-        if pool is None:
-            pool = self._pools[origin] = ConnectionPool(origin, limit=self.connections)
-        return pool
 
     def _check(self, request: ChunkRequest, reply: Reply) -> None:
         """The answer is for the listed blob version (else: permanent ``changed``)."""

@@ -23,7 +23,6 @@ from typing import TYPE_CHECKING, Any
 
 from ._errors import ChunkFailure
 from ._gcs import GCSSettings, GoogleAuth, gcs_error, object_path, parse_gs_url
-from ._http import ConnectionPool
 from ._httpconn import Reply, Scatter
 from ._httpstore import ObjectStore
 from ._origin import Origin
@@ -58,14 +57,11 @@ class GCSStore(ObjectStore):
         check_etag: bool = True,
         connections: int = 16,
     ) -> None:
+        super().__init__(timeouts=timeouts, check_etag=check_etag, connections=connections)
         self.settings = settings
-        self.timeouts = timeouts or Timeouts()
-        self.check_etag = check_etag
-        self.connections = connections
         self.auth = GoogleAuth(settings)
         self._objects: GCSObjects | None = None
         self._origin = Origin.of(settings.endpoint)
-        self._pool: ConnectionPool | None = None
 
     @classmethod
     def from_setup(cls, setup: StoreSetup) -> GCSStore:
@@ -112,18 +108,15 @@ class GCSStore(ObjectStore):
     # -- in the fetch engine ---------------------------------------------------------------
 
     async def aclose(self) -> None:
-        if self._pool is not None:
-            self._pool.close()
+        self._close_pools()
 
     def stats(self) -> dict[str, Any]:
-        pool = self._pool
         return {
             "store": self.settings.describe(),
             "transport": "direct",
-            "tls": self._origin.tls,
+            **self._pool_stats(),
+            "tls": self._origin.tls,  # the one endpoint's, read or not
             "anonymous": self.settings.anonymous,
-            "connections_opened": pool.opened if pool else 0,
-            "connections_reused": pool.reused if pool else 0,
         }
 
     async def _get(self, request: ChunkRequest, out: Scatter) -> float:
@@ -140,9 +133,8 @@ class GCSStore(ObjectStore):
         def accept(reply: Reply) -> None:  # before the first slot of the body is handed on
             self._check(request, reply.fields)
 
-        if self._pool is None:
-            self._pool = ConnectionPool(self._origin, limit=self.connections)
-        reply, headers_at = await self._pool.get(target, headers, out, self.timeouts, accept)
+        pool = self._pool(self._origin)
+        reply, headers_at = await pool.get(target, headers, out, self.timeouts, accept)
         if reply.status >= 300:
             raise gcs_error(reply.status, reply.body, request.url, self.settings)
         return headers_at

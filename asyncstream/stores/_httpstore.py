@@ -14,12 +14,15 @@ from __future__ import annotations
 
 import abc
 import asyncio
+import ssl
 from collections.abc import Callable, Iterable, Sequence
-from typing import Protocol
+from typing import Any, Protocol
 
 from ..shards._urls import Shard
 from ._errors import ChunkFailure
+from ._http import ConnectionPool
 from ._httpconn import Scatter
+from ._origin import Origin
 from ._retry import Timeouts
 from ._store import ChunkRequest, Store, Timing
 
@@ -41,11 +44,53 @@ class BlockingObjects(Protocol):
 
 
 class HTTPStore(Store):
-    """A store whose reads are ranged GETs (module docstring). Subclasses set
-    :attr:`timeouts` and implement :meth:`_get`."""
+    """A store whose reads are ranged GETs (module docstring), over kept-alive connections
+    pooled by origin. Subclasses implement :meth:`_get` (and :meth:`_ssl_context` for
+    HTTPS origins of their own trust).
+
+    Args:
+        timeouts: the time limits of one read.
+        check_etag: require every chunk to come from the listed object version.
+        connections: the most kept-alive connections per origin.
+    """
 
     coalesces = True
-    timeouts: Timeouts
+
+    def __init__(
+        self, *, timeouts: Timeouts | None = None, check_etag: bool = True, connections: int = 16
+    ) -> None:
+        self.timeouts = timeouts or Timeouts()
+        self.check_etag = check_etag
+        self.connections = connections
+        self._pools: dict[Origin, ConnectionPool] = {}
+
+    def _ssl_context(self) -> ssl.SSLContext | None:
+        """The TLS trust of HTTPS origins (``None``: the system's)."""
+        return None
+
+    def _pool(self, origin: Origin) -> ConnectionPool:
+        """The connections to ``origin``, made at its first read."""
+        pool = self._pools.get(origin)
+        if pool is None:
+            context = self._ssl_context() if origin.tls else None
+            pool = self._pools[origin] = ConnectionPool(
+                origin, ssl_context=context, limit=self.connections
+            )
+        return pool
+
+    def _close_pools(self) -> None:
+        for pool in self._pools.values():
+            pool.close()
+        self._pools.clear()
+
+    def _pool_stats(self) -> dict[str, Any]:
+        """``tls``, ``connections_opened`` and ``connections_reused`` over every origin."""
+        pools = self._pools.values()
+        return {
+            "tls": any(origin.tls for origin in self._pools),
+            "connections_opened": sum(p.opened for p in pools),
+            "connections_reused": sum(p.reused for p in pools),
+        }
 
     # -- in the fetch engine ------------------------------------------------------------
 

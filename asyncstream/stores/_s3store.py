@@ -45,7 +45,7 @@ from botocore.credentials import ReadOnlyCredentials
 from botocore.exceptions import NoCredentialsError
 
 from ._errors import ChunkFailure, S3ErrorResponse
-from ._http import PROBE_AFTER, ConnectionPool, first_byte
+from ._http import PROBE_AFTER, first_byte
 from ._httpconn import Reply, Scatter, receive
 from ._httpstore import ObjectStore
 from ._origin import Origin
@@ -97,15 +97,12 @@ class S3Store(ObjectStore):
         connections: int = 16,
         transport: Literal["auto", "aiohttp"] = "auto",
     ) -> None:
+        super().__init__(timeouts=timeouts, check_etag=check_etag, connections=connections)
         self.options = options
-        self.timeouts = timeouts or Timeouts()
-        self.check_etag = check_etag
         self._objects = S3Objects(options)  # the blocking half
-        self.connections = connections
         self.transport = transport
         self._stack = contextlib.AsyncExitStack()
         self._client: Any = None
-        self._pools: dict[Origin, ConnectionPool] = {}
         self._urls: dict[str, str] = {}  # s3:// URL -> the object's HTTP(S) URL
         self._credentials: Any = None  # the chain's (refreshable) credentials
         self._frozen: tuple[Any, float] | None = None
@@ -174,19 +171,11 @@ class S3Store(ObjectStore):
         return self
 
     async def aclose(self) -> None:
-        for pool in self._pools.values():
-            pool.close()
-        self._pools.clear()
+        self._close_pools()
         await self._stack.aclose()
 
     def stats(self) -> dict[str, Any]:
-        pools = self._pools.values()
-        return {
-            "transport": self._transport(),
-            "tls": any(origin.tls for origin in self._pools),
-            "connections_opened": sum(p.opened for p in pools),
-            "connections_reused": sum(p.reused for p in pools),
-        }
+        return {"transport": self._transport(), **self._pool_stats()}
 
     def _transport(self) -> str:
         """The transport reads take (have taken): ``"direct"`` or ``"aiohttp"``."""
@@ -242,15 +231,10 @@ class S3Store(ObjectStore):
         S3SigV4Auth(await self._frozen_credentials(), "s3", region).add_auth(aws)
         return url, {k: v.decode() if isinstance(v, bytes) else v for k, v in aws.headers.items()}
 
-    def _pool(self, origin: Origin) -> ConnectionPool:
-        pool = self._pools.get(origin)
-        if pool is None:
-            if origin.tls and self._ssl is None:
-                self._ssl = ssl_context(self.options)
-            pool = self._pools[origin] = ConnectionPool(
-                origin, ssl_context=self._ssl if origin.tls else None, limit=self.connections
-            )
-        return pool
+    def _ssl_context(self) -> ssl.SSLContext | None:
+        if self._ssl is None:
+            self._ssl = ssl_context(self.options)
+        return self._ssl
 
     def _headers(self, request: ChunkRequest) -> dict[str, str]:
         headers = {"Range": f"bytes={request.offset}-{request.offset + request.length - 1}"}

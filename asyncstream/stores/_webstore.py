@@ -32,6 +32,7 @@ server errors: both retried. Settings (token, headers, CA bundle) are in :mod:`.
 from __future__ import annotations
 
 import asyncio
+import ssl
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
@@ -40,7 +41,6 @@ from urllib.parse import urlsplit
 from .._exceptions import FetchError, PermanentFetchError, ShardURLError
 from ..shards._urls import Shard
 from ._errors import ChunkFailure
-from ._http import ConnectionPool
 from ._httpconn import Reply, Scatter
 from ._httpstore import HTTPStore
 from ._origin import Origin, TLSMismatch
@@ -78,12 +78,9 @@ class WebStore(HTTPStore):
         check_etag: bool = True,
         connections: int = 16,
     ) -> None:
+        super().__init__(timeouts=timeouts, check_etag=check_etag, connections=connections)
         self.settings = settings
-        self.timeouts = timeouts or Timeouts()
-        self.check_etag = check_etag
-        self.connections = connections
         self.objects = WebObjects(settings, self.timeouts)
-        self._pools: dict[Origin, ConnectionPool] = {}
         self._resolved: dict[str, tuple[str, float]] = {}  # shard URL -> final URL, when
         self.redirects = 0  # redirects followed by chunk reads
         self.reresolved = 0  # reused redirect targets that failed, asked again
@@ -157,29 +154,18 @@ class WebStore(HTTPStore):
     # -- in the fetch engine ------------------------------------------------------------------
 
     async def aclose(self) -> None:
-        for pool in self._pools.values():
-            pool.close()
-        self._pools.clear()
+        self._close_pools()
 
     def stats(self) -> dict[str, Any]:
-        pools = self._pools.values()
         return {
             "transport": "direct",
-            "tls": any(origin.tls for origin in self._pools),
-            "connections_opened": sum(p.opened for p in pools),
-            "connections_reused": sum(p.reused for p in pools),
+            **self._pool_stats(),
             "redirects": self.redirects,
             "reresolved": self.reresolved,
         }
 
-    def _pool(self, origin: Origin) -> ConnectionPool:
-        pool = self._pools.get(origin)
-        if pool is None:
-            context = self.settings.ssl_context() if origin.tls else None
-            pool = self._pools[origin] = ConnectionPool(
-                origin, ssl_context=context, limit=self.connections
-            )
-        return pool
+    def _ssl_context(self) -> ssl.SSLContext | None:
+        return self.settings.ssl_context()
 
     async def _get(self, request: ChunkRequest, view: Scatter) -> float:
         """One ranged GET of ``request``, its redirects followed; the loop time of the
