@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from asyncstream import ShardStream
+from asyncstream import LocalS3, S3Options, ShardStream
 from asyncstream.testing import generate_imagefolder
 from dali_ops._batch import BatchBuilder, EncodedBatch
 from dali_ops._feeds import WorkerFeed
@@ -156,16 +156,35 @@ def shards(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return write_foreign_shards(root / "shards", 0, counts=[12] * 8, jpgs=jpgs).folder
 
 
-def test_workers_batches_stay_intact_while_held_and_buffers_are_reused(shards: Path) -> None:
+@pytest.fixture(params=["local", "https"])
+def source(
+    request: pytest.FixtureRequest, shards: Path, s3_server: LocalS3
+) -> tuple[str, S3Options | None]:
+    """The shards as local files, or on moto over HTTPS (its backend is shared with the
+    plain server the objects are put through)."""
+    if request.param == "local":
+        return str(shards), None
+    client = s3_server.client()
+    client.create_bucket(Bucket="dali-shm")
+    for path in sorted(shards.glob("*.tar")):
+        client.put_object(Bucket="dali-shm", Key=f"s/{path.name}", Body=path.read_bytes())
+    tls: LocalS3 = request.getfixturevalue("s3_tls_server")
+    return "s3://dali-shm/s/", tls.options()
+
+
+def test_workers_batches_stay_intact_while_held_and_buffers_are_reused(
+    source: tuple[str, S3Options | None],
+) -> None:
     """Batches held as DALI and the loader hold them (in flight, then retired) keep their
     bytes while the workers go on building; over three epochs the workers reuse a few
     buffers instead of one per batch."""
-    with ShardStream(str(shards), shuffle=False) as plain:
+    url, s3 = source
+    with ShardStream(url, s3=s3, shuffle=False) as plain:
         expected = {(s["__url__"], s["__key__"]): s["jpg"] for s in plain}
     builder = BatchBuilder(
         8, on_error="raise", precheck="markers", image_keys=("jpg",), label_key="cls"
     )
-    stream = ShardStream(str(shards), window=4, inflight=2, chunk_bytes=256 << 10, seed=0)
+    stream = ShardStream(url, s3=s3, window=4, inflight=2, chunk_bytes=256 << 10, seed=0)
     views = BufferViews()
     loader = make_worker_loader(stream, builder, workers=2, drop_last=False, prefetch=2)
     held: deque[EncodedBatch] = deque(maxlen=5)

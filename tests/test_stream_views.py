@@ -1,6 +1,7 @@
 """``ShardStream.iter_views``: the samples of ``iter`` in the same order, each member a
 view of the ring instead of a copy, with the same state; on shards ``pack`` did not write
-(``tarfile`` and ``webdataset.TarWriter``), some samples straddling chunks."""
+(``tarfile`` and ``webdataset.TarWriter``), some samples straddling chunks, checked
+against webdataset's reading of the same tars, from local files and over HTTPS."""
 
 from __future__ import annotations
 
@@ -8,8 +9,9 @@ from typing import Any
 
 import pytest
 
-from asyncstream import ShardStream
+from asyncstream import LocalS3, ShardStream
 from tests._foreign import ForeignShards, write_foreign_shards
+from tests._wds import wds_samples
 
 CHUNK = 16 << 10  # members up to 20 kB: samples straddle chunks, some carried as bytes
 
@@ -63,3 +65,36 @@ def test_a_views_state_resumes_a_plain_iteration_exactly(shards: ForeignShards) 
         s.load_state_dict(state)
         tail = [sample["__key__"] for sample in s]
     assert head + tail == everything
+
+
+def test_views_hold_what_webdataset_reads_from_the_same_tars(shards: ForeignShards) -> None:
+    expected = {
+        (path.name, sample["__key__"]): sample
+        for path in sorted(shards.folder.glob("*.tar"))
+        for sample in wds_samples(path.read_bytes(), path.name)
+    }
+    with stream(shards) as s:
+        got = {
+            (sample["__url__"].rsplit("/", 1)[1], sample["__key__"]): {
+                k: v for k, v in copied(sample).items() if k != "__url__"
+            }
+            for sample in s.iter_views()
+        }
+    assert got == expected
+
+
+def test_views_over_https_are_the_plain_iteration_s(
+    shards: ForeignShards, s3_server: LocalS3, s3_tls_server: LocalS3
+) -> None:
+    client = s3_server.client()  # moto's backend is shared by its HTTP and HTTPS servers
+    client.create_bucket(Bucket="views")
+    for path in sorted(shards.folder.glob("*.tar")):
+        client.put_object(Bucket="views", Key=f"v/{path.name}", Body=path.read_bytes())
+    settings: dict[str, Any] = {"window": 3, "inflight": 2, "chunk_bytes": CHUNK, "seed": 5}
+    with ShardStream("s3://views/v/", s3=s3_tls_server.options(), **settings) as s:
+        over_https = [copied(sample) for sample in s.iter_views()]
+        (store,) = s.stats()["fetch"]["stores"]
+        assert store["scheme"] == "s3"
+        assert store["tls"]  # read over HTTPS
+    with ShardStream("s3://views/v/", s3=s3_server.options(), **settings) as s:
+        assert over_https == list(s)
