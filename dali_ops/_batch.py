@@ -122,8 +122,7 @@ class EncodedBatch:
         buffer = None
         if self.placed is not None:
             buffer = self.placed.wire() if self.spans else None
-            if buffer is None:
-                self.placed.free()
+            self.placed.free()  # given back unsent (nothing to send); nothing once sent
             self.placed = None
         elif self.arrays:
             raise ValueError("only a batch built into a shared buffer (placed) can be sent")
