@@ -128,7 +128,10 @@ def test_every_byte_once_in_order_under_10_percent_faults(
     # A stall is cut short by the stall timeout (a retry) or, once the engine knows how
     # long chunks take, by a hedge that wins first.
     assert stats["retries"].get("stall", 0) + stats["hedge_wins"] >= 1
-    assert stats["retries_total"] + stats["hedge_wins"] >= faults
+    # Every fault is retried, except one that hits either copy of a hedged chunk while
+    # the other copy finishes it (a hedge that wins, or an original that beats its hedge
+    # whose request then faulted): at most one such fault a hedged chunk.
+    assert stats["retries_total"] + stats["hedged"] >= faults
     assert stats["inflight_peak"] <= 8
     assert stats["first_byte_s"]["p50"] > 0
 
