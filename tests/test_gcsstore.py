@@ -164,12 +164,14 @@ def test_an_exact_epoch_through_ten_percent_faults(gcs: GCSEmulator, packed: Pac
         ShardStream(packed.prefix, seed=2, window=2, timeouts=SHORT, **FETCH) as stream,
     ):
         samples = list(stream)
-        retries = stream.stats()["fetch"]["retries"]
+        fetch = stream.stats()["fetch"]
         faults = proxy.stats()
     _assert_exact_epoch(samples, packed)
     injected = sum(faults[k] for k in ("slowdown", "internal_error", "reset", "truncate"))
     assert injected > 0
-    assert sum(retries.values()) >= injected
+    # Every fault is retried, except one on either copy of a hedged chunk while the other
+    # copy finishes it: at most one such fault a hedged chunk.
+    assert sum(fetch["retries"].values()) + fetch["hedged"] >= injected
 
 
 def _engine(**config: Any) -> Engine:
