@@ -40,6 +40,7 @@ if TYPE_CHECKING:
     from .stores._registry import configure_store, register_store
     from .stores._retry import RetryPolicy, Timeouts
     from .stores._s3 import S3Credentials, S3Options
+    from .stream._iteration import SampleViews
     from .stream._loader import ShardLoader
     from .stream._mapped import MappedStream, decode_image
     from .stream._stall import StallMeter
@@ -71,6 +72,7 @@ __all__ = [
     "RetryPolicy",
     "S3Credentials",
     "S3Options",
+    "SampleViews",
     "Shard",
     "ShardLoader",
     "ShardStream",
@@ -125,6 +127,7 @@ _LAZY = {
     "ShuffleQuality": "order._shuffle",
     "shuffle_quality": "order._shuffle",
     "Source": "dataset._sources",
+    "SampleViews": "stream._iteration",
     "StallMeter": "stream._stall",
     "ShardStream": "stream._stream",
     "Shard": "shards._urls",

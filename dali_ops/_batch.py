@@ -18,6 +18,7 @@ DALI: the loader raises the error when that batch's turn comes, after every earl
 
 from __future__ import annotations
 
+import functools
 import time
 import traceback
 from collections.abc import Callable, Generator, Iterator
@@ -29,7 +30,7 @@ import numpy.typing as npt
 
 from asyncstream import DataError, DecodeError
 
-from ._checks import Precheck, check_image, describe_sample, source_of
+from ._checks import _EOI_WINDOW, Precheck, check_image, describe_sample, source_of
 from ._shm import BatchBuffer, BufferPool, BufferViews
 
 if TYPE_CHECKING:
@@ -40,6 +41,7 @@ __all__ = ["BatchBuilder", "EncodedBatch", "Skipped", "read_batches"]
 STATS_INTERVAL = 1.0  # seconds between snapshots of the stream's statistics
 
 _META_KEY = "json"  # the member in which pack records a sample's source file
+_JPEG_SOI = b"\xff\xd8\xff"
 
 Skipped = tuple[str, str, str, "str | None"]
 """A skipped image: ``(shard URL, key, reason, source file or None)``."""
@@ -199,67 +201,158 @@ class BatchBuilder:
         self.precheck: Precheck = precheck
         self.image_keys = image_keys
         self.label_key = label_key
+        self._image_rank = {k: i for i, k in enumerate(image_keys)}
 
     def build(self, samples: Iterator[dict[str, Any]], batch: EncodedBatch) -> bool:
         """Fill ``batch`` from ``samples``; returns whether the samples are exhausted.
 
+        ``samples`` may be a stream's :meth:`~asyncstream.ShardStream.iter_views`: the
+        samples then come in bulk as records (:meth:`_add_record`), with no dict per
+        sample; any other iterator of sample dicts is read one sample at a time.
+
         Never raises: an error (the stream's, or a sample's with ``on_error="raise"``) is
         stored in ``batch.error`` and ends the batch; the caller should then stop.
         """
-        add = self._add
+        take = getattr(samples, "take", None)
         try:
+            if take is not None:
+                sink = functools.partial(self._add_record, batch)
+                while len(batch.keys) < self.batch_size and batch.error is None:
+                    if not take(self.batch_size - len(batch.keys), sink):
+                        return True
+                return batch.error is not None
             while len(batch.keys) < self.batch_size:
                 sample = next(samples, None)
                 if sample is None:
                     return True
-                add(batch, sample)
+                self._add(batch, sample)
         except Exception as exc:  # stream errors too: raised in order, never into DALI
             batch.error = exc
             return True
         return False
 
     def _add(self, batch: EncodedBatch, sample: dict[str, Any]) -> None:
-        """Members are ``bytes``, or views valid until the next sample (a worker's stream
-        read with ``iter_views``): what is kept is copied here."""
-        url, key = sample["__url__"], sample["__key__"]
+        """Members are ``bytes``, or views valid until the next sample: what is kept is
+        copied here."""
         meta = sample.get(_META_KEY)
+        image = None
+        for image_key in self.image_keys:
+            image = sample.get(image_key)
+            if image is not None:
+                break
+        error = self._accept(
+            batch,
+            sample["__url__"],
+            sample["__key__"],
+            meta,
+            sample.get(self.label_key),
+            image,
+            lambda: [k for k in sample if not k.startswith("__")],
+        )
+        if error is not None:
+            raise error
+
+    def _add_record(self, batch: EncodedBatch, view: memoryview, url: str, record: Any) -> bool:
+        """:meth:`_add` for a sample handed over as a record of offsets in ``view`` (see
+        ``Iteration.take``): no dict, and only the members used are touched. A JPEG with
+        its markers in place and a label of digits take the short way; anything else goes
+        through :meth:`_accept`. Returns whether to go on (an error is stored in
+        ``batch.error``)."""
+        rank, image, label, meta = len(self.image_keys), None, None, None
+        ranks, label_key = self._image_rank, self.label_key
+        for ext, start, stop, owned in record[2:]:
+            if ext == label_key:
+                label = view[start:stop] if owned is None else owned
+            elif ext == _META_KEY:
+                meta = view[start:stop].tobytes() if owned is None else owned
+            at = ranks.get(ext, rank)
+            if at < rank:
+                rank, image = at, view[start:stop] if owned is None else owned
+        if image is not None and label is not None:
+            placed = batch.placed
+            # the one copy: into the worker's shared buffer, or out of the ring here
+            kept = image.tobytes() if placed is None and isinstance(image, memoryview) else image
+            digits = label.tobytes() if isinstance(label, memoryview) else label
+            if (
+                digits.isdigit()
+                and len(digits) < 19
+                and (
+                    self.precheck == "none"
+                    or (
+                        self.precheck == "markers"
+                        and kept[:3] == _JPEG_SOI
+                        and bytes(kept[-_EOI_WINDOW:]).rfind(b"\xff\xd9") >= 0
+                    )
+                )
+            ):
+                batch.keys.append(record[0])
+                batch.urls.append(url)
+                if placed is not None:
+                    batch.spans.append(placed.put(kept))
+                else:
+                    batch.arrays.append(np.frombuffer(kept, dtype=np.uint8))
+                batch.labels.append(int(digits))
+                batch.metas.append(meta)
+                return True
+        error = self._accept(
+            batch, url, record[0], meta, label, image, lambda: [f[0] for f in record[2:]]
+        )
+        if error is not None:
+            batch.error = error
+            return False
+        return True
+
+    def _accept(
+        self,
+        batch: EncodedBatch,
+        url: str,
+        key: str,
+        meta: object,
+        raw_label: object,
+        data: object,
+        members: Callable[[], list[str]],
+    ) -> Exception | None:
+        """Check a sample's label and image and add it to ``batch`` (or record it skipped);
+        returns the error to raise (``on_error="raise"``), if any. Views are copied."""
         meta = bytes(meta) if isinstance(meta, memoryview) else meta
         meta = meta if isinstance(meta, bytes) else None
         try:
-            raw = sample[self.label_key]
-            label = int(bytes(raw) if isinstance(raw, memoryview) else raw)
+            if raw_label is None:
+                raise KeyError(self.label_key)
+            if isinstance(raw_label, memoryview):
+                raw_label = bytes(raw_label)
+            if not isinstance(raw_label, (bytes, str, int)):
+                raise TypeError(f"a {type(raw_label).__name__}, not bytes")
+            label = int(raw_label)
         except (KeyError, ValueError, TypeError) as exc:
-            raise DataError(
+            return DataError(
                 f"{describe_sample(url, key, meta)}: no integer label in {self.label_key!r} ({exc})"
-            ) from None
-        data = None
-        for image_key in self.image_keys:
-            data = sample.get(image_key)
-            if data is not None:
-                break
+            )
         if not isinstance(data, (bytes, memoryview)):
-            members = ", ".join(repr(k) for k in sorted(sample) if not k.startswith("__"))
+            found = ", ".join(repr(k) for k in sorted(members()))
             wanted = ", ".join(repr(k) for k in self.image_keys)
             problem: str | None = (
-                f"no image member: it has {members or 'no member'}, the loader looks for "
+                f"no image member: it has {found or 'no member'}, the loader looks for "
                 f"{wanted} (DALIImageLoader's image_keys)"
             )
         else:
             problem = check_image(data, self.precheck)
         if problem is not None:
             if self.on_error == "raise":
-                raise DecodeError(f"{describe_sample(url, key, meta)}: {problem}")
+                return DecodeError(f"{describe_sample(url, key, meta)}: {problem}")
             batch.skipped.append((url, key, problem, source_of(meta)))
-            return
+            return None
         assert isinstance(data, (bytes, memoryview))
         batch.keys.append(key)
         batch.urls.append(url)
         if batch.placed is not None:
             batch.spans.append(batch.placed.put(data))  # the one copy, into shared memory
-        else:
-            batch.arrays.append(np.frombuffer(data, dtype=np.uint8))  # a view: no copy
+        else:  # the one copy of a view; bytes are viewed as they are
+            kept = data.tobytes() if isinstance(data, memoryview) else data
+            batch.arrays.append(np.frombuffer(kept, dtype=np.uint8))
         batch.labels.append(label)
         batch.metas.append(meta)
+        return None
 
 
 def read_batches(
@@ -292,7 +385,7 @@ def read_batches(
     state = stream.state_dict() if track is not None else None
     if track is not None:
         track(state)
-    samples = iter(stream) if pool is None else stream.iter_views()
+    samples = stream.iter_views()  # members copied as the batch takes them (build)
     last_stats = time.monotonic()
     batch = None
     try:

@@ -98,3 +98,79 @@ def test_views_over_https_are_the_plain_iteration_s(
         assert store["tls"]  # read over HTTPS
     with ShardStream("s3://views/v/", s3=s3_server.options(), **settings) as s:
         assert over_https == list(s)
+
+
+def record_sample(view: memoryview, url: str, record: tuple[Any, ...]) -> dict[str, Any]:
+    """The dict ``iter`` gives for a record ``take`` hands over (copied out at once)."""
+    sample: dict[str, Any] = {"__key__": record[0], "__url__": url}
+    for ext, start, stop, owned in record[2:]:
+        sample[ext] = view[start:stop].tobytes() if owned is None else owned
+    return sample
+
+
+def test_take_hands_over_iter_s_samples_in_iter_s_order(shards: ForeignShards) -> None:
+    """Records in bulk, in batches of 7 and the epoch's end: the samples of ``iter``,
+    members and all, and the same statistics."""
+    with stream(shards) as s:
+        plain = list(s)
+    got: list[dict[str, Any]] = []
+    with stream(shards) as s:
+        views = s.iter_views()
+        counts = []
+        while n := views.take(7, lambda *a: got.append(record_sample(*a)) is None):
+            counts.append(n)
+        assert views.take(7, lambda *a: pytest.fail("a sample after the end")) == 0
+        stats = s.stats()
+    assert got == plain
+    assert counts == [7] * (shards.total // 7) + ([shards.total % 7] if shards.total % 7 else [])
+    assert stats["samples"] == shards.total
+
+
+def test_take_stops_where_the_sink_says_and_keeps_next_s_state(shards: ForeignShards) -> None:
+    """A sink that says stop ends the call after that sample, which counts as drawn; the
+    state is then as after as many ``next()``, and resumes a plain iteration exactly;
+    ``take`` and ``next`` mix on one iterator."""
+    with stream(shards) as s:
+        everything = [sample["__key__"] for sample in s]
+    keys: list[str] = []
+
+    def until_third(view: memoryview, url: str, record: tuple[Any, ...]) -> bool:
+        keys.append(record[0])
+        return len(keys) % 3 != 0
+
+    with stream(shards) as s:
+        views = s.iter_views()
+        assert views.take(10, until_third) == 3
+        keys.append(next(views)["__key__"])
+        assert views.take(5, until_third) == 2
+        state = s.state_dict()
+    assert keys == everything[:6]
+    with stream(shards) as s:
+        s.load_state_dict(state)
+        assert [sample["__key__"] for sample in s] == everything[6:]
+
+
+def test_take_over_https_from_a_mid_epoch_state(
+    shards: ForeignShards, s3_server: LocalS3, s3_tls_server: LocalS3
+) -> None:
+    """Over HTTPS, resumed mid-epoch: ``take`` hands over what the plain iteration of the
+    same state over HTTP reads, in its order."""
+    client = s3_server.client()
+    client.create_bucket(Bucket="takes")
+    for path in sorted(shards.folder.glob("*.tar")):
+        client.put_object(Bucket="takes", Key=f"t/{path.name}", Body=path.read_bytes())
+    settings: dict[str, Any] = {"window": 3, "inflight": 2, "chunk_bytes": CHUNK, "seed": 5}
+    with ShardStream("s3://takes/t/", s3=s3_server.options(), **settings) as s:
+        plain = iter(s)
+        for _ in range(11):
+            next(plain)
+        state = s.state_dict()
+        rest = list(plain)
+    got: list[dict[str, Any]] = []
+    with ShardStream("s3://takes/t/", s3=s3_tls_server.options(), **settings) as s:
+        s.load_state_dict(state)
+        views = s.iter_views()
+        while views.take(64, lambda *a: got.append(record_sample(*a)) is None):
+            pass
+        assert s.stats()["fetch"]["stores"][0]["tls"]
+    assert got == rest

@@ -7,10 +7,10 @@ from collections.abc import Callable, Iterator
 from typing import Any, Protocol
 
 from .._exceptions import StateError
-from ._run import EpochRun
+from ._run import EpochRun, RecordSink
 from ._stall import StallMeter
 
-__all__ = ["Iteration", "Owner"]
+__all__ = ["Iteration", "Owner", "SampleViews"]
 
 
 class Owner(Protocol):
@@ -18,6 +18,37 @@ class Owner(Protocol):
     iterator is closed early. A protocol, so that this module stands below the stream."""
 
     def _stop_iteration(self, iteration: Iteration) -> None: ...
+
+
+class SampleViews(Protocol):
+    """What :meth:`ShardStream.iter_views` returns: an iterator of samples whose members
+    are views of the ring, which can also hand out samples in bulk (:meth:`take`)."""
+
+    def __iter__(self) -> Iterator[dict[str, Any]]: ...
+
+    def __next__(self) -> dict[str, Any]: ...
+
+    def take(self, n: int, sink: RecordSink) -> int:
+        """Up to ``n`` samples, each handed to ``sink(view, url, record)`` as it is drawn
+        rather than returned as a dict: the next ``n`` samples of this iterator, in its
+        order, the state then as after ``n`` calls of ``next()``; for a consumer that
+        takes the members it needs straight out of the ring (``DALIImageLoader`` builds
+        its batches so), without a dict, a copy or an iterator call per sample.
+
+        ``record`` is ``(key, header offset, *fields)``, each field ``(extension, start,
+        stop, owned)``: the member's bytes are ``owned`` where not ``None``, else
+        ``view[start:stop]``, valid only until ``sink`` returns. ``sink`` returns whether
+        to go on (the sample it was given counts as drawn either way) and must not raise.
+        The stall meter counts the call as one ``next()``.
+
+        Returns:
+            The samples drawn; 0 once the epoch has ended.
+
+        Raises:
+            StateError: as ``next()`` (another thread reading, a replaced iterator).
+            AsyncStreamError: the stream's errors, as ``next()`` raises them.
+        """
+        ...
 
 
 class Iteration(Iterator[dict[str, Any]]):
@@ -79,6 +110,37 @@ class Iteration(Iterator[dict[str, Any]]):
             except BaseException:
                 self._owner = None  # the run is over: the stream may go
                 raise
+        finally:
+            self._lock.release()
+
+    def take(self, n: int, sink: RecordSink) -> int:
+        """Up to ``n`` samples handed to ``sink`` as records (:meth:`SampleViews.take`)."""
+        if not self._lock.acquire(blocking=False):
+            raise StateError(
+                "two threads are reading one ShardStream iterator at once; give each "
+                "thread a stream of its own (or use DataLoader workers)"
+            )
+        try:
+            if self.closed or self.replaced:
+                if self.closed:
+                    return 0
+                self._refuse()
+            self.started = True
+            run = self.run
+            try:
+                if self.meter is None:
+                    taken = run.take(n, sink)
+                else:
+                    taken = self.meter.timed(lambda: run.take(n, sink))
+            except BaseException:
+                self._owner = None  # the run is over: the stream may go
+                raise
+            if taken and self._on_begin is not None:
+                on_begin, self._on_begin = self._on_begin, None
+                on_begin()
+            if taken < n and run.closed:
+                self._owner = None
+            return taken
         finally:
             self._lock.release()
 

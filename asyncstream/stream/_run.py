@@ -32,7 +32,7 @@ from __future__ import annotations
 
 import multiprocessing
 import os
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any, Literal
 
 from .._exceptions import AsyncStreamError, StateError
@@ -49,7 +49,10 @@ from ._prefetch import soonest
 from ._settings import StreamSettings
 from ._state import BASE, Position, ReaderState, Start
 
-__all__ = ["EpochRun", "default_topology", "worker_topology"]
+__all__ = ["EpochRun", "RecordSink", "default_topology", "worker_topology"]
+
+RecordSink = Callable[[memoryview, str, tuple[Any, ...]], bool]
+"""What :meth:`EpochRun.take` hands each sample to: ``sink(view, url, record)``."""
 
 
 def _blend(settings: StreamSettings, pieces: list[Piece], groups: list[int]) -> Blend | None:
@@ -227,6 +230,49 @@ class EpochRun(Iterator[dict[str, Any]]):
         except StopIteration:
             self.closed = True  # the engine is idle again: finish() hands it back
             raise
+        except AsyncStreamError as exc:
+            self.close()
+            self._name_source(exc)
+            raise
+        except BaseException:
+            self.close()
+            raise
+
+    def take(self, n: int, sink: RecordSink) -> int:
+        """Draw up to ``n`` samples as :meth:`__next__` would, handing each to ``sink``
+        as ``sink(view, url, record)`` instead of building its dict: ``record`` is
+        ``(key, header offset, *fields)``, each field ``(extension, start, stop,
+        owned)``, the member's bytes being ``owned`` if not ``None``, else
+        ``view[start:stop]`` (valid only until ``sink`` returns). The samples are counted
+        as emitted before ``sink`` sees them, so the state is the same as after as many
+        ``next()``. ``sink`` returns whether to go on; it must not raise.
+
+        Returns:
+            The samples drawn: fewer than ``n`` only where ``sink`` stopped or the epoch
+            ended (0 then: nothing was left).
+        """
+        if self.closed:
+            return 0
+        taken = 0
+        try:
+            if not self.primed:
+                self._prime()
+            shuffle, emit = self.shuffle, self.emit
+            while taken < n:
+                need = shuffle.need()
+                while need.kind != "draw":
+                    self._serve(need)
+                    need = shuffle.need()
+                index, sample = shuffle.draw()
+                lane = shuffle.lanes[index].meta["reader"]
+                emit.emitted += 1
+                taken += 1
+                if not sink(lane.view, lane.shard.url, lane.records[sample - lane.first]):
+                    break
+            return taken
+        except StopIteration:
+            self.closed = True  # the engine is idle again: finish() hands it back
+            return taken
         except AsyncStreamError as exc:
             self.close()
             self._name_source(exc)

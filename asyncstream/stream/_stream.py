@@ -11,7 +11,7 @@ import threading
 import warnings
 import weakref
 from collections.abc import Callable, Iterator, Sequence
-from typing import Any, TypeVar, Unpack
+from typing import Any, TypeVar, Unpack, cast
 
 from torch.utils.data import IterableDataset, get_worker_info
 
@@ -24,7 +24,7 @@ from ..order._plan import Topology, reader_samples
 from ..stores._s3 import S3Options
 from ._checkpoint import Checkpoint
 from ._epochs import Pending
-from ._iteration import Iteration
+from ._iteration import Iteration, SampleViews
 from ._mapped import MappedStream
 from ._open import open_settings, start_engine_process
 from ._run import EpochRun, worker_topology
@@ -364,16 +364,18 @@ class ShardStream(IterableDataset[dict[str, Any]]):
         self._live = weakref.ref(iteration)
         return iteration
 
-    def iter_views(self) -> Iterator[dict[str, Any]]:
+    def iter_views(self) -> SampleViews:
         """``iter(stream)`` with each member a ``memoryview`` of the ring instead of a copy
         in ``bytes``, valid only until the next sample is drawn: for a consumer that copies
         what it keeps at once (``DALIImageLoader``'s workers copy each image straight into
         the batch's shared buffer), it saves the one copy. Order, state and statistics are
-        ``iter``'s."""
+        ``iter``'s. Its ``take(n, sink)`` hands the next ``n`` samples to ``sink`` as
+        records of offsets in the ring, with no dict per sample
+        (:meth:`SampleViews.take`)."""
         iteration = iter(self)
         if isinstance(iteration, Iteration):
             iteration.run.emit.views = True
-        return iteration
+        return cast(SampleViews, iteration)
 
     def _stop_iteration(self, iteration: Iteration) -> None:
         """``iteration.close()``: stop its run if it is still this stream's live one."""

@@ -34,7 +34,7 @@ from __future__ import annotations
 
 import ctypes
 import os
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from multiprocessing.context import get_spawning_popen
 from multiprocessing.sharedctypes import RawArray
 from typing import Any
@@ -188,4 +188,8 @@ class Refused(Iterator[dict[str, Any]]):
         self._error = error
 
     def __next__(self) -> dict[str, Any]:
+        raise self._error
+
+    def take(self, n: int, sink: Callable[..., bool]) -> int:
+        """As :meth:`~._iteration.Iteration.take`: raises the refusal."""
         raise self._error
