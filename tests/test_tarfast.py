@@ -9,7 +9,8 @@ read in each mode, the thresholds set so that each path takes the whole input:
 * ``general``: the general parser alone (``ShardReader._fast_path`` off);
 * ``scan``: header by header, each header checked alone;
 * ``scan-bulk``: header by header, the run checked by numpy;
-* ``table``: the range's table from its first header on.
+* ``table``: the range's table from its first header on, its runs grouped in Python;
+* ``table-vector``: the same, its runs grouped by numpy (:mod:`asyncstream.shards._targroup`).
 
 The outcomes must be identical: the same samples with the same bytes, offsets and types
 (views into the range fed, or owned bytes), the same ``pending_offset`` after every range,
@@ -31,7 +32,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from asyncstream._exceptions import CorruptTarError
-from asyncstream.shards import _tarbulk, _tarfast
+from asyncstream.shards import _tarbulk, _tarfast, _targroup
 from asyncstream.shards._tar import ShardReader
 
 pytestmark = pytest.mark.timeout(300)
@@ -42,7 +43,8 @@ MODES: dict[str, dict[str, Any]] = {
     "general": {"fast": False},
     "scan": {"dense": 0, "bulk": HUGE},
     "scan-bulk": {"dense": 0, "bulk": 1},
-    "table": {"probe": 0, "dense": HUGE, "table": 1, "bulk": 1},
+    "table": {"probe": 0, "dense": HUGE, "table": 1, "bulk": 1, "vector": HUGE},
+    "table-vector": {"probe": 0, "dense": HUGE, "table": 1, "bulk": 1, "vector": 1},
 }
 FUZZ = settings(
     max_examples=150,
@@ -63,6 +65,7 @@ def mode(name: str) -> Iterator[None]:
         patch.setattr(_tarfast, "_PROBE", knobs.get("probe", _tarfast._PROBE))
         patch.setattr(_tarbulk, "TABLE_MIN", knobs.get("table", _tarbulk.TABLE_MIN))
         patch.setattr(_tarbulk, "BULK_MIN", knobs.get("bulk", _tarbulk.BULK_MIN))
+        patch.setattr(_targroup, "VECTOR_MIN", knobs.get("vector", _targroup.VECTOR_MIN))
         yield
 
 

@@ -150,6 +150,10 @@ class HeaderTable:
             j = min(j, int(self._unlinked[k]) + 1)
         return i, j, int(self._afters[j - 1]) if j > i else rel
 
+    def name_fields(self, i: int, j: int) -> memoryview:
+        """The name fields of candidates ``i`` to ``j - 1``, 100 bytes each, in a row."""
+        return self._names[100 * i : 100 * j]
+
     def names(self, i: int, j: int) -> Iterator[bytes]:
         """The name fields of candidates ``i`` to ``j - 1``."""
         return map(_first, _NAME.iter_unpack(self._names[100 * i : 100 * j]))

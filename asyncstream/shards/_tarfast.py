@@ -34,6 +34,7 @@ import re
 import struct
 from collections.abc import Iterable
 
+from . import _targroup
 from ._tarbulk import HeaderTable, first_bad
 
 __all__ = ["Field", "Names", "RangeWalker", "Record"]
@@ -136,6 +137,19 @@ class RangeWalker:
         i, j, after = table.run(rel)
         if i == j:
             return self._scanned(rel, pending, _UNBOUNDED)
+        if j - i >= _targroup.VECTOR_MIN:
+            grouped = _targroup.group_run(
+                table.name_fields(i, j),
+                table.starts[i:j],
+                table.stops[i:j],
+                self.doff,
+                after,
+                pending,
+                self._group,
+                _extension,
+            )
+            if grouped is not None:
+                return (*grouped, True)
         members = zip(table.names(i, j), table.starts[i:j], table.stops[i:j], strict=True)
         return (*self._group(members, after, pending), True)
 
