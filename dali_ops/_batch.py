@@ -69,8 +69,9 @@ class EncodedBatch:
         stats: the worker stream's statistics, sent now and then by workers.
         owner: what keeps the arrays' memory alive and, once dropped, hands it back to the
             worker that sent it (:mod:`._shm`).
-        inputs: the arrays as DALI ``TensorCPU`` views, made by the producer (DALI's
-            source then skips its own per-image conversion, about 3 us an image).
+        inputs: the arrays as one DALI ``TensorListCPU`` of views, made by the producer
+            (DALI's source then skips its own per-image checks and conversion, about 5 us
+            an image of the training thread's time; see ``_feeds.prepare``).
         placed: in a DataLoader worker, the shared buffer the images are written into as
             they come (then ``arrays`` stays empty and ``spans`` says where each lies).
         spans: where each image lies in ``placed``: ``(start, stop)``.
@@ -88,14 +89,14 @@ class EncodedBatch:
     worker: int = -1
     stats: dict[str, Any] | None = None
     owner: Any = None
-    inputs: list[Any] | None = None
+    inputs: Any = None
     placed: BatchBuffer | None = None
     spans: list[tuple[int, int]] = field(default_factory=list)
 
     def __len__(self) -> int:
         return len(self.keys)
 
-    def source_batch(self) -> tuple[list[Any], npt.NDArray[np.int64]]:
+    def source_batch(self) -> tuple[Any, npt.NDArray[np.int64]]:
         """What DALI's external source is given: the images and their labels."""
         images = self.inputs if self.inputs is not None else self.arrays
         return images, np.asarray(self.labels, dtype=np.int64)

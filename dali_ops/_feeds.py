@@ -43,7 +43,7 @@ from collections import deque
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
-from nvidia.dali.tensors import TensorCPU
+from nvidia.dali.tensors import TensorCPU, TensorListCPU
 
 from ._batch import BatchBuilder, EncodedBatch, read_batches
 from ._shm import BufferViews
@@ -84,9 +84,19 @@ class Feed:
 
 
 def prepare(batch: EncodedBatch) -> EncodedBatch:
-    """Give a batch its DALI inputs: a zero-copy ``TensorCPU`` view of each image."""
+    """Give a batch its DALI input: one ``TensorListCPU`` of zero-copy ``TensorCPU``
+    views of its images (``contiguous=False``: nothing copied).
+
+    Made here, by the producer, so that DALI's source in the training thread takes the
+    whole batch at once: given a list, DALI's external source checks and converts each
+    item in Python (measured at about 5 us an image of the training thread's time, GIL
+    held, with a list of ``TensorCPU``; more with numpy arrays); given a tensor list, it
+    hands it over in one call.
+    """
     if batch.arrays:
-        batch.inputs = [TensorCPU(a, "") for a in batch.arrays]
+        views = [TensorCPU(a, "") for a in batch.arrays]
+        # DALI 2.4's type stubs lack the binding's ``contiguous`` argument.
+        batch.inputs = TensorListCPU(views, contiguous=False)  # type: ignore[call-overload]
     return batch
 
 

@@ -17,11 +17,12 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
 
 from asyncstream import DecodeError, ShardStream, pack
 from asyncstream.testing import generate_imagefolder
-from dali_ops import DALIImageLoader, PipelineSettings
+from dali_ops import DALIImageLoader, PipelineSettings, build_pipeline
 from dali_ops._stages import stage_limit
 
 # This machine may have fewer cores than a test's workers: torch's advice, not an error.
@@ -329,3 +330,36 @@ def test_after_a_resumed_pass_the_next_pass_is_the_next_epoch(
     assert head + rest == whole
     assert Counter(flat(after)) == all_keys
     assert after == following
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_the_loader_s_images_are_dali_s_own_over_the_same_bytes(folder: Path, workers: int) -> None:
+    """Each batch the loader hands out (its images given to DALI as one tensor list of
+    views into the batch's memory, in a thread or from workers' shared buffers) is what
+    the same pipeline makes of the same encoded bytes given as a plain list, pixel for
+    pixel, in the loader's order."""
+    with ShardStream(str(folder), shuffle=False) as stream:
+        encoded = {(s["__url__"], s["__key__"]): (s["jpg"], int(s["cls"])) for s in stream}
+    got = []
+    with make(folder, workers) as loader:
+        for images, labels in loader:
+            got.append((images.numpy().copy(), labels.tolist(), loader.last_keys))
+    assert len(got) == N_IMAGES // BATCH + 1
+    feed = [
+        (
+            [np.frombuffer(encoded[k][0], dtype=np.uint8) for k in keys],
+            np.array([encoded[k][1] for k in keys], dtype=np.int64),
+        )
+        for _, _, keys in got
+    ]
+
+    def source() -> tuple[list[np.ndarray], np.ndarray]:
+        if not feed:
+            raise StopIteration
+        return feed.pop(0)
+
+    reference = build_pipeline(SETTINGS, source, batch_size=BATCH, device="cpu")
+    for images, labels, _ in got:
+        want_images, want_labels = reference.run()
+        assert np.array_equal(images, np.asarray(want_images.as_tensor()))
+        assert labels == np.asarray(want_labels.as_tensor()).tolist()

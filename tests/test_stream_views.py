@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from asyncstream import LocalS3, ShardStream
+from asyncstream import LocalS3, ShardStream, StateError
 from tests._foreign import ForeignShards, write_foreign_shards
 from tests._wds import wds_samples
 
@@ -174,3 +174,16 @@ def test_take_over_https_from_a_mid_epoch_state(
             pass
         assert s.stats()["fetch"]["stores"][0]["tls"]
     assert got == rest
+
+
+def test_take_on_a_replaced_or_closed_iterator(shards: ForeignShards) -> None:
+    """``take`` keeps ``next``'s guards: a replaced iterator refuses, a closed one is over."""
+    with stream(shards) as s:
+        first = s.iter_views()
+        assert first.take(2, lambda *a: True) == 2
+        second = s.iter_views()  # a new iteration from this thread replaces the first
+        with pytest.raises(StateError, match="ended by a newer iter"):
+            first.take(1, lambda *a: True)
+        assert second.take(3, lambda *a: True) == 3
+        second.close()
+        assert second.take(3, lambda *a: pytest.fail("a sample after close")) == 0

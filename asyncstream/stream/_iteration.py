@@ -28,6 +28,11 @@ class SampleViews(Protocol):
 
     def __next__(self) -> dict[str, Any]: ...
 
+    def close(self) -> None:
+        """End the iteration early: its run stops; ``next()`` then raises
+        ``StopIteration`` and ``take`` returns 0."""
+        ...
+
     def take(self, n: int, sink: RecordSink) -> int:
         """Up to ``n`` samples, each handed to ``sink(view, url, record)`` as it is drawn
         rather than returned as a dict: the next ``n`` samples of this iterator, in its
@@ -93,10 +98,7 @@ class Iteration(Iterator[dict[str, Any]]):
 
     def __next__(self) -> dict[str, Any]:
         if not self._lock.acquire(blocking=False):
-            raise StateError(
-                "two threads are reading one ShardStream iterator at once; give each "
-                "thread a stream of its own (or use DataLoader workers)"
-            )
+            raise _two_readers()
         try:
             if self.closed or self.replaced:
                 self._refuse()
@@ -116,10 +118,7 @@ class Iteration(Iterator[dict[str, Any]]):
     def take(self, n: int, sink: RecordSink) -> int:
         """Up to ``n`` samples handed to ``sink`` as records (:meth:`SampleViews.take`)."""
         if not self._lock.acquire(blocking=False):
-            raise StateError(
-                "two threads are reading one ShardStream iterator at once; give each "
-                "thread a stream of its own (or use DataLoader workers)"
-            )
+            raise _two_readers()
         try:
             if self.closed or self.replaced:
                 if self.closed:
@@ -172,3 +171,10 @@ class Iteration(Iterator[dict[str, Any]]):
     @property
     def live(self) -> bool:
         return self.started and not self.replaced and not self.closed and not self.run.closed
+
+
+def _two_readers() -> StateError:
+    return StateError(
+        "two threads are reading one ShardStream iterator at once; give each "
+        "thread a stream of its own (or use DataLoader workers)"
+    )

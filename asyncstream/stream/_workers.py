@@ -193,3 +193,6 @@ class Refused(Iterator[dict[str, Any]]):
     def take(self, n: int, sink: Callable[..., bool]) -> int:
         """As :meth:`~._iteration.Iteration.take`: raises the refusal."""
         raise self._error
+
+    def close(self) -> None:
+        """Nothing to stop: the epoch was refused."""
