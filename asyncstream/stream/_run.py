@@ -217,25 +217,13 @@ class EpochRun(Iterator[dict[str, Any]]):
         if self.closed:
             raise StopIteration
         try:
-            if not self.primed:
-                self._prime()
-            shuffle = self.shuffle
-            need = shuffle.need()
-            while need.kind != "draw":
-                self._serve(need)
-                need = shuffle.need()
-            index, sample = shuffle.draw()
-            drawn = shuffle.lanes[index]
+            drawn, sample = self._draw()
             return self.emit.next(drawn.meta["reader"], sample, drawn.group)
         except StopIteration:
             self.closed = True  # the engine is idle again: finish() hands it back
             raise
-        except AsyncStreamError as exc:
-            self.close()
-            self._name_source(exc)
-            raise
-        except BaseException:
-            self.close()
+        except BaseException as exc:
+            self._fail(exc)
             raise
 
     def take(self, n: int, sink: RecordSink) -> int:
@@ -254,17 +242,11 @@ class EpochRun(Iterator[dict[str, Any]]):
         if self.closed:
             return 0
         taken = 0
+        emit = self.emit
         try:
-            if not self.primed:
-                self._prime()
-            shuffle, emit = self.shuffle, self.emit
             while taken < n:
-                need = shuffle.need()
-                while need.kind != "draw":
-                    self._serve(need)
-                    need = shuffle.need()
-                index, sample = shuffle.draw()
-                lane = shuffle.lanes[index].meta["reader"]
+                drawn, sample = self._draw()
+                lane = drawn.meta["reader"]
                 emit.emitted += 1
                 taken += 1
                 if not sink(lane.view, lane.shard.url, lane.records[sample - lane.first]):
@@ -273,13 +255,28 @@ class EpochRun(Iterator[dict[str, Any]]):
         except StopIteration:
             self.closed = True  # the engine is idle again: finish() hands it back
             return taken
-        except AsyncStreamError as exc:
-            self.close()
+        except BaseException as exc:
+            self._fail(exc)
+            raise
+
+    def _draw(self) -> tuple[Lane[Item], int]:
+        """The next draw's lane and sample, after whatever the shuffle needs first
+        (priming the run before its first draw). Raises StopIteration at the end."""
+        if not self.primed:
+            self._prime()
+        shuffle = self.shuffle
+        need = shuffle.need()
+        while need.kind != "draw":
+            self._serve(need)
+            need = shuffle.need()
+        index, sample = shuffle.draw()
+        return shuffle.lanes[index], sample
+
+    def _fail(self, exc: BaseException) -> None:
+        """The run failed: stop it, and name a mixed stream's source in the error."""
+        self.close()
+        if isinstance(exc, AsyncStreamError):
             self._name_source(exc)
-            raise
-        except BaseException:
-            self.close()
-            raise
 
     def _prime(self) -> None:
         """Before the first sample: restore the saved position, or ask for the first
