@@ -576,3 +576,33 @@ def test_a_mixed_state_fits_only_the_same_sources_and_says_so(
     with small_stream(small) as whole:
         everything = [s["__key__"] for s in whole]
     assert rest == everything[37:]
+
+
+def test_take_draws_a_mixed_stream_s_samples_in_next_s_order(
+    small: dict[str, ForeignShards],
+) -> None:
+    """A mixed stream (upsampled and downsampled sources, samples straddling chunks) handed
+    out in bulk by ``iter_views().take`` (as DALIImageLoader reads it) gives the samples of
+    ``next()`` in the same order, and its state mid-epoch resumes a plain iteration exactly."""
+    with small_stream(small) as stream:
+        plain = [(s["__url__"], s["__key__"], s["jpg"]) for s in stream]
+    got: list[tuple[str, str, bytes]] = []
+
+    def sink(view: memoryview, url: str, record: tuple[Any, ...]) -> bool:
+        fields = {
+            ext: (owned if owned is not None else view[a:b].tobytes())
+            for ext, a, b, owned in record[2:]
+        }
+        got.append((url, record[0], fields["jpg"]))
+        return True
+
+    with small_stream(small) as stream:
+        views = stream.iter_views()
+        while len(got) < 400 and views.take(37, sink):
+            pass
+        state = stream.state_dict()
+    with small_stream(small) as stream:
+        stream.load_state_dict(state)
+        rest = [(s["__url__"], s["__key__"], s["jpg"]) for s in stream]
+    assert len(plain) == 1_000
+    assert got + rest == plain
