@@ -30,7 +30,7 @@ import numpy.typing as npt
 
 from asyncstream import DataError, DecodeError
 
-from ._checks import _EOI_WINDOW, Precheck, check_image, describe_sample, source_of
+from ._checks import Precheck, check_image, describe_sample, source_of
 from ._shm import BatchBuffer, BufferPool, BufferViews
 
 if TYPE_CHECKING:
@@ -41,7 +41,6 @@ __all__ = ["BatchBuilder", "EncodedBatch", "Skipped", "read_batches"]
 STATS_INTERVAL = 1.0  # seconds between snapshots of the stream's statistics
 
 _META_KEY = "json"  # the member in which pack records a sample's source file
-_JPEG_SOI = b"\xff\xd8\xff"
 
 Skipped = tuple[str, str, str, "str | None"]
 """A skipped image: ``(shard URL, key, reason, source file or None)``."""
@@ -255,10 +254,10 @@ class BatchBuilder:
 
     def _add_record(self, batch: EncodedBatch, view: memoryview, url: str, record: Any) -> bool:
         """:meth:`_add` for a sample handed over as a record of offsets in ``view`` (see
-        ``Iteration.take``): no dict, and only the members used are touched. A JPEG with
-        its markers in place and a label of digits take the short way; anything else goes
-        through :meth:`_accept`. Returns whether to go on (an error is stored in
-        ``batch.error``)."""
+        ``Iteration.take``): no dict, and only the members used are touched. A label of
+        digits and an image that passes :func:`~._checks.check_image` take the short way;
+        anything else goes through :meth:`_accept`. Returns whether to go on (an error is
+        stored in ``batch.error``)."""
         rank, image, label, meta = len(self.image_keys), None, None, None
         ranks, label_key = self._image_rank, self.label_key
         for ext, start, stop, owned in record[2:]:
@@ -270,30 +269,10 @@ class BatchBuilder:
             if at < rank:
                 rank, image = at, view[start:stop] if owned is None else owned
         if image is not None and label is not None:
-            placed = batch.placed
-            # the one copy: into the worker's shared buffer, or out of the ring here
-            kept = image.tobytes() if placed is None and isinstance(image, memoryview) else image
             digits = label.tobytes() if isinstance(label, memoryview) else label
-            if (
-                digits.isdigit()
-                and len(digits) < 19
-                and (
-                    self.precheck == "none"
-                    or (
-                        self.precheck == "markers"
-                        and kept[:3] == _JPEG_SOI
-                        and bytes(kept[-_EOI_WINDOW:]).rfind(b"\xff\xd9") >= 0
-                    )
-                )
-            ):
-                batch.keys.append(record[0])
-                batch.urls.append(url)
-                if placed is not None:
-                    batch.spans.append(placed.put(kept))
-                else:
-                    batch.arrays.append(np.frombuffer(kept, dtype=np.uint8))
-                batch.labels.append(int(digits))
-                batch.metas.append(meta)
+            # the common sample: a label of digits and an image that passes the checks
+            if digits.isdigit() and len(digits) < 19 and check_image(image, self.precheck) is None:
+                _append(batch, record[0], url, image, int(digits), meta)
                 return True
         error = self._accept(
             batch, url, record[0], meta, label, image, lambda: [f[0] for f in record[2:]]
@@ -344,16 +323,29 @@ class BatchBuilder:
             batch.skipped.append((url, key, problem, source_of(meta)))
             return None
         assert isinstance(data, (bytes, memoryview))
-        batch.keys.append(key)
-        batch.urls.append(url)
-        if batch.placed is not None:
-            batch.spans.append(batch.placed.put(data))  # the one copy, into shared memory
-        else:  # the one copy of a view; bytes are viewed as they are
-            kept = data.tobytes() if isinstance(data, memoryview) else data
-            batch.arrays.append(np.frombuffer(kept, dtype=np.uint8))
-        batch.labels.append(label)
-        batch.metas.append(meta)
+        _append(batch, key, url, data, label, meta)
         return None
+
+
+def _append(
+    batch: EncodedBatch,
+    key: str,
+    url: str,
+    data: bytes | memoryview,
+    label: int,
+    meta: bytes | None,
+) -> None:
+    """Add a checked sample to ``batch``, its image copied once: into the worker's shared
+    buffer (``placed``), or out of the ring here (``bytes`` are viewed as they are)."""
+    batch.keys.append(key)
+    batch.urls.append(url)
+    if batch.placed is not None:
+        batch.spans.append(batch.placed.put(data))
+    else:
+        kept = data.tobytes() if isinstance(data, memoryview) else data
+        batch.arrays.append(np.frombuffer(kept, dtype=np.uint8))
+    batch.labels.append(label)
+    batch.metas.append(meta)
 
 
 def read_batches(

@@ -30,9 +30,10 @@ Precheck = Literal["none", "markers", "header"]
 IMAGE_KEYS = ("jpg", "jpeg", "png", "webp", "bmp", "tif", "tiff")
 """The image members a sample is searched for, in order: all that ``pack`` writes, and more."""
 
+_JPEG_SOI = b"\xff\xd8\xff"
 # Leading bytes of the formats DALI's decoders.image reads (PNM: P1-P6).
 _SIGNATURES = (
-    b"\xff\xd8\xff",  # JPEG
+    _JPEG_SOI,
     b"\x89PNG\r\n\x1a\n",
     b"II*\x00",  # TIFF, little endian
     b"MM\x00*",  # TIFF, big endian
@@ -62,13 +63,12 @@ def check_image(data: bytes | memoryview, level: Precheck) -> str | None:
         return "empty image"
     # bytes are looked at in place; of a view, only the ends are copied
     head = data if isinstance(data, bytes) else bytes(data[:_HEAD])
-    is_webp = head[:4] == b"RIFF" and head[8:12] == b"WEBP"
-    if not (is_webp or head.startswith(_SIGNATURES)):
-        return "not an image DALI decodes (unknown signature)"
-    if head.startswith(b"\xff\xd8\xff"):
+    if head[:3] == _JPEG_SOI:  # nearly every image: its one signature, then its end
         tail = data if isinstance(data, bytes) else bytes(data[-_EOI_WINDOW:])
         if tail.rfind(b"\xff\xd9", -_EOI_WINDOW) < 0:
             return "truncated JPEG (no end-of-image marker)"
+    elif not (head[:4] == b"RIFF" and head[8:12] == b"WEBP") and not head.startswith(_SIGNATURES):
+        return "not an image DALI decodes (unknown signature)"
     if level == "header":
         try:
             with Image.open(io.BytesIO(data)) as image:

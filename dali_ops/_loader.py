@@ -7,13 +7,13 @@ handing whole batches over in shared memory. DALI's source takes the built batch
 (:mod:`._feed`), so reading and decoding overlap, and one pipeline, built once, decodes
 them for the loader's whole life (:mod:`._pass`).
 
-Copies. The stream copies each sample out of its shared-memory ring into ``bytes`` (one
-copy); in the training process the loader feeds DALI ``np.frombuffer`` views of those
-bytes with ``no_copy=True``; from workers, each batch's images are copied once more into
-one shared-memory buffer, which the training process maps without a copy (each worker
-reuses a few buffers, mapped once: :mod:`._shm`). Not zero: the
-stream hands a ring slot back to its fetch engine as soon as the chunk's last sample is
-emitted, so views into the ring would be overwritten while DALI still reads them. With
+Copies. Each image is copied once: the producer takes the stream's samples as records of
+offsets in its shared-memory ring (``ShardStream.iter_views().take``) and copies only the
+image, out of the ring into ``bytes`` in the training process, or straight into one of a
+few shared-memory buffers a worker keeps and reuses, which the training process maps
+once (:mod:`._shm`); DALI is fed views of those copies with ``no_copy=True``. Not zero:
+the stream hands a ring slot back to its fetch engine as soon as the chunk's last sample
+is drawn, so views into the ring would be overwritten while DALI still reads them. With
 ``no_copy`` DALI does not own what it reads, so every fed batch stays referenced while in
 flight and for ``prefetch_queue_depth + 2`` batches after it is handed out. On the way
 out, DALI's outputs become torch tensors through DLPack, without a copy and without

@@ -159,23 +159,22 @@ class BatchBuffer:
         self.pool = pool
         self.slot = -1
         self.segment: _Segment | None = None
-        self.data: npt.NDArray[np.uint8] | None = None
+        self.data: memoryview | None = None  # the buffer's bytes, written through
         self.used = 0
 
     def put(self, data: Any) -> tuple[int, int]:
         """Copy ``data`` (bytes-like) in; returns where it lies: ``(start, stop)``."""
-        size = len(data)
-        start, stop = self.used, self.used + size
+        start, stop = self.used, self.used + len(data)
         if self.data is None or stop > len(self.data):
             self._grow(stop)
         assert self.data is not None
-        self.data[start:stop] = np.frombuffer(data, dtype=np.uint8)
+        self.data[start:stop] = data
         self.used = stop
         return start, stop
 
     def _grow(self, need: int) -> None:
         slot, segment = self.pool.take(max(need, self.pool.hint))
-        data = segment.array
+        data = segment.array.data  # a memoryview of it
         if self.data is not None:
             data[: self.used] = self.data[: self.used]
         self.free()
