@@ -270,6 +270,8 @@ class BatchBuilder:
                 rank, image = at, view[start:stop] if owned is None else owned
         if image is not None and label is not None:
             digits = label.tobytes() if isinstance(label, memoryview) else label
+            if batch.placed is None and isinstance(image, memoryview):
+                image = image.tobytes()  # the one copy, out of the ring: checked in place
             # the common sample: a label of digits and an image that passes the checks
             if digits.isdigit() and len(digits) < 19 and check_image(image, self.precheck) is None:
                 _append(batch, record[0], url, image, int(digits), meta)
