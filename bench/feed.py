@@ -252,10 +252,10 @@ def loader_epochs(
 
 
 def feed_alone(pkg: ModuleType, shards: Path, batch: int) -> float:
-    """Images/s of building every batch of an epoch with no DALI (today's producer)."""
-    from dali_ops._batch import BatchBuilder, read_batches
-
-    builder = BatchBuilder(
+    """Images/s of building every batch of an epoch with no DALI (``pkg``'s producer)."""
+    batches = importlib.import_module(f"{pkg.__name__}._batch")
+    read_batches = batches.read_batches
+    builder = batches.BatchBuilder(
         batch, on_error="raise", precheck="markers", image_keys=("jpg",), label_key="cls"
     )
     with ShardStream(str(shards), window=16, inflight=8, chunk_bytes=8 << 20, seed=0) as stream:
@@ -366,9 +366,8 @@ def proxy(args: argparse.Namespace, packages: dict[str, ModuleType]) -> dict[str
                         "engine_us": _steady(epochs, lambda e: e["engine_us"]),
                     }
                 )
-            feed = feed_alone(packages["after"], shards, batch)
-            for rows in rounds.values():
-                row = rows[-1]
+            for name, rows in rounds.items():
+                row, feed = rows[-1], feed_alone(packages[name], shards, batch)
                 decode_s, feed_s, both_s = 1 / row["ceiling"], 1 / feed, 1 / row["loader"]
                 row["feed_alone"] = feed
                 row["overlap"] = max(
@@ -475,79 +474,121 @@ def handover(args: argparse.Namespace, packages: dict[str, ModuleType]) -> dict[
 PARTS = {"proxy": proxy, "workers": workers, "real": real, "handover": handover}
 
 
+def _table(header: list[str], rows: list[list[str]]) -> list[str]:
+    """A Markdown table (the first column left-aligned, the others right), then a blank
+    line."""
+    rule = "|---|" + "---:|" * (len(header) - 1)
+    return [f"| {' | '.join(header)} |", rule, *(f"| {' | '.join(r)} |" for r in rows), ""]
+
+
 def render(out: dict[str, Any]) -> str:
     """The figures as Markdown."""
     lines = [f"{out['machine']}; device {out['device']}; {out['date']}; `{out['command']}`", ""]
     if "proxy" in out:
-        lines += [
-            "| feed proxy | batch | ceiling img/s | loader img/s | ratio | main thread us/img "
-            "| engine us/img | overlap |",
-            "|---|---:|---:|---:|---:|---:|---:|---:|",
-        ]
-        for batch, by_name in out["proxy"]["batches"].items():
-            for name, r in by_name.items():
-                lines.append(
-                    f"| {name} | {batch} | {r['ceiling']:.0f} | {r['loader']:.0f} "
-                    f"| {r['ratio']:.2f} | {r['main_thread_us']:.1f} | {r['engine_us']:.1f} "
-                    f"| {r['overlap']:.2f} |"
-                )
-        lines.append("")
+        lines += _table(
+            [
+                "feed proxy",
+                "batch",
+                "ceiling img/s",
+                "loader img/s",
+                "ratio",
+                "main thread us/img",
+                "engine us/img",
+                "overlap",
+                "batches alone img/s",
+            ],
+            [
+                [
+                    name,
+                    str(batch),
+                    f"{r['ceiling']:.0f}",
+                    f"{r['loader']:.0f}",
+                    f"{r['ratio']:.2f}",
+                    f"{r['main_thread_us']:.1f}",
+                    f"{r['engine_us']:.1f}",
+                    f"{r['overlap']:.2f}",
+                    f"{r['feed_alone']:.0f}",
+                ]
+                for batch, by_name in out["proxy"]["batches"].items()
+                for name, r in by_name.items()
+            ],
+        )
     if "workers" in out:
-        lines += [
-            "| workers | loader | ceiling img/s | loader img/s | ratio | training process CPU "
-            "ms per 1,000 images | main thread us/img | loop waits on DALI "
-            "| DALI waits on feed |",
-            "|---:|---|---:|---:|---:|---:|---:|---:|---:|",
-        ]
-        for name, by in out["workers"].items():
-            for n, r in by.items():
-                lines.append(
-                    f"| {n} | {name} | {r['ceiling']:.0f} | {r['loader']:.0f} "
-                    f"| {r['ratio']:.2f} | {r['process_ms_per_1000']:.0f} "
-                    f"| {r['main_thread_us']:.1f} | {r['decode_wait_share']:.0%} "
-                    f"| {r['feed_wait_share']:.0%} |"
-                )
-        lines.append("")
+        lines += _table(
+            [
+                "workers",
+                "loader",
+                "ceiling img/s",
+                "loader img/s",
+                "ratio",
+                "training process CPU ms per 1,000 images",
+                "main thread us/img",
+                "loop waits on DALI",
+                "DALI waits on feed",
+            ],
+            [
+                [
+                    str(n),
+                    name,
+                    f"{r['ceiling']:.0f}",
+                    f"{r['loader']:.0f}",
+                    f"{r['ratio']:.2f}",
+                    f"{r['process_ms_per_1000']:.0f}",
+                    f"{r['main_thread_us']:.1f}",
+                    f"{r['decode_wait_share']:.0%}",
+                    f"{r['feed_wait_share']:.0%}",
+                ]
+                for name, by in out["workers"].items()
+                for n, r in by.items()
+            ],
+        )
     if "real" in out:
-        lines += [
-            "| realistic run | first epoch img/s | steady img/s | ratio (steady) | GPU util % "
-            "| loop waits on DALI | DALI waits on feed |",
-            "|---|---:|---:|---:|---:|---:|---:|",
-        ]
+        rows = []
         for name, runs in out["real"]["runs"].items():
             ceil = runs["ceiling"]
             steady_ceiling = _steady(ceil, float)
-            lines.append(
-                f"| {name}: DALI preloaded | {ceil[0]:.0f} | {steady_ceiling:.0f} | 1.00 | | | |"
-            )
+            rows.append([f"{name}: DALI preloaded", f"{ceil[0]:.0f}", f"{steady_ceiling:.0f}"])
+            rows[-1] += ["1.00", "", "", ""]
             for label, epochs in runs.items():
                 if label == "ceiling":
                     continue
                 steady = _steady(epochs, lambda e: e["images_per_s"])
                 util = [e["gpu_util"] for e in epochs[1:] if e["gpu_util"] is not None]
-                shares = [
-                    f"{statistics.mean(e.get(k, 0.0) for e in epochs[1:] or epochs):.0%}"
-                    for k in ("decode_wait_share", "feed_wait_share")
-                ]
-                lines.append(
-                    f"| {name}: {label} | {epochs[0]['images_per_s']:.0f} | {steady:.0f} "
-                    f"| {steady / steady_ceiling:.2f} | "
-                    + (f"{statistics.mean(util):.0f}" if util else "")
-                    + f" | {shares[0]} | {shares[1]} |"
+                rows.append(
+                    [f"{name}: {label}", f"{epochs[0]['images_per_s']:.0f}", f"{steady:.0f}"]
+                    + [f"{steady / steady_ceiling:.2f}"]
+                    + [f"{statistics.mean(util):.0f}" if util else ""]
+                    + [
+                        f"{statistics.mean(e.get(k, 0.0) for e in epochs[1:] or epochs):.0%}"
+                        for k in ("decode_wait_share", "feed_wait_share")
+                    ]
                 )
-        lines.append("")
+        lines += _table(
+            [
+                "realistic run",
+                "first epoch img/s",
+                "steady img/s",
+                "ratio (steady)",
+                "GPU util %",
+                "loop waits on DALI",
+                "DALI waits on feed",
+            ],
+            rows,
+        )
     if "handover" in out:
-        lines += [
-            "| hand-over (workers, no DALI, batch 256) | workers | images/s "
-            "| training thread us/img |",
-            "|---|---:|---:|---:|",
-        ]
-        for name, by in out["handover"].items():
-            for n, r in by.items():
-                lines.append(
-                    f"| {name} | {n} | {r['images_per_s']:.0f} | {r['main_thread_us']:.1f} |"
-                )
-        lines.append("")
+        lines += _table(
+            [
+                "hand-over (workers, no DALI, batch 256)",
+                "workers",
+                "images/s",
+                "training thread us/img",
+            ],
+            [
+                [name, str(n), f"{r['images_per_s']:.0f}", f"{r['main_thread_us']:.1f}"]
+                for name, by in out["handover"].items()
+                for n, r in by.items()
+            ],
+        )
     return "\n".join(lines)
 
 
