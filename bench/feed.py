@@ -148,6 +148,35 @@ class GpuSampler:
         return sum(self.samples) / len(self.samples) if self.samples else None
 
 
+class Preloaded:
+    """DALI's source over encoded images preloaded in memory: the next batch a call, in
+    order, until :meth:`rewind`."""
+
+    def __init__(self, blobs: list[bytes], labels: list[int], batch: int) -> None:
+        self.arrays = [np.frombuffer(b, dtype=np.uint8) for b in blobs]
+        self.labels = np.asarray(labels, dtype=np.int64)
+        self.batch = batch
+        self.position = 0
+
+    def __call__(self) -> Any:
+        at = self.position
+        if at >= len(self.arrays):
+            raise StopIteration
+        self.position = at + self.batch
+        return self.arrays[at : self.position], self.labels[at : self.position]
+
+    def epoch(self, pipe: Any) -> int:
+        """Run ``pipe`` (fed by this source) over every image once; returns how many."""
+        self.position, images = 0, 0
+        try:
+            while True:
+                images += len(pipe.run()[1])
+        except StopIteration:
+            pass
+        pipe.reset()
+        return images
+
+
 def ceiling(
     pkg: ModuleType,
     settings: Any,
@@ -158,30 +187,14 @@ def ceiling(
     epochs: int,
 ) -> list[float]:
     """DALI over the bytes preloaded: images/s of each epoch, one pipeline for all."""
-    arrays = [np.frombuffer(b, dtype=np.uint8) for b in blobs]
-    label_array = np.asarray(labels, dtype=np.int64)
-    position = 0
-
-    def source() -> Any:
-        nonlocal position
-        if position >= len(arrays):
-            raise StopIteration
-        position += batch
-        return arrays[position - batch : position], label_array[position - batch : position]
-
+    source = Preloaded(blobs, labels, batch)
     pipe = pkg.build_pipeline(settings, source, batch_size=batch, device=device)
     rates = []
     for _ in range(epochs):
-        position, images = 0, 0
         started = time.perf_counter()
-        try:
-            while True:
-                images += len(pipe.run()[1])
-        except StopIteration:
-            pass
+        images = source.epoch(pipe)
         _synchronize(device)
         rates.append(images / (time.perf_counter() - started))
-        pipe.reset()
     del pipe
     return rates
 

@@ -16,14 +16,11 @@ besides the threads alive at both ends), and the fetch engine's process apart.
 from __future__ import annotations
 
 import argparse
-import contextlib
 import os
 import threading
 import time
 from collections.abc import Callable
 from typing import Any
-
-import numpy as np
 
 import dali_ops
 from asyncstream import ShardStream
@@ -67,28 +64,7 @@ def per_thread(
     shards: Any, settings: Any, blobs: list[bytes], labels: list[int], args: Any
 ) -> None:
     """Rounds of one epoch of the ceiling and of the loader, by thread (module docstring)."""
-    arrays = [np.frombuffer(b, dtype=np.uint8) for b in blobs]
-    label_array = np.asarray(labels, dtype=np.int64)
-    position = 0
-
-    def source() -> Any:
-        nonlocal position
-        if position >= len(arrays):
-            raise StopIteration
-        position += args.batch
-        return arrays[position - args.batch : position], label_array[
-            position - args.batch : position
-        ]
-
-    def ceiling_epoch() -> int:
-        nonlocal position
-        position, images = 0, 0
-        with contextlib.suppress(StopIteration):
-            while True:
-                images += len(pipe.run()[1])
-        pipe.reset()
-        return images
-
+    source = F.Preloaded(blobs, labels, args.batch)
     pipe = dali_ops.build_pipeline(settings, source, batch_size=args.batch, device="cpu")
     stream = ShardStream(str(shards), window=16, inflight=8, chunk_bytes=8 << 20, seed=0)
     with dali_ops.DALIImageLoader(stream, args.batch, settings=settings, device="cpu") as loader:
@@ -100,9 +76,9 @@ def per_thread(
             epoch += 1
             return sum(int(y.shape[0]) for _, y in loader)
 
-        ceiling_epoch(), loader_epoch()  # warm-up: pipelines built, engine started
+        source.epoch(pipe), loader_epoch()  # warm-up: pipelines built, engine started
         for _ in range(args.per_thread):
-            for name, run in (("ceiling", ceiling_epoch), ("loader", loader_epoch)):
+            for name, run in (("ceiling", lambda: source.epoch(pipe)), ("loader", loader_epoch)):
                 engine = F._engine_cpu(loader.stats())
                 images, wall, per = _by_thread(run)
                 engine = 1e6 * (F._engine_cpu(loader.stats()) - engine) / images

@@ -16,12 +16,23 @@ from __future__ import annotations
 import io
 import json
 import random
+import shutil
+import subprocess
 import tarfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 Rows = list[tuple[str, dict[str, bytes]]]
+
+
+def gnu_tar() -> str | None:
+    """The path of GNU tar, or None where ``tar`` is missing or another one."""
+    tar = shutil.which("tar")
+    if tar is None:
+        return None
+    version = subprocess.run([tar, "--version"], capture_output=True, text=True).stdout
+    return tar if "GNU tar" in version else None
 
 
 def _tarfile_bytes(rows: Rows) -> bytes:

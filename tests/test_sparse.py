@@ -13,7 +13,6 @@ from __future__ import annotations
 import io
 import os
 import random
-import shutil
 import subprocess
 import tarfile
 from pathlib import Path
@@ -23,16 +22,9 @@ from _wds import ours, wds_samples
 
 from asyncstream._exceptions import CorruptTarError
 from asyncstream.shards._sparse import expand, map_01, map_10, tar_number
+from tests._foreign import gnu_tar
 
 CHUNKS = [None, 37, 512, 700, 4096]
-
-
-def gnu_tar() -> str | None:
-    tar = shutil.which("tar")
-    if tar is None:
-        return None
-    version = subprocess.run([tar, "--version"], capture_output=True, text=True).stdout
-    return tar if "GNU tar" in version else None
 
 
 needs_gnu_tar = pytest.mark.skipif(gnu_tar() is None, reason="GNU tar is not installed")

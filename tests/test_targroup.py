@@ -9,7 +9,6 @@ byte; here the whole path is checked against the ecosystem's reader.
 from __future__ import annotations
 
 import random
-import shutil
 import subprocess
 from collections.abc import Iterator
 from pathlib import Path
@@ -20,20 +19,12 @@ from torchdata.stateful_dataloader import StatefulDataLoader
 
 from asyncstream import LocalS3, ShardStream
 from asyncstream.shards import _targroup
-from tests._foreign import write_foreign_shards
+from tests._foreign import gnu_tar, write_foreign_shards
 from tests._wds import wds_samples
 
 pytestmark = pytest.mark.filterwarnings("ignore:This DataLoader will create:UserWarning")
 
 SAMPLES = 120  # a shard: 360 members, runs far longer than VECTOR_MIN
-
-
-def _gnu_tar() -> str | None:
-    tar = shutil.which("tar")
-    if tar is None:
-        return None
-    version = subprocess.run([tar, "--version"], capture_output=True, text=True).stdout
-    return tar if "GNU tar" in version else None
 
 
 @pytest.fixture(scope="module")
@@ -44,7 +35,7 @@ def folder(tmp_path_factory: pytest.TempPathFactory) -> Path:
     shards = write_foreign_shards(
         root / "shards", 2, counts=[SAMPLES] * 2, jpg_bytes=(30, 300), seed=9
     )
-    tar = _gnu_tar()
+    tar = gnu_tar()
     if tar is None:
         pytest.skip("GNU tar is not installed")
     rng = random.Random(4)
