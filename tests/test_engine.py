@@ -437,10 +437,13 @@ def test_a_slow_request_is_hedged_and_the_hedge_wins(
     slow = requests[40]
     # The 41st request answers 20 s late: far past any timeout that would retry it first.
     proxy.inject("latency", seconds=20, match=slow.url.rsplit("/", 1)[1])
+    # A hedge only after 10 times the predicted time: on a loaded machine (CI), chunks 2 to
+    # 3 times slower than predicted spent the 5% budget before the slow one came.
     cfg = config(
         proxy.endpoint_url,
         timeouts=Timeouts(first_byte=60, stall=60, chunk=120),
         transport=transport,
+        hedge_factor=10.0,
     )
     with Engine(cfg, n_slots=10, slot_bytes=1 << 20) as engine:
         got = drain(engine, requests)
