@@ -51,6 +51,25 @@ CREATE TABLE IF NOT EXISTS counts (
 """
 
 
+def _set_up(db: sqlite3.Connection) -> None:
+    """WAL mode and the table. Switching a new file to WAL while other processes open it
+    can answer "database is locked" at once, without the busy handler's wait (SQLite
+    does not wait where waiting could deadlock): tried again until the busy timeout."""
+    db.execute(f"PRAGMA busy_timeout = {int(_BUSY_TIMEOUT_S * 1000)}")
+    deadline = time.monotonic() + _BUSY_TIMEOUT_S
+    while True:
+        try:
+            db.execute("PRAGMA journal_mode = WAL")
+            db.execute("PRAGMA synchronous = NORMAL")
+            db.execute(_SCHEMA)
+            return
+        except sqlite3.OperationalError as exc:
+            busy = "locked" in str(exc) or "busy" in str(exc)
+            if not busy or time.monotonic() > deadline:
+                raise
+            time.sleep(0.01)
+
+
 def default_cache_dir() -> Path:
     """``$ASYNCSTREAM_CACHE_DIR``, else ``$XDG_CACHE_HOME/asyncstream``, else ``~/.cache/...``."""
     explicit = os.environ.get("ASYNCSTREAM_CACHE_DIR")
@@ -112,10 +131,7 @@ class IndexCache:
             self._fail("opened", exc)
             return None
         try:
-            db.execute(f"PRAGMA busy_timeout = {int(_BUSY_TIMEOUT_S * 1000)}")
-            db.execute("PRAGMA journal_mode = WAL")
-            db.execute("PRAGMA synchronous = NORMAL")
-            db.execute(_SCHEMA)
+            _set_up(db)
         except sqlite3.Error as exc:
             db.close()
             self._fail("opened", exc)
