@@ -35,7 +35,7 @@ from multiprocessing.connection import Connection
 
 from ..stores._registry import registered_stores, scheme_of
 
-__all__ = ["EngineProcess", "spawn", "store_modules"]
+__all__ = ["EngineProcess", "python_command", "spawn", "store_modules"]
 
 IDLE_LIMIT = 30.0
 _MARGIN = 5.0  # at most: a process this close to its idle limit is not adopted
@@ -62,10 +62,32 @@ def store_modules(urls: Iterable[str]) -> tuple[str, ...]:
     return tuple(dict.fromkeys(found))
 
 
+def python_command(module: str, *args: str) -> tuple[list[str], dict[str, str]]:
+    """The command line and environment that run ``python -m MODULE ARGS`` in a fresh
+    interpreter like this one, importing nothing from the caller's working directory.
+
+    ``-m`` alone puts the working directory first on ``sys.path``, ahead of the standard
+    library: a ``secrets.py`` in the folder a training script is started from would be
+    imported by the child in place of the standard library's. ``-P`` (Python 3.11) leaves
+    it out, and the empty entries of ``PYTHONPATH`` (which mean the working directory
+    too, left by ``PYTHONPATH=$PYTHONPATH:...``) are dropped. The rest of the caller's
+    environment is kept: not ``-I``, which would also drop ``PYTHONPATH`` (editable
+    installs, the tests) and the user's site-packages (``pip install --user``). The folder
+    this asyncstream is imported from is put first on ``PYTHONPATH``, so that the child
+    runs the same copy.
+    """
+    env = dict(os.environ)
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    paths = [root, *env.get("PYTHONPATH", "").split(os.pathsep)]
+    env["PYTHONPATH"] = os.pathsep.join(dict.fromkeys(filter(None, paths)))
+    return [sys.executable, "-P", "-m", module, *args], env
+
+
 def spawn(
     preload: Iterable[str] = (), idle_limit: float | None = None
 ) -> tuple[Connection, subprocess.Popen[bytes]]:
-    """Start ``python -m asyncstream.engine FD IDLE [MODULE ...]``: a fresh interpreter
+    """Start ``python -P -m asyncstream.engine FD IDLE [MODULE ...]`` (:func:`python_command`:
+    nothing from the working directory): a fresh interpreter
     running only the engine (not multiprocessing's spawn, which re-imports the caller's
     ``__main__`` and with it torch and the training script), which imports ``preload``
     while it waits for its Hello, for at most ``idle_limit`` seconds (None: no limit).
@@ -77,22 +99,9 @@ def spawn(
     conn = Connection(ours_sock.detach())
     fd = theirs_sock.detach()
     try:
-        env = dict(os.environ)
-        root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-        env["PYTHONPATH"] = os.pathsep.join(filter(None, [root, env.get("PYTHONPATH")]))
-        proc = subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "asyncstream.engine",
-                str(fd),
-                "-" if idle_limit is None else repr(float(idle_limit)),
-                *preload,
-            ],
-            pass_fds=[fd],
-            env=env,
-            stdin=subprocess.DEVNULL,
-        )
+        limit = "-" if idle_limit is None else repr(float(idle_limit))
+        command, env = python_command("asyncstream.engine", str(fd), limit, *preload)
+        proc = subprocess.Popen(command, pass_fds=[fd], env=env, stdin=subprocess.DEVNULL)
     except BaseException:
         conn.close()
         raise
