@@ -5,6 +5,10 @@ It prints the endpoint and one ``export`` line to paste into another shell, afte
 botocore's configuration chain) reach it with no flag; then it serves until Ctrl-C or
 SIGTERM, and stops cleanly: the socket closed, the buckets and objects dropped (they live
 in memory only), the ``--tls`` certificates deleted.
+
+What it exposes: S3 with no authentication, to whoever reaches the port (loopback by
+default; ``--host`` widens it). Web browsers and moto's admin API are refused
+(:mod:`asyncstream.testing._guard`).
 """
 
 from __future__ import annotations
@@ -30,14 +34,20 @@ def register(sub: Any) -> None:
         help="run the embedded S3 server (moto, in memory) until Ctrl-C",
         description=(
             "Run the embedded S3 server and print the environment that points other "
-            "shells at it (AWS_ENDPOINT_URL, credentials, region). It checks no "
-            "signature and keeps everything in memory: for local work and tests only."
+            "shells at it (AWS_ENDPOINT_URL, credentials, region). For local work and "
+            "tests only: it is an S3 server with no authentication (it accepts any "
+            "credentials), holding everything in memory, and anyone who can "
+            "reach its port can list, read, write and delete every bucket. It listens on "
+            "loopback (127.0.0.1) unless --host widens it. Web browsers are refused "
+            "(requests from another origin, CORS preflights and, on loopback, host "
+            "names that are not loopback ones), and so is moto's admin API (/moto-api/)."
         ),
     )
     serve.add_argument(
         "--host",
         default="127.0.0.1",
-        help="the address to listen on; it accepts any credentials, so keep it on loopback",
+        help="the address to listen on (default: loopback only); another address "
+        "exposes every bucket, unauthenticated, to anyone who can reach it",
     )
     serve.add_argument("--port", type=int, default=0, help="the port to listen on; 0: a free one")
     serve.add_argument(

@@ -11,6 +11,11 @@ everything runs with no cloud account. Two modes:
   child exits when its stdin closes, so it cannot outlive a parent killed with SIGKILL. If
   it fails to start, the error carries the end of what it wrote on stderr.
 
+The server is closed to web browsers and to moto's admin endpoints (:mod:`._guard`):
+only :meth:`LocalS3.reset` knows the random token that opens ``/moto-api/reset``. It
+checks no signature (but with ``require_auth``): whoever reaches its port reads and
+writes every bucket, so it listens on loopback unless told otherwise.
+
 ``tls=(cert_pem, key_pem)`` serves HTTPS instead (werkzeug's ``ssl_context``), in either
 mode, for tests of TLS against moto (see :func:`asyncstream.testing.make_test_certificates`).
 
@@ -25,17 +30,19 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import secrets
 import ssl
 import subprocess
-import sys
 import tempfile
 import threading
 import urllib.request
 import warnings
 from typing import IO, Any, Literal
 
+from ..engine._launch import python_command
 from ..stores._s3 import S3Credentials, S3Options, sync_client
 from . import _moto_ranges
+from ._guard import ADMIN_HEADER, ADMIN_TOKEN_ENV
 from ._motoserver import MotoServer, require_moto
 from ._served import Served
 
@@ -99,6 +106,7 @@ class LocalS3(Served):
         self._stderr: IO[bytes] | None = None
         self._endpoint: str | None = None
         self._closed = False
+        self._admin_token = secrets.token_urlsafe(32)  # opens /moto-api/ for reset()
 
     def __repr__(self) -> str:
         state = "closed" if self._closed else (self._endpoint or "not started")
@@ -135,7 +143,7 @@ class LocalS3(Served):
             logging.getLogger("werkzeug").setLevel(logging.WARNING)
             require_moto()
             _moto_ranges.install()
-            server = MotoServer(self.host, self.port, self.tls)
+            server = MotoServer(self.host, self.port, self.tls, self._admin_token)
             server.start()
             self._server = server
             host, port = server.get_host_and_port()
@@ -146,15 +154,18 @@ class LocalS3(Served):
 
     def _start_process(self) -> tuple[str, int]:
         require_moto()  # here, where its message reaches the caller as it is
-        env = dict(os.environ)
+        # -P: nothing imported from the working directory (see python_command).
+        command, env = python_command(
+            "asyncstream.testing._s3child", "--host", self.host, "--port", str(self.port)
+        )
+        env[ADMIN_TOKEN_ENV] = self._admin_token  # not on the command line: ps shows it
         if self.require_auth:
             env["INITIAL_NO_AUTH_ACTION_COUNT"] = "0"
         tls = ["--cert", self.tls[0], "--key", self.tls[1]] if self.tls else []
         # stderr to a file, not a pipe: nobody drains it while the server runs.
         self._stderr = tempfile.TemporaryFile(prefix="asyncstream-local-s3-")  # noqa: SIM115
-        command = ["-m", "asyncstream.testing._s3child", "--host", self.host]
         proc = subprocess.Popen(
-            [sys.executable, *command, "--port", str(self.port), *tls],
+            [*command, *tls],
             env=env,
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
@@ -180,7 +191,7 @@ class LocalS3(Served):
                 else f"did not start within {_START_TIMEOUT:.0f} s"
             )
             raise RuntimeError(
-                f"the local S3 server ({sys.executable} {' '.join(command)}) {what}; "
+                f"the local S3 server ({' '.join(command)}) {what}; "
                 f"its stderr ends with:\n{tail or '(nothing)'}"
             )
         _, host, port = lines[-1].split()
@@ -212,7 +223,11 @@ class LocalS3(Served):
 
     def reset(self) -> None:
         """Delete every bucket and object on the server."""
-        request = urllib.request.Request(f"{self.endpoint_url}/moto-api/reset", method="POST")
+        request = urllib.request.Request(
+            f"{self.endpoint_url}/moto-api/reset",
+            method="POST",
+            headers={ADMIN_HEADER: self._admin_token},
+        )
         context = None
         if self.tls is not None:
             context = ssl.create_default_context(cafile=self.ca_bundle)

@@ -1,5 +1,6 @@
 """moto's threaded S3 server, over HTTP or TLS, for :class:`~asyncstream.testing.LocalS3`
-(in this process, or in its child: ``_s3child.py``).
+(in this process, or in its child: ``_s3child.py``), closed to web browsers and to
+moto's admin endpoints but for the admin token's holder (:mod:`._guard`).
 
 moto is imported when a server is made, never when asyncstream is; where it (or its
 ``server`` extra: Flask, flask-cors) is missing, :func:`require_moto` says what to install.
@@ -7,10 +8,13 @@ moto is imported when a server is made, never when asyncstream is; where it (or 
 
 from __future__ import annotations
 
+import ipaddress
 import socket
 import ssl
 import threading
 from typing import Any
+
+from ._guard import BrowserGuard
 
 __all__ = ["MOTO_REQUIREMENT", "MotoServer", "require_moto"]
 
@@ -45,12 +49,22 @@ class MotoServer:
         host: the address to bind.
         port: the port; ``0`` for a free one.
         tls: ``(cert_pem, key_pem)``: serve HTTPS with this certificate.
+        admin_token: what opens moto's ``/moto-api/`` (in the header
+            :data:`~._guard.ADMIN_HEADER`); ``None``: closed to all. Browsers are refused
+            (:class:`~._guard.BrowserGuard`).
     """
 
-    def __init__(self, host: str, port: int, tls: tuple[str, str] | None) -> None:
+    def __init__(
+        self,
+        host: str,
+        port: int,
+        tls: tuple[str, str] | None,
+        admin_token: str | None = None,
+    ) -> None:
         self.host = host
         self.port = port
         self.tls = tls
+        self.admin_token = admin_token
         self._server: Any = None
         self._thread: threading.Thread | None = None
 
@@ -76,10 +90,17 @@ class MotoServer:
             context.load_cert_chain(*self.tls)
         # Bound here, not by werkzeug, which prints and calls sys.exit(1) when it cannot.
         with _listen(self.host, self.port) as sock:
+            address = str(sock.getsockname()[0]).partition("%")[0]
+            app = BrowserGuard(
+                DomainDispatcherApplication(create_backend_app),
+                host=self.host,
+                loopback=ipaddress.ip_address(address).is_loopback,
+                admin_token=self.admin_token,
+            )
             self._server = make_server(
                 self.host,
                 self.port,
-                DomainDispatcherApplication(create_backend_app),
+                app,
                 threaded=True,
                 request_handler=MotoRequestHandler,
                 ssl_context=context,

@@ -3,17 +3,20 @@
 Kept apart from ``_local.py`` (which ``import asyncstream`` loads), so that running it as
 ``__main__`` does not load it twice. It prints ``WARNING <text>`` for each warning of the
 start (the parent raises them again), then ``READY <host> <port>``, and serves until its
-stdin closes: when the parent closes it, or dies.
+stdin closes: when the parent closes it, or dies. The parent hands it the token that
+opens moto's admin endpoints in its environment (:data:`._guard.ADMIN_TOKEN_ENV`).
 """
 
 from __future__ import annotations
 
 import argparse
 import logging
+import os
 import sys
 import warnings
 
 from . import _moto_ranges
+from ._guard import ADMIN_TOKEN_ENV
 from ._motoserver import MotoServer
 
 
@@ -32,7 +35,9 @@ def main() -> None:
     for warning in caught:
         if issubclass(warning.category, _moto_ranges.MotoRangesWarning):
             print("WARNING " + " ".join(str(warning.message).split()), flush=True)
-    server = MotoServer(args.host, args.port, (args.cert, args.key) if args.cert else None)
+    token = os.environ.pop(ADMIN_TOKEN_ENV, None)  # None: /moto-api/ closed to all
+    tls = (args.cert, args.key) if args.cert else None
+    server = MotoServer(args.host, args.port, tls, token)
     try:
         server.start()
     except OSError as exc:  # an address in use, certificate files that do not load
