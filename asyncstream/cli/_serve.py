@@ -46,7 +46,7 @@ def register(sub: Any) -> None:
     serve.add_argument(
         "--host",
         default="127.0.0.1",
-        help="the address to listen on (default: loopback only); another address "
+        help="the address to listen on (default: 127.0.0.1, loopback only); another address "
         "exposes every bucket, unauthenticated, to anyone who can reach it",
     )
     serve.add_argument("--port", type=int, default=0, help="the port to listen on; 0: a free one")
