@@ -19,7 +19,9 @@ The default folder is per user: ``$ASYNCSTREAM_CACHE_DIR``, else
 
 from __future__ import annotations
 
+import errno
 import os
+import secrets
 import stat
 from pathlib import Path
 
@@ -29,6 +31,8 @@ __all__ = [
     "check_file",
     "check_folder",
     "default_cache_dir",
+    "load_secret",
+    "open_private",
     "private_folder",
 ]
 
@@ -101,3 +105,61 @@ def check_file(fd: int, name: str) -> os.stat_result:
             f"{name} is owned by uid {st.st_uid}, not by this user (uid {os.geteuid()})"
         )
     return st
+
+
+def open_private(path: str, flags: int, folder: int | None = None, shown: str = "") -> int:
+    """Open ``path`` (relative to the descriptor ``folder``, if given) with
+    :data:`NOFOLLOW`, created ``0o600`` with ``O_CREAT``, and check it (:func:`check_file`);
+    ``shown``: its name in errors, where not ``path``.
+
+    Raises:
+        UnsafeFolderError: a symlink, another user's file or not a regular file.
+    """
+    shown = shown or path
+    try:
+        fd = os.open(path, flags | NOFOLLOW, 0o600, dir_fd=folder)
+    except OSError as exc:
+        if exc.errno == errno.ELOOP:
+            raise UnsafeFolderError(f"{shown} is a symbolic link: remove it") from exc
+        raise
+    try:
+        check_file(fd, shown)
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
+def load_secret(name: str, folder: int, shown: str, size: int = 32) -> bytes:
+    """The secret in the file ``name`` of the descriptor ``folder``: ``size`` random bytes,
+    created (``O_EXCL``, ``0o600``) if missing. Call it under a lock that every user of the
+    folder takes, so that none reads one half written; one that others could read, or cut
+    short (a crash while it was written), is replaced. ``shown``: its name in errors.
+
+    Raises:
+        UnsafeFolderError: a symlink or another user's file in its place.
+    """
+    while True:
+        try:
+            fd = open_private(name, os.O_RDONLY, folder, shown)
+        except FileNotFoundError:
+            pass
+        else:
+            try:
+                private = not os.fstat(fd).st_mode & 0o077
+                secret = os.read(fd, size + 1)
+            finally:
+                os.close(fd)
+            if private and len(secret) == size:
+                return secret
+            os.unlink(name, dir_fd=folder)
+        secret = secrets.token_bytes(size)
+        try:
+            fd = open_private(name, os.O_WRONLY | os.O_CREAT | os.O_EXCL, folder, shown)
+        except FileExistsError:
+            continue  # made meanwhile by a process that ignores the lock: read it
+        try:
+            if os.write(fd, secret) == size:
+                return secret
+        finally:
+            os.close(fd)

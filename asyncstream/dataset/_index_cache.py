@@ -34,7 +34,6 @@ the stream carries on without it.
 
 from __future__ import annotations
 
-import errno
 import logging
 import os
 import sqlite3
@@ -44,7 +43,7 @@ from collections.abc import Iterable, Sequence
 from pathlib import Path
 from urllib.parse import urlsplit, urlunsplit
 
-from .._folders import NOFOLLOW, UnsafeFolderError, check_file, default_cache_dir, private_folder
+from .._folders import UnsafeFolderError, default_cache_dir, open_private, private_folder
 from ..shards._urls import Shard
 from ..stores._localstore import local_path
 from ..stores._registry import is_local
@@ -103,15 +102,9 @@ def _private_file(path: Path) -> None:
     Raises:
         UnsafeFolderError: what is wrong and how to fix it.
     """
+    fd = open_private(str(path), os.O_RDWR | os.O_CREAT)
     try:
-        fd = os.open(path, os.O_RDWR | os.O_CREAT | NOFOLLOW, 0o600)
-    except OSError as exc:
-        if exc.errno == errno.ELOOP:
-            raise UnsafeFolderError(f"{path} is a symbolic link: remove it") from exc
-        raise
-    try:
-        st = check_file(fd, str(path))
-        if st.st_mode & 0o077:  # SQLite gives its WAL files the database file's mode
+        if os.fstat(fd).st_mode & 0o077:  # SQLite gives its WAL files the database's mode
             os.fchmod(fd, 0o600)
     finally:
         os.close(fd)

@@ -91,7 +91,6 @@ import hashlib
 import hmac
 import json
 import os
-import secrets
 import stat
 import struct
 import threading
@@ -100,7 +99,14 @@ import zlib
 from collections.abc import Iterator
 from typing import Literal
 
-from .._folders import NOFOLLOW, UnsafeFolderError, check_file, check_folder, private_folder
+from .._folders import (
+    NOFOLLOW,
+    UnsafeFolderError,
+    check_folder,
+    load_secret,
+    open_private,
+    private_folder,
+)
 from ..stores._store import ChunkRequest
 
 __all__ = ["HEADER_BYTES", "CacheDir", "check_cache_folder", "chunk_key"]
@@ -114,7 +120,6 @@ _CHUNK = ".chunk"
 _TMP = ".tmp"
 _LEDGER = ".ledger"
 _KEY = ".key"
-_SECRET_BYTES = 32
 STALE_AFTER = 60.0  # seconds: a temporary file this old lost its writer
 _TRUSTED = 1 << 16  # files whose check this process remembers
 
@@ -201,14 +206,15 @@ class CacheDir:
         folder = os.open(self.path, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
         try:
             check_folder(self.path, os.fstat(folder), "cache_dir")  # the one opened
-            self._ledger = self._open(_LEDGER, os.O_RDWR | os.O_CREAT, folder)
+            ledger = self._shown(_LEDGER)
+            self._ledger = open_private(_LEDGER, os.O_RDWR | os.O_CREAT, folder, ledger)
         except BaseException:
             os.close(folder)
             raise
         self._dir = folder
         try:
             with self._locked():
-                self._secret = self._load_secret(folder)
+                self._secret = load_secret(_KEY, folder, self._shown(_KEY))
                 data = os.pread(self._ledger, _COUNT.size + _STAMP.size, 0)
                 fresh = len(data) == _COUNT.size + _STAMP.size and (
                     time.time() - _STAMP.unpack_from(data, _COUNT.size)[0] < self.stale_after
@@ -240,61 +246,14 @@ class CacheDir:
     def _name(tag: bytes, suffix: str = _CHUNK) -> str:
         return tag[:16].hex() + suffix
 
+    def _shown(self, name: str) -> str:
+        return os.path.join(self.path, name)
+
     def _folder(self) -> int:
         folder = self._dir
         if folder is None:
             raise OSError(f"the cache {self.path} is closed")
         return folder
-
-    def _open(self, name: str, flags: int, folder: int) -> int:
-        """Open ``name`` in the folder, never through a symlink, and check its owner.
-
-        Raises:
-            UnsafeFolderError: a symlink, another user's file or not a regular file.
-        """
-        try:
-            fd = os.open(name, flags | NOFOLLOW, 0o600, dir_fd=folder)
-        except OSError as exc:
-            if exc.errno == errno.ELOOP:
-                raise UnsafeFolderError(
-                    f"{os.path.join(self.path, name)} is a symbolic link: remove it"
-                ) from exc
-            raise
-        try:
-            check_file(fd, os.path.join(self.path, name))
-        except BaseException:
-            os.close(fd)
-            raise
-        return fd
-
-    def _load_secret(self, folder: int) -> bytes:
-        """The folder's secret, created (``O_EXCL``, ``0o600``) if missing. Locked, so no
-        process reads one half written; one that others could read, or cut short (a crash
-        while it was written), is replaced."""
-        while True:
-            try:
-                fd = self._open(_KEY, os.O_RDONLY, folder)
-            except FileNotFoundError:
-                pass
-            else:
-                try:
-                    private = not os.fstat(fd).st_mode & 0o077
-                    secret = os.read(fd, _SECRET_BYTES + 1)
-                finally:
-                    os.close(fd)
-                if private and len(secret) == _SECRET_BYTES:
-                    return secret
-                _unlink(_KEY, folder)
-            secret = secrets.token_bytes(_SECRET_BYTES)
-            try:
-                fd = self._open(_KEY, os.O_WRONLY | os.O_CREAT | os.O_EXCL, folder)
-            except FileExistsError:
-                continue  # made meanwhile by a process that ignores the lock: read it
-            try:
-                if os.write(fd, secret) == _SECRET_BYTES:
-                    return secret
-            finally:
-                os.close(fd)
 
     # -- reading -----------------------------------------------------------------------
 
@@ -400,7 +359,7 @@ class CacheDir:
             total = self._total()
             if self.limit is not None and total + size > self.limit:
                 total = self._sweep(size)
-            fd = self._open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, folder)
+            fd = open_private(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, folder, self._shown(tmp))
             try:
                 os.ftruncate(fd, size)  # counted whole by any sweep from now on
                 self._set_total(total + size)
@@ -412,7 +371,7 @@ class CacheDir:
         try:
             written = os.pwritev(fd, [header, data], 0)
             if written != size:
-                raise OSError(f"wrote {written} of {size} bytes to {self.path}/{tmp}")
+                raise OSError(f"wrote {written} of {size} bytes to {self._shown(tmp)}")
             with self._locked():  # a sweep must never see the file between its two names
                 os.replace(tmp, final, src_dir_fd=folder, dst_dir_fd=folder)
                 done = True
