@@ -185,13 +185,16 @@ class CacheConfig:
     """The local chunk cache (see the README's cache section).
 
     Args:
-        path: a local folder (created if missing) that keeps every S3 chunk fetched;
-            None: no cache.
+        path: a local folder (created ``0o700`` if missing) that keeps every chunk
+            fetched from object storage; ``True``: the per-user default,
+            ``$ASYNCSTREAM_CACHE_DIR/chunks``, else ``$XDG_CACHE_HOME/asyncstream/chunks``,
+            else ``~/.cache/asyncstream/chunks``; None: no cache. A folder owned by
+            another user, or writable by group or others, is refused (``ValueError``).
         limit: the most bytes the folder may hold (least recently used chunks are
             evicted); None: no limit.
     """
 
-    path: str | os.PathLike[str] | None = None
+    path: str | os.PathLike[str] | bool | None = None
     limit: int | None = None
 
 
@@ -331,7 +334,7 @@ class FlatSettings(TypedDict, total=False):
     check_etag: bool
     adaptive: bool
     hedge: bool
-    cache_dir: str | os.PathLike[str] | None
+    cache_dir: str | os.PathLike[str] | bool | None
     cache_limit: int | None
     samples_per_shard: int | Sequence[int] | None
     split: str | None

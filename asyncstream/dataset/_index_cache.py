@@ -11,6 +11,20 @@ mtime, so a stale count is never found; a store without ETags that replaces an o
 another of the same size is caught when the epoch reads it (a count that does not match
 is a :class:`~asyncstream.DataError`), never silently.
 
+Key without the query string: an ``http(s)`` shard URL is keyed without its query string
+and fragment, so that a presigned S3 URL's or an Azure SAS's signature is never written to
+disk (the samples' ``__url__`` keeps the URL as given). The size and the version still
+tell objects apart; two URLs that differ only in their query and name objects of one size
+without an ETag share a key, and a count that does not fit is caught when the epoch reads
+the shard.
+
+Trust: the file holds counts the stream believes, so only a private folder is used (this
+user's, not writable by group or others: :mod:`asyncstream._folders`), created ``0o700``;
+the file is created ``0o600`` with ``O_NOFOLLOW``, its owner checked (one readable by
+others, from an older version, is made ``0o600``, with its WAL files), and a symlinked or
+foreign WAL file refuses the folder. A refused folder logs one warning saying how to fix
+it, and the stream carries on without the cache.
+
 Several processes at once: WAL mode (readers never wait for a writer), a busy timeout,
 and each write one transaction, so a count is either there whole or not at all; a
 process killed mid-count loses only the shard it was reading. The cache is a convenience:
@@ -23,15 +37,18 @@ from __future__ import annotations
 import logging
 import os
 import sqlite3
+import stat
 import time
 from collections.abc import Iterable, Sequence
 from pathlib import Path
+from urllib.parse import urlsplit, urlunsplit
 
+from .._folders import UnsafeFolderError, default_cache_dir, open_private, private_folder
 from ..shards._urls import Shard
 from ..stores._localstore import local_path
 from ..stores._registry import is_local
 
-__all__ = ["CACHE_FILE", "IndexCache", "default_cache_dir"]
+__all__ = ["CACHE_FILE", "IndexCache", "cache_url", "default_cache_dir"]
 
 CACHE_FILE = "index.sqlite3"
 _BUSY_TIMEOUT_S = 30.0
@@ -70,14 +87,40 @@ def _set_up(db: sqlite3.Connection) -> None:
             time.sleep(0.01)
 
 
-def default_cache_dir() -> Path:
-    """``$ASYNCSTREAM_CACHE_DIR``, else ``$XDG_CACHE_HOME/asyncstream``, else ``~/.cache/...``."""
-    explicit = os.environ.get("ASYNCSTREAM_CACHE_DIR")
-    if explicit:
-        return Path(explicit).expanduser()
-    xdg = os.environ.get("XDG_CACHE_HOME")
-    base = Path(xdg).expanduser() if xdg else Path.home() / ".cache"
-    return base / "asyncstream"
+def cache_url(url: str) -> str:
+    """The URL as the cache keys it: an ``http(s)`` URL without its query and fragment."""
+    parts = urlsplit(url)
+    if parts.scheme.lower() not in ("http", "https") or not (parts.query or parts.fragment):
+        return url
+    return urlunsplit(parts._replace(query="", fragment=""))
+
+
+def _private_file(path: Path) -> None:
+    """Create the database file ``0o600`` (never through a symlink) if missing; refuse one
+    that is not this user's regular file, as its WAL files; make them all ``0o600``.
+
+    Raises:
+        UnsafeFolderError: what is wrong and how to fix it.
+    """
+    fd = open_private(str(path), os.O_RDWR | os.O_CREAT)
+    try:
+        if os.fstat(fd).st_mode & 0o077:  # SQLite gives its WAL files the database's mode
+            os.fchmod(fd, 0o600)
+    finally:
+        os.close(fd)
+    for suffix in ("-wal", "-shm", "-journal"):
+        side = Path(f"{path}{suffix}")
+        try:
+            st = side.lstat()
+        except FileNotFoundError:
+            continue
+        if not stat.S_ISREG(st.st_mode) or st.st_uid != os.geteuid():
+            raise UnsafeFolderError(
+                f"{side} is not a file of this user (uid {st.st_uid}, mode {st.st_mode:#o}):"
+                " remove it, or choose another folder"
+            )
+        if st.st_mode & 0o077:
+            os.chmod(side, 0o600)
 
 
 def _version(shard: Shard) -> str | None:
@@ -125,7 +168,8 @@ class IndexCache:
         if self._db is not None or self._broken:
             return self._db
         try:
-            self.path.parent.mkdir(parents=True, exist_ok=True)
+            private_folder(self.path.parent, "the index cache's folder")
+            _private_file(self.path)
             db = sqlite3.connect(self.path, timeout=_BUSY_TIMEOUT_S, isolation_level=None)
         except (OSError, sqlite3.Error) as exc:
             self._fail("opened", exc)
@@ -155,11 +199,11 @@ class IndexCache:
 
     def get(self, shards: Sequence[Shard]) -> dict[str, int]:
         """Counts known for these shards, by URL (shards not found are left out)."""
-        wanted = {}
+        wanted: dict[str, list[tuple[int, str, str]]] = {}  # key -> (size, version, URL)
         for shard in shards:
             version = _version(shard)
             if version is not None:
-                wanted[shard.url] = (shard.size, version)
+                wanted.setdefault(cache_url(shard.url), []).append((shard.size, version, shard.url))
         found: dict[str, int] = {}
         urls = list(wanted)
         db = self._connect() if urls else None
@@ -173,8 +217,8 @@ class IndexCache:
                     f"SELECT url, size, version, samples FROM counts WHERE url IN ({marks})",
                     batch,
                 )
-                for url, size, version, samples in rows:
-                    if wanted[url] == (size, version):
+                for key, size, version, samples in rows:
+                    for url in (u for s, v, u in wanted[key] if (s, v) == (size, version)):
                         found[url] = int(samples)
         except sqlite3.Error as exc:
             self._fail("read", exc)
@@ -188,7 +232,7 @@ class IndexCache:
         for shard, samples in counts:
             version = _version(shard)
             if version is not None:
-                rows.append((shard.url, shard.size, version, samples, now))
+                rows.append((cache_url(shard.url), shard.size, version, samples, now))
         db = self._connect() if rows else None
         if db is None:
             return

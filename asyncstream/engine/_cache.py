@@ -51,9 +51,10 @@ import os
 from collections.abc import Awaitable, Callable, Iterable
 from typing import Any, TypeVar
 
+from .._folders import UnsafeFolderError, default_cache_dir
 from ..shards._urls import Shard
 from ..stores._store import ChunkRequest, Store, Timing
-from ._cachedir import STALE_AFTER, CacheDir, chunk_key
+from ._cachedir import STALE_AFTER, CacheDir, check_cache_folder, chunk_key
 
 __all__ = ["CachedStore", "cache_options"]
 
@@ -64,17 +65,26 @@ _log = logging.getLogger("asyncstream.cache")
 def cache_options(cache_dir: Any, cache_limit: Any) -> tuple[str | None, int | None]:
     """Validate ``ShardStream``'s cache arguments; create the folder.
 
+    Args:
+        cache_dir: a folder, ``True`` for the default one (``chunks`` in
+            :func:`~asyncstream._folders.default_cache_dir`: per user), or None.
+        cache_limit: bytes, or None.
+
     Returns:
         The folder as an absolute path (or None: no cache) and the limit.
 
     Raises:
         ValueError: a limit without a folder, a limit that is not a positive integer, a
-            folder that is not a path, exists as a file or cannot be created.
+            folder that is not a path, exists as a file or cannot be created, or that
+            another user could write into (owned by another user, writable by group or
+            others, a symlinked ledger or secret: the message says how to fix it).
     """
-    if cache_dir is None:
+    if cache_dir is None or cache_dir is False:
         if cache_limit is not None:
             raise ValueError(f"cache_limit={cache_limit!r} was given without cache_dir")
         return None, None
+    if cache_dir is True:
+        cache_dir = default_cache_dir() / "chunks"
     if not isinstance(cache_dir, str | os.PathLike):
         raise ValueError(f"cache_dir must be a path (str or os.PathLike), got {cache_dir!r}")
     path = os.fspath(cache_dir)
@@ -86,7 +96,9 @@ def cache_options(cache_dir: Any, cache_limit: Any) -> tuple[str | None, int | N
         raise ValueError(f"cache_limit must be an integer >= 1 (bytes), got {cache_limit!r}")
     path = os.path.abspath(path)
     try:
-        os.makedirs(path, mode=0o700, exist_ok=True)
+        check_cache_folder(path)
+    except UnsafeFolderError as exc:
+        raise ValueError(str(exc)) from exc
     except OSError as exc:
         raise ValueError(f"cache_dir {path!r} is not a folder that can be used: {exc}") from exc
     return path, cache_limit

@@ -129,12 +129,14 @@ class ShardStream(IterableDataset[dict[str, Any]]):
             counted (no index, nothing cached) and a shard is not a readable tar, holds no
             sample, or cannot be read within the retry policy.
         ValueError: bad arguments (a ``split`` the index does not have; ``cache_dir`` not
-            a folder that can be created, ``cache_limit`` not a positive integer or given
-            without ``cache_dir``), or a ring that does not fit the free space in /dev/shm
-            (the message gives both sizes and the fixes). With sources: an empty source,
-            weights zero in total, an ``epoch_size`` the absolute counts do not fit, two
-            sources of one name, or a ``window`` smaller than the number of sources; the
-            message names the source. An error opening a source starts with its name.
+            a folder that can be created, or one another user could write into: owned by
+            another user or writable by group or others; ``cache_limit`` not a positive
+            integer or given without ``cache_dir``), or a ring that does not fit the free
+            space in /dev/shm (the message gives both sizes and the fixes). With sources:
+            an empty source, weights zero in total, an ``epoch_size`` the absolute counts
+            do not fit, two sources of one name, or a ``window`` smaller than the number
+            of sources; the message names the source. An error opening a source starts
+            with its name.
         TypeError: Sources and URL strings in one list; an unknown keyword argument; a
             flat setting given with the config object that holds it.
     """
