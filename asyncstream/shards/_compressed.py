@@ -39,6 +39,7 @@ from typing import IO, Any
 import zstandard
 
 from .._exceptions import CorruptTarError
+from ._limits import ReadLimits
 from ._tar import Record, Sample, ShardReader, byte_view, check_not_empty, samples
 
 __all__ = [
@@ -103,15 +104,18 @@ def unread_format(url: str) -> str | None:
     return None
 
 
-def open_reader(url: str, size: int, start: int = 0) -> ShardReader | CompressedReader:
+def open_reader(
+    url: str, size: int, start: int = 0, limits: ReadLimits | None = None
+) -> ShardReader | CompressedReader:
     """The reader of a shard of ``size`` stored bytes: plain, or decompressing by its name.
 
     ``start`` is the tar offset to read from (:attr:`ShardReader.pending_offset` of an
     earlier reader); a compressed shard is still fed from its first stored byte.
+    ``limits``: what a sample may hold and what a cut shard is (:mod:`._limits`).
     """
     if compression_of(url) is None:
-        return ShardReader(url, size, start)
-    return CompressedReader(url, size, start)
+        return ShardReader(url, size, start, limits)
+    return CompressedReader(url, size, start, limits)
 
 
 def fetch_start(url: str, start: int) -> int:
@@ -190,15 +194,18 @@ class CompressedReader:
         url: the shard, named in errors; its name gives the compression.
         size: the stored size in bytes.
         start: the tar offset to read from (bytes before it are decompressed and dropped).
+        limits: what a sample may hold and what a cut shard is (:mod:`._limits`).
     """
 
-    def __init__(self, url: str, size: int, start: int = 0) -> None:
+    def __init__(
+        self, url: str, size: int, start: int = 0, limits: ReadLimits | None = None
+    ) -> None:
         if size < 0 or start < 0 or start % 512:
             raise ValueError(f"{url}: bad start {start} for a compressed shard")
         self.url = url
         self.size = size
         self.kind = compression_of(url) or "gzip"
-        self._tar = ShardReader(url, None, start)
+        self._tar = ShardReader(url, None, start, limits)
         self._skip = start  # tar bytes before this are dropped
         self._out = 0  # tar bytes decompressed so far
         self._next = 0  # the next stored byte expected
@@ -344,7 +351,14 @@ class CompressedReader:
                 out.append((view, records))
 
 
-def count_samples(fileobj: IO[bytes], url: str, size: int, *, block: int = 8 << 20) -> int:
+def count_samples(
+    fileobj: IO[bytes],
+    url: str,
+    size: int,
+    *,
+    block: int = 8 << 20,
+    limits: ReadLimits | None = None,
+) -> int:
     """Count the samples of a shard read front to back, with the same reader as the stream.
 
     A compressed shard (by its name) is decompressed on the way: this module's reader.
@@ -354,13 +368,14 @@ def count_samples(fileobj: IO[bytes], url: str, size: int, *, block: int = 8 << 
         url: the shard, named in errors.
         size: the shard's size in bytes, as stored.
         block: bytes read at a time.
+        limits: what a sample may hold and what a cut shard is (:mod:`._limits`).
 
     Raises:
         CorruptTarError: the bytes are not a well-formed tar (with the offset), the
             stream ends before ``size`` bytes, or the shard is empty (0 bytes).
     """
     check_not_empty(url, size)
-    reader = open_reader(url, size)
+    reader = open_reader(url, size, limits=limits)
     count = offset = 0
     while offset < size:
         data = fileobj.read(min(block, size - offset))
