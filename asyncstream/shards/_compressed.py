@@ -22,7 +22,10 @@ stream that is corrupt or cut short is a :class:`~asyncstream.CorruptTarError` n
 shard and the compressed offset. What follows the last stream once the tar has ended is
 ignored, as ``tarfile`` ignores it.
 
-**Memory.** Decompressed bytes are produced at most 8 MiB per call; a lane holds its
+**Memory.** Decompressed bytes are produced at most 8 MiB per call (zstd's decompressor has
+no output limit: its input is cut by its block headers, :mod:`._zstdblocks`), and a member
+or sample larger than the reader's limit is refused at its header, before it is
+decompressed (:mod:`._limits`); a lane holds its
 chunk's decompressed bytes (about the compression ratio times ``chunk_bytes``) in process
 memory, not in the ring, while its samples are resident.
 """
@@ -41,6 +44,7 @@ import zstandard
 from .._exceptions import CorruptTarError
 from ._limits import ReadLimits
 from ._tar import Record, Sample, ShardReader, byte_view, check_not_empty, samples
+from ._zstdblocks import ZstdCuts
 
 __all__ = [
     "SHARD_SUFFIXES",
@@ -77,7 +81,6 @@ _MAGIC = (
 )
 _MAGIC_BYTES = 6  # enough to tell them apart
 _OUT_LIMIT = 8 << 20  # decompressed bytes per call, at most
-_ZSTD_IN = 1 << 18  # zstd input per call (its decompressobj has no output limit)
 
 
 @functools.lru_cache(maxsize=1 << 16)  # asked for every lane and prefetch round
@@ -130,6 +133,7 @@ class _Streams:
         self.kind = kind
         self.finished = finished  # whether the tar has ended: what follows is not read
         self.ended = False  # the last stream is complete and nothing follows it yet
+        self._cuts = ZstdCuts()  # zstd's decompressobj has no output limit: its input is cut
         self._d: Any = self._new()
 
     def _new(self) -> Any:
@@ -139,6 +143,7 @@ class _Streams:
             return bz2.BZ2Decompressor()
         if self.kind == "xz":
             return lzma.LZMADecompressor()
+        self._cuts = ZstdCuts()
         return zstandard.ZstdDecompressor().decompressobj()
 
     def pieces(self, data: memoryview | bytes) -> Generator[bytes, None, None]:
@@ -167,12 +172,15 @@ class _Streams:
                 if d.eof or not buf:
                     return b""
         if self.kind == "zstd":
-            for at in range(0, len(buf), _ZSTD_IN):
-                out = d.decompress(buf[at : at + _ZSTD_IN])
+            view, at, cuts = memoryview(buf), 0, self._cuts
+            while at < len(view):
+                n = cuts.cut(view[at:], _OUT_LIMIT)
+                out = d.decompress(view[at : at + n])
+                at += n
                 if out:
                     yield out
                 if d.eof:
-                    return bytes(buf[at + _ZSTD_IN :])  # unused_data holds the rest
+                    return bytes(view[at:])  # unused_data holds what the cut let past
             return b""
         out = d.decompress(buf, _OUT_LIMIT)
         while True:

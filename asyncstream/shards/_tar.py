@@ -311,12 +311,15 @@ class ShardReader(EntryParser):
 
     def _check(self, key: str, offset: int, fields: Iterable[Field]) -> None:
         """Refuse a sample (complete or in progress) holding more than the limit."""
-        total = sum(b - a if owned is None else len(owned) for _, a, b, owned in fields)
+        sizes = [(b - a if owned is None else len(owned), ext) for ext, a, b, owned in fields]
+        total = sum(size for size, _ in sizes)
         if total > self._max:
+            largest = max(sizes)[1]
             raise self._corrupt(
                 offset,
-                f"sample {key!r} holds {total} bytes or more, more than a sample may hold "
-                f"({self._max} bytes: max_sample_bytes)",
+                f"sample {key!r} holds {total} bytes or more (its largest member "
+                f"{key + '.' + largest!r}), more than a sample may hold ({self._max} bytes: "
+                "max_sample_bytes)",
             )
 
     def _cut(self, pending: Pending | None) -> None:
