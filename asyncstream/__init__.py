@@ -25,6 +25,7 @@ from ._exceptions import (
     StaleShardWarning,
     StateError,
     TransientFetchError,
+    TruncatedShardWarning,
     UnreadShardWarning,
 )
 
@@ -86,6 +87,7 @@ __all__ = [
     "StateError",
     "Timeouts",
     "TransientFetchError",
+    "TruncatedShardWarning",
     "UnreadShardWarning",
     "__version__",
     "configure_store",

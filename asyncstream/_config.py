@@ -128,10 +128,18 @@ class FetchConfig:
         transport: ``"auto"`` (the S3 store's direct transport where no HTTP proxy is
             configured) or ``"aiohttp"`` (always botocore's).
         check_etag: require every chunk to come from the object version that was listed.
+        max_sample_bytes: the most bytes one sample may hold (all its members; a sparse
+            member by the size it expands to, a compressed shard's by the bytes it
+            decompresses to); a larger one is a ``CorruptTarError`` naming the shard and
+            the member, met before it is held. ``None``: the block (a ring slot), at
+            least 16 MiB.
+        on_truncated: a shard without its end-of-archive marker (cut short): ``"error"``
+            (a ``CorruptTarError``), or ``"warn"`` (a ``TruncatedShardWarning``, and its
+            last, possibly partial, sample dropped).
 
     Raises:
         ValueError: a count below 1, a negative ``coalesce_bytes``, a hedge factor below
-            1, a budget outside [0, 1] or an unknown transport.
+            1, a budget outside [0, 1], an unknown transport or ``on_truncated``.
     """
 
     inflight: int = 8
@@ -146,9 +154,17 @@ class FetchConfig:
     hedge_budget: float = 0.05
     transport: Literal["auto", "aiohttp"] = "auto"
     check_etag: bool = True
+    max_sample_bytes: int | None = None
+    on_truncated: Literal["error", "warn"] = "error"
 
     def __post_init__(self) -> None:
         _positive("FetchConfig", "inflight", self.inflight)
+        if self.max_sample_bytes is not None:
+            _positive("FetchConfig", "max_sample_bytes", self.max_sample_bytes)
+        if self.on_truncated not in ("error", "warn"):
+            raise ValueError(
+                f"FetchConfig.on_truncated must be 'error' or 'warn', got {self.on_truncated!r}"
+            )
         _positive("FetchConfig", "chunk_bytes", self.chunk_bytes)
         if self.prefetch is not None:
             _positive("FetchConfig", "prefetch", self.prefetch)
@@ -238,6 +254,8 @@ FLAT: Mapping[str, tuple[Group, str]] = {
     "check_etag": ("fetch", "check_etag"),
     "adaptive": ("fetch", "adaptive"),
     "hedge": ("fetch", "hedge"),
+    "max_sample_bytes": ("fetch", "max_sample_bytes"),
+    "on_truncated": ("fetch", "on_truncated"),
     "cache_dir": ("cache", "path"),
     "cache_limit": ("cache", "limit"),
     "samples_per_shard": ("index", "samples_per_shard"),
@@ -334,6 +352,8 @@ class FlatSettings(TypedDict, total=False):
     check_etag: bool
     adaptive: bool
     hedge: bool
+    max_sample_bytes: int | None
+    on_truncated: Literal["error", "warn"]
     cache_dir: str | os.PathLike[str] | bool | None
     cache_limit: int | None
     samples_per_shard: int | Sequence[int] | None

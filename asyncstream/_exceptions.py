@@ -23,6 +23,9 @@ argument mistakes are additionally ``ValueError`` / ``TypeError`` so that plain
     │                                    does not list: left out, not read
     ├── UnreadShardWarning               a tar archive under a prefix in a format that is
     │                                    not read (``.tar.lz4``, ...): left out
+    ├── TruncatedShardWarning            a shard without its end-of-archive marker, read
+    │                                    under ``on_truncated="warn"``: its last sample
+    │                                    dropped
     └── SkippedImageWarning              images that ``pack`` left out because they do not
                                          decode (``on_error="skip"``)
 
@@ -52,6 +55,7 @@ __all__ = [
     "StaleShardWarning",
     "StateError",
     "TransientFetchError",
+    "TruncatedShardWarning",
     "UnreadShardWarning",
 ]
 
@@ -137,6 +141,17 @@ class StaleShardWarning(UserWarning):
     this warning (``strict=True`` makes it a :class:`DataError`). Shards left behind by
     an earlier, larger pack into the same place are the usual cause;
     ``asyncstream pack --overwrite`` removes them.
+    """
+
+
+class TruncatedShardWarning(UserWarning):
+    """A shard ends without its end-of-archive marker: it was cut short.
+
+    Every tar writer ends an archive with two zero blocks; a shard without them lost its
+    end (a failed upload, a copy cut short), and its last sample may lack members. By
+    default that is a :class:`CorruptTarError` naming the shard and the byte it ends at;
+    under ``on_truncated="warn"`` the shard's samples are read, this warning names it, and
+    its last sample, which may be partial, is dropped (never handed out).
     """
 
 

@@ -314,12 +314,22 @@ ROWS: dict[str, Row] = {
         offset=CUT_MEMBER,
         kwargs=COUNTED,
     ),
+    # A cut exactly at a header: only the missing end-of-archive marker shows it.
+    "truncated-at-a-member-boundary": Row(
+        {"shard.tar": AT_BOUNDARY},
+        SHARD,
+        "open",
+        CorruptTarError,
+        ("{url}", f"byte {len(AT_BOUNDARY)}", "end-of-archive marker", "truncated"),
+        offset=len(AT_BOUNDARY),
+    ),
     "truncated-at-a-member-boundary-counted": Row(
         {"shard.tar": AT_BOUNDARY},
         SHARD,
         "iterate",
-        DataError,
-        ("{url}", f"holds 3 samples, but {N} were expected"),
+        CorruptTarError,
+        ("{url}", f"byte {len(AT_BOUNDARY)}", "end-of-archive marker", "truncated"),
+        offset=len(AT_BOUNDARY),
         kwargs=COUNTED,
     ),
     # -- members ---------------------------------------------------------------------------

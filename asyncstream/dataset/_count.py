@@ -34,6 +34,7 @@ from .._exceptions import AsyncStreamError, EngineError
 from ..engine._configure import engine_config
 from ..engine._engine import Engine
 from ..shards._compressed import open_reader
+from ..shards._limits import ReadLimits, sample_limit
 from ..shards._tar import check_not_empty
 from ..shards._urls import Shard
 from ..stores._s3 import S3Options
@@ -131,6 +132,10 @@ def count_shards(
     for shard in shards:
         check_not_empty(shard.url, shard.size)  # an empty object has no chunk to count
     slot = settings.fetch.chunk_for(max(s.size for s in shards))
+    limits = ReadLimits(
+        max_sample_bytes=sample_limit(settings.fetch.max_sample_bytes, slot),
+        on_truncated=settings.fetch.on_truncated,
+    )
     n_slots = 2 * settings.fetch.inflight
     config = engine_config(settings.fetch, s3=settings.s3)
     # DataLoader workers are daemonic and may not start processes.
@@ -156,7 +161,7 @@ def count_shards(
             submitted.extend(engine.submit(batch))
 
         for shard in shards:
-            reader = open_reader(shard.url, shard.size)
+            reader = open_reader(shard.url, shard.size, limits=limits)
             found = 0
             for request in _chunks(shard, slot):
                 if not submitted:

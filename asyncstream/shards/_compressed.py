@@ -22,7 +22,10 @@ stream that is corrupt or cut short is a :class:`~asyncstream.CorruptTarError` n
 shard and the compressed offset. What follows the last stream once the tar has ended is
 ignored, as ``tarfile`` ignores it.
 
-**Memory.** Decompressed bytes are produced at most 8 MiB per call; a lane holds its
+**Memory.** Decompressed bytes are produced at most 8 MiB per call (zstd's decompressor has
+no output limit: its input is cut by its block headers, :mod:`._zstdblocks`), and a member
+or sample larger than the reader's limit is refused at its header, before it is
+decompressed (:mod:`._limits`); a lane holds its
 chunk's decompressed bytes (about the compression ratio times ``chunk_bytes``) in process
 memory, not in the ring, while its samples are resident.
 """
@@ -39,7 +42,9 @@ from typing import IO, Any
 import zstandard
 
 from .._exceptions import CorruptTarError
+from ._limits import ReadLimits
 from ._tar import Record, Sample, ShardReader, byte_view, check_not_empty, samples
+from ._zstdblocks import ZstdCuts
 
 __all__ = [
     "SHARD_SUFFIXES",
@@ -76,7 +81,6 @@ _MAGIC = (
 )
 _MAGIC_BYTES = 6  # enough to tell them apart
 _OUT_LIMIT = 8 << 20  # decompressed bytes per call, at most
-_ZSTD_IN = 1 << 18  # zstd input per call (its decompressobj has no output limit)
 
 
 @functools.lru_cache(maxsize=1 << 16)  # asked for every lane and prefetch round
@@ -103,15 +107,18 @@ def unread_format(url: str) -> str | None:
     return None
 
 
-def open_reader(url: str, size: int, start: int = 0) -> ShardReader | CompressedReader:
+def open_reader(
+    url: str, size: int, start: int = 0, limits: ReadLimits | None = None
+) -> ShardReader | CompressedReader:
     """The reader of a shard of ``size`` stored bytes: plain, or decompressing by its name.
 
     ``start`` is the tar offset to read from (:attr:`ShardReader.pending_offset` of an
     earlier reader); a compressed shard is still fed from its first stored byte.
+    ``limits``: what a sample may hold and what a cut shard is (:mod:`._limits`).
     """
     if compression_of(url) is None:
-        return ShardReader(url, size, start)
-    return CompressedReader(url, size, start)
+        return ShardReader(url, size, start, limits)
+    return CompressedReader(url, size, start, limits)
 
 
 def fetch_start(url: str, start: int) -> int:
@@ -126,6 +133,7 @@ class _Streams:
         self.kind = kind
         self.finished = finished  # whether the tar has ended: what follows is not read
         self.ended = False  # the last stream is complete and nothing follows it yet
+        self._cuts = ZstdCuts()  # zstd's decompressobj has no output limit: its input is cut
         self._d: Any = self._new()
 
     def _new(self) -> Any:
@@ -135,6 +143,7 @@ class _Streams:
             return bz2.BZ2Decompressor()
         if self.kind == "xz":
             return lzma.LZMADecompressor()
+        self._cuts = ZstdCuts()
         return zstandard.ZstdDecompressor().decompressobj()
 
     def pieces(self, data: memoryview | bytes) -> Generator[bytes, None, None]:
@@ -163,12 +172,15 @@ class _Streams:
                 if d.eof or not buf:
                     return b""
         if self.kind == "zstd":
-            for at in range(0, len(buf), _ZSTD_IN):
-                out = d.decompress(buf[at : at + _ZSTD_IN])
+            view, at, cuts = memoryview(buf), 0, self._cuts
+            while at < len(view):
+                n = cuts.cut(view[at:], _OUT_LIMIT)
+                out = d.decompress(view[at : at + n])
+                at += n
                 if out:
                     yield out
                 if d.eof:
-                    return bytes(buf[at + _ZSTD_IN :])  # unused_data holds the rest
+                    return bytes(view[at:])  # unused_data holds what the cut let past
             return b""
         out = d.decompress(buf, _OUT_LIMIT)
         while True:
@@ -190,15 +202,18 @@ class CompressedReader:
         url: the shard, named in errors; its name gives the compression.
         size: the stored size in bytes.
         start: the tar offset to read from (bytes before it are decompressed and dropped).
+        limits: what a sample may hold and what a cut shard is (:mod:`._limits`).
     """
 
-    def __init__(self, url: str, size: int, start: int = 0) -> None:
+    def __init__(
+        self, url: str, size: int, start: int = 0, limits: ReadLimits | None = None
+    ) -> None:
         if size < 0 or start < 0 or start % 512:
             raise ValueError(f"{url}: bad start {start} for a compressed shard")
         self.url = url
         self.size = size
         self.kind = compression_of(url) or "gzip"
-        self._tar = ShardReader(url, None, start)
+        self._tar = ShardReader(url, None, start, limits)
         self._skip = start  # tar bytes before this are dropped
         self._out = 0  # tar bytes decompressed so far
         self._next = 0  # the next stored byte expected
@@ -344,7 +359,14 @@ class CompressedReader:
                 out.append((view, records))
 
 
-def count_samples(fileobj: IO[bytes], url: str, size: int, *, block: int = 8 << 20) -> int:
+def count_samples(
+    fileobj: IO[bytes],
+    url: str,
+    size: int,
+    *,
+    block: int = 8 << 20,
+    limits: ReadLimits | None = None,
+) -> int:
     """Count the samples of a shard read front to back, with the same reader as the stream.
 
     A compressed shard (by its name) is decompressed on the way: this module's reader.
@@ -354,13 +376,14 @@ def count_samples(fileobj: IO[bytes], url: str, size: int, *, block: int = 8 << 
         url: the shard, named in errors.
         size: the shard's size in bytes, as stored.
         block: bytes read at a time.
+        limits: what a sample may hold and what a cut shard is (:mod:`._limits`).
 
     Raises:
         CorruptTarError: the bytes are not a well-formed tar (with the offset), the
             stream ends before ``size`` bytes, or the shard is empty (0 bytes).
     """
     check_not_empty(url, size)
-    reader = open_reader(url, size)
+    reader = open_reader(url, size, limits=limits)
     count = offset = 0
     while offset < size:
         data = fileobj.read(min(block, size - offset))

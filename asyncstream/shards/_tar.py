@@ -41,15 +41,28 @@ speed, and exact: 256 bytes never reach its modulus). Numeric fields that a samp
 need (mode, uid, mtime, ...) are not parsed. Any malformation is a :class:`CorruptTarError`
 naming the shard and the offset of the offending header. A shard that ends inside a header
 or a member is truncated, except for a last partial block of zeros (a cut end marker).
+
+Trust (:mod:`._limits`): a member declared larger than ``max_sample_bytes`` (a sparse one
+by the size it expands to) is refused at its header, and a sample whose members add up to
+more as soon as a range shows it (the sample carried across ranges after each range; the
+samples of a range longer than the limit one by one), so a shard makes the reader hold at
+most about the limit plus one range, whatever its headers claim. A shard that ends where a
+header would begin, without the end-of-archive marker, was cut: by default a
+:class:`CorruptTarError` at the byte it ends; under ``on_truncated="warn"`` a
+:class:`~asyncstream.TruncatedShardWarning`, and its last sample dropped. The last sample
+of a shard is only returned once the marker (or that end) is read.
 """
 
 from __future__ import annotations
 
+import warnings
+from collections.abc import Iterable
 from dataclasses import dataclass
 
-from .._exceptions import CorruptTarError
+from .._exceptions import CorruptTarError, TruncatedShardWarning
+from ._limits import ReadLimits
 from ._tarentry import BLOCK, EMPTY, EntryParser, looks_compressed
-from ._tarfast import Names, Pending, RangeWalker, Record
+from ._tarfast import Field, Names, Pending, RangeWalker, Record
 
 __all__ = [
     "Record",
@@ -62,6 +75,7 @@ __all__ = [
 ]
 
 _UNBOUNDED = 1 << 62  # the size of a shard whose size is known only at its end
+_LIMITS = ReadLimits()
 
 
 @dataclass(slots=True)
@@ -109,15 +123,20 @@ class ShardReader(EntryParser):
             range arrives (a decompressed stream).
         start: absolute offset of the first header to read: 0, or a value of
             :attr:`pending_offset` reported by an earlier reader of the same shard.
+        limits: the most a sample may hold, and what a shard without its end marker is
+            (:mod:`._limits`); default: 16 MiB, an error.
     """
 
     _fast_path = True  # runs of plain members by ._tarfast; tests turn it off to compare
 
-    def __init__(self, url: str, size: int | None, start: int = 0) -> None:
+    def __init__(
+        self, url: str, size: int | None, start: int = 0, limits: ReadLimits | None = None
+    ) -> None:
         bound = _UNBOUNDED if size is None else size
         if bound < 0 or not 0 <= start <= bound or start % BLOCK:
             raise ValueError(f"{url}: bad start {start} for a shard of {size} bytes")
-        super().__init__(url, bound)  # its _carry: shard bytes [_pos, _next) when _pos < _next
+        # its _carry: shard bytes [_pos, _next) when _pos < _next
+        super().__init__(url, bound, limits or _LIMITS)
         self._open_ended = size is None
         self._next = start  # offset the next feed must start at
         self._pos = start  # next header not yet parsed (may lie ahead when skipping data)
@@ -247,6 +266,7 @@ class ShardReader(EntryParser):
                 break
             if sparse is not None:
                 pending[2].append((ext, 0, 0, self._expand(sparse, start, size, pos)))
+                self._check(*pending)
             elif pending[1] >= doff:  # the whole sample is in data: zero copy
                 pending[2].append((ext, start - doff, start - doff + size, None))
             else:  # a carried sample is all bytes
@@ -258,7 +278,16 @@ class ShardReader(EntryParser):
                 if pos == 0:
                     what += looks_compressed(self._get(0, min(8, self.size)))
                 raise self._corrupt(pos, what)
+            if pos >= self.size:  # no end-of-archive marker: cut where a header would begin
+                self._cut(pending)
+                pending = None
             self._done = True
+        big = end - doff > self._max  # a sample inside this range may pass the limit
+        if out and (big or out[0][1] < doff):  # only the first can have been carried
+            for record in out if big else out[:1]:
+                self._check(record[0], record[1], record[2:])
+        if pending is not None and (big or pending[1] < doff):
+            self._check(*pending)
         if self._done:
             if pending is not None:
                 out.append((pending[0], pending[1], *pending[2]))
@@ -279,6 +308,30 @@ class ShardReader(EntryParser):
                 del carry[: len(carry) - (doff - pos)]
                 carry += data
         self._pos, self._pending = pos, pending
+
+    def _check(self, key: str, offset: int, fields: Iterable[Field]) -> None:
+        """Refuse a sample (complete or in progress) holding more than the limit."""
+        sizes = [(b - a if owned is None else len(owned), ext) for ext, a, b, owned in fields]
+        total = sum(size for size, _ in sizes)
+        if total > self._max:
+            largest = max(sizes)[1]
+            raise self._corrupt(
+                offset,
+                f"sample {key!r} holds {total} bytes or more (its largest member "
+                f"{key + '.' + largest!r}), more than a sample may hold ({self._max} bytes: "
+                "max_sample_bytes)",
+            )
+
+    def _cut(self, pending: Pending | None) -> None:
+        """The shard ends where a header would begin, without the end-of-archive marker."""
+        what = (
+            f"shard ends at byte {self.size} without the end-of-archive marker (truncated:"
+            " cut short, its last sample may lack members)"
+        )
+        if self.limits.on_truncated == "error":
+            raise self._corrupt(self.size, what)
+        dropped = "" if pending is None else f"; its last sample {pending[0]!r} is dropped"
+        warnings.warn(f"{self.url}: {what}{dropped}", TruncatedShardWarning, stacklevel=5)
 
 
 def check_not_empty(url: str, size: int) -> None:

@@ -15,6 +15,7 @@ import zlib
 from dataclasses import dataclass
 
 from .._exceptions import CorruptTarError
+from ._limits import ReadLimits
 from ._members import decode_name, sample_member
 from ._sparse import SparseMap, expand, gnu_extension, gnu_header, map_10
 from ._tarheaders import ChainEffects, chain_effects, checksum_error, size_field
@@ -75,11 +76,16 @@ class EntryParser:
     Attributes:
         url: the shard, named in errors.
         size: the shard's size (a very large number while it is not known).
+        limits: what a member or sample may hold (:mod:`._limits`): a member declared
+            larger than ``limits.max_sample_bytes`` (a sparse one: stored or expanded) is
+            refused at its header, before any of its bytes is kept or expanded.
     """
 
-    def __init__(self, url: str, size: int) -> None:
+    def __init__(self, url: str, size: int, limits: ReadLimits) -> None:
         self.url = url
         self.size = size
+        self.limits = limits
+        self._max = limits.max_sample_bytes
         self._carry = bytearray()  # shard bytes before _doff that a later header needs
         self._data = EMPTY  # the range being fed, only while it is
         self._doff = 0  # the offset of _data in the shard
@@ -177,6 +183,8 @@ class EntryParser:
                 if dot > slash + 1 and name[0] != "_" and "\n" not in name:
                     ext = name[dot + 1 :].lower()
                     if ext[:1] != "_":
+                        if size > self._max:
+                            raise self._too_large(pos, name, size)
                         return name[:dot], ext, start, size, after, None
                 return self._named(name, start, size, after, pos)
             return self._member(h, flag, size, pos, chain, group, end)
@@ -236,6 +244,8 @@ class EntryParser:
         key, ext, *_ = self._named(name, start, size, after, group)
         if key is None:
             return None, "", start, size, after, None
+        if (real or 0) > self._max:  # refused before a byte of it is expanded
+            raise self._too_large(group, name, real or 0, "expands to")
         return key, ext, start, size, after, _Sparse(sparse, real or 0, name)
 
     def _named(self, name: str, start: int, size: int, after: int, group: int) -> Entry:
@@ -246,6 +256,8 @@ class EntryParser:
         key, ext = member
         if ext in ("__key__", "__url__"):
             raise self._corrupt(group, f"member {name!r} is named like the sample's {ext}")
+        if size > self._max:
+            raise self._too_large(group, name, size)
         return key, ext, start, size, after, None
 
     def _effects(self, chain: list[tuple[int, bytes]], group: int) -> ChainEffects:
@@ -265,6 +277,14 @@ class EntryParser:
             return expand(stored, regions, sparse.size)
         except ValueError as exc:
             raise self._corrupt(pos, f"sparse member {sparse.name!r}: {exc}") from None
+
+    def _too_large(self, offset: int, name: str, size: int, verb: str = "holds") -> CorruptTarError:
+        """The error for a member larger than a sample may be."""
+        return self._corrupt(
+            offset,
+            f"member {name!r} {verb} {size} bytes, more than a sample may hold "
+            f"({self._max} bytes: max_sample_bytes)",
+        )
 
     def _corrupt(self, offset: int, what: str) -> CorruptTarError:
         return CorruptTarError(

@@ -130,7 +130,7 @@ class ChunkReader:
             position,
             piece,
             shard,
-            open_reader(shard.url, shard.size, piece.offset),
+            open_reader(shard.url, shard.size, piece.offset, self.settings.read_limits),
             self.settings.counts[piece.shard],
             self.settings.chunk_bytes,
             returned=piece.index0,
@@ -204,7 +204,9 @@ class ChunkReader:
         if saved["piece"] >= len(self.pieces):
             raise StateError("state_dict names a piece this reader does not have")
         lane = self.lane(saved["piece"])
-        lane.reader = open_reader(lane.shard.url, lane.shard.size, saved["reader_start"])
+        lane.reader = open_reader(
+            lane.shard.url, lane.shard.size, saved["reader_start"], self.settings.read_limits
+        )
         lane.returned = saved["returned_before"]
         chunk_start, _ = lane.chunk_range(saved["chunk"])
         offset = fetch_start(lane.shard.url, saved["reader_start"])

@@ -18,6 +18,7 @@ from ..dataset._count import CountSettings
 from ..engine._configure import engine_config
 from ..engine._engine import EngineConfig
 from ..order._mix import SourcePlan
+from ..shards._limits import ReadLimits, sample_limit
 from ..shards._urls import Shard
 from ..stores._s3 import S3Options
 
@@ -131,6 +132,15 @@ class StreamSettings:
         capped at the largest shard. Part of the order (a checkpoint's identity)."""
         block = self.order.block_bytes or self.fetch.chunk_bytes
         return max(1, min(block, max((s.size for s in self.shards), default=1)))
+
+    @functools.cached_property
+    def read_limits(self) -> ReadLimits:
+        """What a shard's reader may hold (``fetch.max_sample_bytes``, by default the
+        block, at least 16 MiB) and what a cut shard is (``fetch.on_truncated``)."""
+        return ReadLimits(
+            max_sample_bytes=sample_limit(self.fetch.max_sample_bytes, self.chunk_bytes),
+            on_truncated=self.fetch.on_truncated,
+        )
 
     @property
     def request_bytes(self) -> int | None:

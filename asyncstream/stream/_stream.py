@@ -114,7 +114,8 @@ class ShardStream(IterableDataset[dict[str, Any]]):
             ``shuffle``, ``window``, ``shuffle_mode``, ``remainder``, ``rank``,
             ``world_size``, ``block_bytes`` (``order``); ``inflight``, ``prefetch``,
             ``chunk_bytes``,
-            ``retry``, ``timeouts``, ``check_etag``, ``adaptive``, ``hedge`` (``fetch``);
+            ``retry``, ``timeouts``, ``check_etag``, ``adaptive``, ``hedge``,
+            ``max_sample_bytes``, ``on_truncated`` (``fetch``);
             ``cache_dir``, ``cache_limit`` (``cache``: ``path``, ``limit``);
             ``samples_per_shard``, ``split``, ``strict``, ``index_cache`` (``index``:
             ``cache`` for the last). A flat argument and the group that holds it, both
