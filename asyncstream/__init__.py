@@ -25,6 +25,7 @@ from ._exceptions import (
     StaleShardWarning,
     StateError,
     TransientFetchError,
+    UnreadIndexWarning,
     UnreadShardWarning,
 )
 
@@ -86,6 +87,7 @@ __all__ = [
     "StateError",
     "Timeouts",
     "TransientFetchError",
+    "UnreadIndexWarning",
     "UnreadShardWarning",
     "__version__",
     "configure_store",
