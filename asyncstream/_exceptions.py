@@ -161,8 +161,9 @@ class UnreadIndexWarning(UserWarning):
     instead. The usual cause is a manifest that an older ``asyncstream pack`` wrote with
     mode ``0600`` behind a web server that runs as another user: make it readable
     (``chmod 644``). A server that answers ``403`` for a file it does not have (S3 static
-    website hosting without the list permission) gives this warning too; a list of
-    presigned shard URLs does not (their signatures do not cover the files beside them).
+    website hosting without the list permission) does not give it: a file of a name
+    nobody uses is asked for beside the manifest, and answers ``403`` too. Nor does a
+    list of presigned shard URLs (their signatures do not cover the files beside them).
     """
 
 

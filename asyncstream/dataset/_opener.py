@@ -45,6 +45,7 @@ from ._trust import Scope
 __all__ = ["Opener", "governed", "names", "report_stale"]
 
 _HEADER = 512
+_CONTROL = ".asyncstream-no-such-file.json"  # asked beside a refused manifest
 _NAMED_IN_MESSAGES = 5
 
 
@@ -190,14 +191,19 @@ class Opener:
 
     def _reader(self, *, check: bool) -> Reader:
         """How index files beside shards are read: a manifest that the store has but
-        refuses (a web server's ``403`` for a file it may not read) is noted, and said
-        after (:meth:`report_unread`), rather than taken for a missing one."""
+        refuses (a web server's ``403`` for a file it may not read, where a file it does
+        not have is a ``404``) is noted, and said after (:meth:`report_unread`), rather
+        than taken for a missing one."""
 
         def read(url: str) -> bytes | None:
             raw = self._read(url)
             if raw is None and check and url.rpartition("/")[2] == MANIFEST_NAME:
                 refused = None if is_local(url) else _refused(self.objects, url)
-                if refused is not None:  # (a local file is there or not: read says which)
+                # A server that refuses a file it does not have (static hosting on S3)
+                # refuses the control too: its 403 says nothing. (A local file is there
+                # or not: reading it says which.)
+                control = url.rpartition("/")[0] + "/" + _CONTROL
+                if refused is not None and _refused(self.objects, control) is None:
                     self.unread.append(refused)
             return raw
 
