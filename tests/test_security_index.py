@@ -29,7 +29,7 @@ from asyncstream import (
     Timeouts,
     configure_store,
 )
-from asyncstream.stores._registry import withhold_credentials
+from asyncstream.stores import _registry
 from asyncstream.testing import LocalS3, WebServer
 
 FAST = FetchConfig(
@@ -76,7 +76,10 @@ def token_web(web: WebServer, cdn: WebServer) -> Iterator[WebServer]:
     web.token = TOKEN
     configure_store("http", token=TOKEN, headers={"X-Team": "vision"})
     yield web
-    withhold_credentials((), named=[cdn.url + "/"])
+    # getattr: this module also runs on the code before the fix, to see each attack pass
+    lift = getattr(_registry, "withhold_credentials", None)
+    if lift is not None:
+        lift((), named=[cdn.url + "/"])
 
 
 def credentials_seen(server: WebServer) -> list[tuple[str, str | None, str | None]]:

@@ -159,7 +159,7 @@ def plan_dataset(
     :func:`open_dataset`, which counts the rest)."""
     items = url_items(urls)
     scope = Scope.of(items, trust_index_urls)
-    withhold_credentials((), named=scope.urls)  # the origins named get their credentials
+    withhold_credentials((), named=scope.named)  # the origins named get their credentials
     opener = Opener(options, split, scope)
     if samples_per_shard is not None:
         shards = resolve_shards(items, stores=opener.objects)

@@ -62,7 +62,7 @@ class Opener:
         self.options = options
         self.objects = Stores(options)
         self.split = split
-        self.scope = scope or Scope(frozenset(), (), False)
+        self.scope = scope or Scope(frozenset(), False)
         self.shards: list[Shard] = []
         self.counts: dict[str, int] = {}
         self.sources: Counter[str] = Counter()
@@ -98,7 +98,7 @@ class Opener:
         beyond = self.scope.check(index.url, members)
         stores = self.objects
         if beyond:  # admitted by trust_index_urls: none of the user's credentials go there
-            withhold_credentials(beyond, named=self.scope.urls)
+            withhold_credentials(beyond, named=self.scope.named)
             stores = Stores(self.options)  # made with the credentials withheld
         entries = [index.entries[u] for u in members]
         if all(e.size is not None for e in entries):

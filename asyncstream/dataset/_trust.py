@@ -69,13 +69,11 @@ class Scope:
 
     Attributes:
         named: the origins of the URLs the user gave (:func:`origin_of`).
-        urls: those URLs, expanded (their origins get the configured credentials).
         trusted: ``True`` (any remote URL), or the URL prefixes an index may name beyond
             ``named``.
     """
 
     named: frozenset[str]
-    urls: tuple[str, ...]
     trusted: bool | tuple[str, ...]
 
     @classmethod
@@ -87,8 +85,8 @@ class Scope:
             ShardURLError: a prefix of an unsupported scheme.
         """
         trusted = _prefixes(trust)
-        urls = tuple(u for item in items for u in expand_braces(item))
-        return cls(frozenset(origin_of(u) for u in urls), urls, trusted)
+        named = frozenset(origin_of(u) for item in items for u in expand_braces(item))
+        return cls(named, trusted)
 
     def _admits(self, url: str) -> bool:
         if isinstance(self.trusted, bool):

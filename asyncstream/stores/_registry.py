@@ -224,7 +224,7 @@ def origin_of(url: str) -> str:
 def withhold_credentials(withheld: Iterable[str], named: Iterable[str] = ()) -> None:
     """Send none of the configured credentials or headers to the origins of the web URLs
     ``withheld`` (origins that only an index named, admitted with ``trust_index_urls=``),
-    and send them again to those of ``named`` (URLs the user gave): in this process and
+    and send them again to those of ``named`` (URLs or origins the user gave): in this process and
     the fetch engines it starts from now on. Other schemes are ignored."""
     for url in named:
         if scheme_of(url) in _WEB:
