@@ -12,6 +12,12 @@ an index and the store disagree (a shard it lists is missing, its size or ETag d
 or its count cannot fit the shard: every member takes a 512-byte header) the open fails
 with a ``DataError`` naming the shard and the index file, never a silent guess.
 
+A manifest beside the shards that the server has but refuses (``403`` where a file it
+does not have is a ``404``) is said in an :class:`~asyncstream.UnreadIndexWarning`, not
+taken for a missing one; an index given as the dataset URL that is refused is an
+:class:`~asyncstream.AccessDeniedError`, and the shards it names stay within what the user
+named (:mod:`._trust`).
+
 An index given as the dataset URL that records every shard's size (asyncstream's
 manifest; wids with ``filesize``) opens with that one GET: no listing, no HEAD.
 """
