@@ -26,6 +26,7 @@ from ._exceptions import (
     StateError,
     TransientFetchError,
     TruncatedShardWarning,
+    UnreadIndexWarning,
     UnreadShardWarning,
 )
 
@@ -88,6 +89,7 @@ __all__ = [
     "Timeouts",
     "TransientFetchError",
     "TruncatedShardWarning",
+    "UnreadIndexWarning",
     "UnreadShardWarning",
     "__version__",
     "configure_store",

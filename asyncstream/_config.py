@@ -226,12 +226,30 @@ class IndexConfig:
             rather than a warning.
         cache: the local index cache of counted shards: None for the default folder,
             ``False`` for none, or a folder.
+        trust_index_urls: what a remote index given as the dataset URL may name beyond
+            the origins of the URLs given (its own server or bucket, and theirs):
+            ``False`` nothing; ``True`` any remote URL; or a list of URL prefixes
+            (``["https://cdn.example.com/data/", "s3://other-bucket/"]``; only a
+            ``file://`` prefix admits local files). Web origins admitted get none of the
+            credentials or headers configured for their scheme.
     """
 
     samples_per_shard: int | Sequence[int] | None = None
     split: str | None = None
     strict: bool = False
     cache: str | os.PathLike[str] | bool | None = None
+    trust_index_urls: bool | Sequence[str] = False
+
+    def __post_init__(self) -> None:
+        trust = self.trust_index_urls
+        if isinstance(trust, bool):
+            return
+        if isinstance(trust, str) or not isinstance(trust, Sequence):
+            raise TypeError(
+                "trust_index_urls must be True, False or a list of URL prefixes "
+                f"(['https://cdn.example.com/data/']), got {trust!r}"
+            )
+        object.__setattr__(self, "trust_index_urls", tuple(trust))
 
 
 Group = Literal["order", "fetch", "cache", "index"]
@@ -262,6 +280,7 @@ FLAT: Mapping[str, tuple[Group, str]] = {
     "split": ("index", "split"),
     "strict": ("index", "strict"),
     "index_cache": ("index", "cache"),
+    "trust_index_urls": ("index", "trust_index_urls"),
 }
 
 _CLASSES: dict[Group, type[Any]] = {
@@ -360,3 +379,4 @@ class FlatSettings(TypedDict, total=False):
     split: str | None
     strict: bool
     index_cache: str | os.PathLike[str] | bool | None
+    trust_index_urls: bool | Sequence[str]

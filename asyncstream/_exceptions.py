@@ -26,6 +26,8 @@ argument mistakes are additionally ``ValueError`` / ``TypeError`` so that plain
     ├── TruncatedShardWarning            a shard without its end-of-archive marker, read
     │                                    under ``on_truncated="warn"``: its last sample
     │                                    dropped
+    ├── UnreadIndexWarning               a manifest beside the shards that the server
+    │                                    refuses (403): not used, the shards counted
     └── SkippedImageWarning              images that ``pack`` left out because they do not
                                          decode (``on_error="skip"``)
 
@@ -56,6 +58,7 @@ __all__ = [
     "StateError",
     "TransientFetchError",
     "TruncatedShardWarning",
+    "UnreadIndexWarning",
     "UnreadShardWarning",
 ]
 
@@ -162,6 +165,20 @@ class UnreadShardWarning(UserWarning):
     ``.tar.zst``, ``.tar.xz`` and ``.tar.bz2`` (and their short forms). A listing that
     finds ``.tar.lz4``, ``.tar.lz``, ``.tar.lzma``, ``.tar.Z`` or ``.tar.br`` leaves them
     out of the dataset and names them in this warning, rather than drop them silently.
+    """
+
+
+class UnreadIndexWarning(UserWarning):
+    """A manifest (``asyncstream.json``) beside the shards exists but its server refuses
+    to serve it (``403``).
+
+    Its counts are not used: the shards are counted (or their cached counts taken)
+    instead. The usual cause is a manifest that an older ``asyncstream pack`` wrote with
+    mode ``0600`` behind a web server that runs as another user: make it readable
+    (``chmod 644``). A server that answers ``403`` for a file it does not have (S3 static
+    website hosting without the list permission) does not give it: a file of a name
+    nobody uses is asked for beside the manifest, and answers ``403`` too. Nor does a
+    list of presigned shard URLs (their signatures do not cover the files beside them).
     """
 
 

@@ -299,7 +299,8 @@ def test_a_folder_is_refused_with_what_to_give_instead(web: WebServer) -> None:
 
 def test_a_wids_index_of_https_urls(web: WebServer, web_tls: WebServer, web_data: WebData) -> None:
     """A wids index (the common case on the Hub) naming shards on another server by
-    absolute https URLs, with their sizes: opened without a HEAD, read exactly."""
+    absolute https URLs, with their sizes: opened without a HEAD, read exactly, once that
+    server is admitted (trust_index_urls: tests/test_security_index.py)."""
     shardlist = [
         {
             "url": url,
@@ -311,7 +312,12 @@ def test_a_wids_index_of_https_urls(web: WebServer, web_tls: WebServer, web_data
     index = {"__kind__": "wids-shard-index-v1", "shardlist": shardlist}
     (web_data.root / "wids").mkdir(exist_ok=True)
     (web_data.root / "wids" / "train.json").write_text(json.dumps(index))
-    samples = read_all(f"{web.url}/wids/train.json", web_data, samples_per_shard=None)
+    samples = read_all(
+        f"{web.url}/wids/train.json",
+        web_data,
+        samples_per_shard=None,
+        trust_index_urls=[web_tls.url],
+    )
     assert_exact(samples, web_data)
     assert not any(r.method == "HEAD" for r in web_tls.requests())
 

@@ -26,13 +26,14 @@ from typing import Any
 
 from ..shards._tar import check_not_empty
 from ..shards._urls import Shard, url_items
-from ..stores._registry import scheme_of, store_class
+from ..stores._registry import scheme_of, store_class, withhold_credentials
 from ..stores._s3 import S3Options
 from ._count import CountSettings, OnProgress, count_shards, count_shared, distributed
 from ._index import folder_of
 from ._index_cache import IndexCache
 from ._opener import Opener
 from ._resolve import resolve_shards, resolve_urls
+from ._trust import Scope, TrustIndexURLs
 
 __all__ = ["Dataset", "DatasetPlan", "IndexInfo", "open_dataset", "plan_dataset"]
 
@@ -152,11 +153,14 @@ def plan_dataset(
     split: str | None = None,
     strict: bool = False,
     cache: IndexCache | None = None,
+    trust_index_urls: TrustIndexURLs = False,
 ) -> DatasetPlan:
     """The dataset's shards and the counts known without reading a shard (see
     :func:`open_dataset`, which counts the rest)."""
     items = url_items(urls)
-    opener = Opener(options, split)
+    scope = Scope.of(items, trust_index_urls)
+    withhold_credentials((), named=scope.named)  # the origins named get their credentials
+    opener = Opener(options, split, scope)
     if samples_per_shard is not None:
         shards = resolve_shards(items, stores=opener.objects)
         for shard in shards:
@@ -207,6 +211,7 @@ def open_dataset(
     index_cache: str | os.PathLike[str] | bool | None = None,
     counting: CountSettings | None = None,
     progress: OnProgress | None = None,
+    trust_index_urls: TrustIndexURLs = False,
 ) -> Dataset:
     """Resolve a dataset's shards and the samples in each (module docstring).
 
@@ -221,12 +226,16 @@ def open_dataset(
             for none, or a folder.
         counting: how shards are read when they must be counted.
         progress: called as counting goes.
+        trust_index_urls: what a remote index given as the dataset URL may name beyond
+            the origins of ``urls`` (:mod:`._trust`): ``True`` any remote URL, or a list
+            of URL prefixes; those admitted get no configured credentials.
 
     Raises:
         ShardURLError, NotFoundError, AccessDeniedError: bad URLs, missing objects,
             credentials.
         ValueError: bad ``samples_per_shard`` or ``split``.
-        DataError: an index that disagrees with the store, a stale shard with ``strict``.
+        DataError: an index that disagrees with the store, a stale shard with ``strict``,
+            a remote index naming a shard beyond the origins given (``trust_index_urls``).
         CorruptTarError, FetchError: a shard that had to be counted could not be read.
     """
     cache = IndexCache.open(index_cache) if samples_per_shard is None else None
@@ -238,6 +247,7 @@ def open_dataset(
             split=split,
             strict=strict,
             cache=cache,
+            trust_index_urls=trust_index_urls,
         )
         counted = _count_rest(plan, counting or CountSettings(s3=options), cache, progress)
     finally:

@@ -30,7 +30,9 @@ A URL in an index is resolved against the index's folder (wids: against its ``ba
 it has one), or kept when absolute. An index found *beside* the shards matches them by
 file name, as a copied dataset still should: an absolute URL outside the index's folder
 is taken as that file name in the folder. An index given *as* the dataset URL keeps its
-absolute ``s3://`` and ``file://`` URLs (its shards may live elsewhere).
+absolute ``s3://`` and ``file://`` URLs (its shards may live elsewhere), within what the
+user named: a remote index names shards only on its own origin or another given, never a
+local file, unless ``trust_index_urls=`` admits more (:mod:`._trust`, checked at open).
 
 Strictness: a file recognised as an index (by its ``__kind__``, or by its name and shape)
 that holds a bad entry is a :class:`DataError` naming the file; a file that is merely

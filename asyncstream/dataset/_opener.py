@@ -12,6 +12,12 @@ an index and the store disagree (a shard it lists is missing, its size or ETag d
 or its count cannot fit the shard: every member takes a 512-byte header) the open fails
 with a ``DataError`` naming the shard and the index file, never a silent guess.
 
+A manifest beside the shards that the server has but refuses (``403`` where a file it
+does not have is a ``404``) is said in an :class:`~asyncstream.UnreadIndexWarning`, not
+taken for a missing one; an index given as the dataset URL that is refused is an
+:class:`~asyncstream.AccessDeniedError`, and the shards it names stay within what the user
+named (:mod:`._trust`).
+
 An index given as the dataset URL that records every shard's size (asyncstream's
 manifest; wids with ``filesize``) opens with that one GET: no listing, no HEAD.
 """
@@ -23,20 +29,29 @@ import warnings
 from collections import Counter
 from collections.abc import Sequence
 
-from .._exceptions import DataError, NotFoundError, StaleShardWarning
+from .._exceptions import (
+    AccessDeniedError,
+    DataError,
+    FetchError,
+    NotFoundError,
+    StaleShardWarning,
+    UnreadIndexWarning,
+)
 from ..shards._compressed import compression_of
 from ..shards._tar import check_not_empty
 from ..shards._urls import Shard, reject_duplicates
 from ..stores._localstore import local_path
-from ..stores._registry import canonical_url, folder_url, is_local
+from ..stores._registry import canonical_url, folder_url, is_local, withhold_credentials
 from ..stores._s3 import S3Options
 from ..stores._stores import Stores
-from ._index import Entry, Index, find_index, folder_of, parse_index
+from ._index import MANIFEST_NAME, Entry, Index, Reader, find_index, folder_of, parse_index
 from ._resolve import Resolved, caller_outside, resolve_shards
+from ._trust import Scope
 
 __all__ = ["Opener", "governed", "names", "report_stale"]
 
 _HEADER = 512
+_CONTROL = ".asyncstream-no-such-file.json"  # asked beside a refused manifest
 _NAMED_IN_MESSAGES = 5
 
 
@@ -49,16 +64,18 @@ class Opener:
     an index, the indexes used and the stale shards.
     """
 
-    def __init__(self, options: S3Options, split: str | None) -> None:
+    def __init__(self, options: S3Options, split: str | None, scope: Scope | None = None) -> None:
         self.options = options
         self.objects = Stores(options)
         self.split = split
+        self.scope = scope or Scope(frozenset(), False)
         self.shards: list[Shard] = []
         self.counts: dict[str, int] = {}
         self.sources: Counter[str] = Counter()
         self.indexes: dict[str, str] = {}  # index url -> kind
         self.split_used = False
         self.stale: list[tuple[str, Index]] = []
+        self.unread: list[AccessDeniedError] = []  # manifests beside the shards, refused
 
     def use(self, shard: Shard, index: Index | None, entry: Entry | None) -> None:
         self.shards.append(shard)
@@ -77,19 +94,24 @@ class Opener:
 
     def index_url(self, url: str) -> None:
         canonical = canonical_url(url)
-        raw = self.objects.read(canonical)
+        raw = self._read(canonical)
         if raw is None:
-            raise NotFoundError(f"{url}: no such index file", url=url)
+            raise _why_unread(self.objects, canonical, f"{url}: no such index file")
         index = parse_index(canonical, raw, expect=None, rebase=False)
         if index is None:  # pragma: no cover - expect=None never returns None
             raise DataError(f"{url}: not an index")
         members = self.members(index)
+        beyond = self.scope.check(index.url, members)
+        stores = self.objects
+        if beyond:  # admitted by trust_index_urls: none of the user's credentials go there
+            withhold_credentials(beyond, named=self.scope.named)
+            stores = Stores(self.options)  # made with the credentials withheld
         entries = [index.entries[u] for u in members]
         if all(e.size is not None for e in entries):
             shards = [Shard(u, e.size or 0, e.etag) for u, e in zip(members, entries, strict=True)]
         else:
             try:
-                shards = resolve_shards(members, stores=self.objects)
+                shards = resolve_shards(members, stores=stores)
             except NotFoundError as exc:
                 raise DataError(f"{exc.url}: listed by {index.url}, but not found") from exc
         for shard, entry in zip(shards, entries, strict=True):
@@ -109,8 +131,13 @@ class Opener:
             known = children.get(folder) or None
             if is_local(folder):
                 known = _local_children(folder)
+            # A presigned URL's signature does not cover the files beside it: a 403 is expected.
+            signed = any("?" in s.url for s in shards)
             found[folder] = find_index(
-                folder, self.objects.read, known=known, shard_urls=[s.url for s in shards]
+                folder,
+                self._reader(check=not signed),
+                known=known,
+                shard_urls=[s.url for s in shards],
             )
         for shard in run.shards:
             index = found[folder_of(shard.url)]
@@ -136,7 +163,7 @@ class Opener:
                 continue  # an index higher up governs this folder already
             local = is_local(folder)
             known = _local_children(folder) if local else children.get(folder, set())
-            index = find_index(folder, self.objects.read, known=known)
+            index = find_index(folder, self._reader(check=True), known=known)
             if index is not None:
                 governing[folder] = index
         governed: dict[str, list[Shard]] = {folder: [] for folder in governing}
@@ -155,6 +182,52 @@ class Opener:
         for shard in chosen:
             self.use(shard, index, index.entries[shard.url])
 
+    # -- reading index files ----------------------------------------------------------------
+
+    def _read(self, url: str) -> bytes | None:
+        """A whole index file, ``None`` where there is none; a local file that may not be
+        read is an :class:`AccessDeniedError`."""
+        try:
+            return self.objects.read(url)
+        except PermissionError as exc:
+            raise AccessDeniedError(
+                f"{url}: the index file cannot be read ({exc.strerror}): make it readable",
+                url=url,
+            ) from exc
+
+    def _reader(self, *, check: bool) -> Reader:
+        """How index files beside shards are read: a manifest that the store has but
+        refuses (a web server's ``403`` for a file it may not read, where a file it does
+        not have is a ``404``) is noted, and said after (:meth:`report_unread`), rather
+        than taken for a missing one."""
+
+        def read(url: str) -> bytes | None:
+            raw = self._read(url)
+            if raw is None and check and url.rpartition("/")[2] == MANIFEST_NAME:
+                refused = None if is_local(url) else _refused(self.objects, url)
+                # A server that refuses a file it does not have (static hosting on S3)
+                # refuses the control too: its 403 says nothing. (A local file is there
+                # or not: reading it says which.)
+                control = url.rpartition("/")[0] + "/" + _CONTROL
+                if refused is not None and _refused(self.objects, control) is None:
+                    self.unread.append(refused)
+            return raw
+
+        return read
+
+    def report_unread(self) -> None:
+        """Warn about the manifests beside the shards that could not be read."""
+        for error in self.unread:
+            warnings.warn(
+                f"{error}. This manifest beside the shards was not used: their counts come "
+                "from the index cache or from counting them instead. Make it readable to "
+                "the server (an older 'asyncstream pack' wrote it with mode 0600: chmod "
+                "644), or give its URL as the dataset URL",
+                UnreadIndexWarning,
+                caller_outside(),
+            )
+        self.unread.clear()
+
     def finish(self, urls: Sequence[str], strict: bool) -> None:
         """Check what was gathered: a split that was used, stale shards, shards named
         twice, empty objects.
@@ -170,6 +243,7 @@ class Opener:
                 f"split={self.split!r} was given, but no index with splits was found for "
                 f"{', '.join(urls)}"
             )
+        self.report_unread()
         if self.stale:
             report_stale(self.stale, strict)
         reject_duplicates(self.shards)
@@ -246,6 +320,25 @@ def _check(shard: Shard, entry: Entry, index: Index) -> None:
             f"{where} gives {entry.samples} samples, more than a shard of {shard.size} bytes "
             "can hold (every member takes a 512-byte header)"
         )
+
+
+def _refused(stores: Stores, url: str) -> AccessDeniedError | None:
+    """Why a file that reading found absent was refused, or ``None`` where it is really
+    not there: a ``HEAD`` tells, where reading it did not (a web server's ``403``)."""
+    try:
+        stores.for_url(url).head(url)
+    except NotFoundError:
+        return None
+    except AccessDeniedError as exc:
+        return exc
+    return AccessDeniedError(f"{url}: the file is there, but reading it was refused", url=url)
+
+
+def _why_unread(stores: Stores, url: str, missing: str) -> FetchError:
+    """The error of an index file given as the dataset URL that could not be read: a
+    :class:`NotFoundError` where it is not there, else why it was refused."""
+    refused = _refused(stores, url)
+    return NotFoundError(missing, url=url) if refused is None else refused
 
 
 def _under(folder: str, ancestor: str) -> bool:

@@ -20,6 +20,7 @@ from .._exceptions import AsyncStreamError
 from ..order._mix import SourcePlan, quotas
 from ..shards._urls import Shard
 from ..stores._s3 import S3Options
+from ._trust import TrustIndexURLs
 
 if TYPE_CHECKING:  # they import the fetch engine, which the package itself must not load
     from ._count import CountSettings
@@ -159,6 +160,7 @@ def open_sources(
     counting: CountSettings,
     strict: bool = False,
     index_cache: str | os.PathLike[str] | bool | None = None,
+    trust_index_urls: TrustIndexURLs = False,
 ) -> OpenedSources:
     """Open every source (as :func:`._dataset.open_dataset` opens a dataset) and set its
     quota.
@@ -171,6 +173,7 @@ def open_sources(
         counting: how shards without an index are counted (``s3`` is each source's).
         strict: as :func:`._dataset.open_dataset`.
         index_cache: as :func:`._dataset.open_dataset`.
+        trust_index_urls: as :func:`._dataset.open_dataset`.
 
     Raises:
         ValueError: no source, two with one name, an empty source, a bad ``epoch_size``,
@@ -204,6 +207,7 @@ def open_sources(
                 counting=counting,
                 strict=strict,
                 index_cache=index_cache,
+                trust_index_urls=trust_index_urls,
             )
         except (AsyncStreamError, ValueError) as exc:
             name_source(exc, name)
@@ -238,6 +242,7 @@ def open_plain(
     counting: CountSettings,
     strict: bool = False,
     index_cache: str | os.PathLike[str] | bool | None = None,
+    trust_index_urls: TrustIndexURLs = False,
 ) -> OpenedSources:
     """Open plain shard URLs: a stream of one source, on the same path as a mixed stream's
     sources (:func:`open_sources`), but with no quota (the one source is read whole each
@@ -258,6 +263,7 @@ def open_plain(
         counting=counting,
         strict=strict,
         index_cache=index_cache,
+        trust_index_urls=trust_index_urls,
     )
     return opened.result((), ())
 
@@ -283,6 +289,7 @@ class _Opening:
         counting: CountSettings,
         strict: bool,
         index_cache: str | os.PathLike[str] | bool | None,
+        trust_index_urls: TrustIndexURLs = False,
     ) -> None:
         """Open one source's dataset (:func:`._dataset.open_dataset`) and append it."""
         from ._dataset import open_dataset
@@ -295,6 +302,7 @@ class _Opening:
             strict=strict,
             index_cache=index_cache,
             counting=replace(counting, s3=options),
+            trust_index_urls=trust_index_urls,
         )
         first = len(self.shards)
         self.shards.extend(dataset.shards)

@@ -1,6 +1,8 @@
 """Local files as a store: listed, read whole, and read by range straight into the slot.
 
-Its URLs are ``file:///abs/path`` and plain paths (absolute, relative or ``~``).
+Its URLs are ``file:///abs/path`` and plain paths (absolute, relative or ``~``). A file
+it writes (a manifest, an index) gets the mode the umask gives, as the shards ``pack``
+moves into place do: a web server in front of the folder serves them alike.
 """
 
 from __future__ import annotations
@@ -8,8 +10,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
+import secrets
 import shutil
-import tempfile
 from collections.abc import Iterable
 from pathlib import Path
 from urllib.parse import unquote, urlparse
@@ -66,7 +68,9 @@ class LocalStore(Store):
 
     def write(self, url: str, data: bytes) -> None:
         path = _path(url)
-        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
+        tmp = path.parent / f".{path.name}.{secrets.token_hex(6)}"
+        # mode 0o666 less the umask, as open() gives a new file (mkstemp's 0o600 would not)
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
         try:
             with os.fdopen(fd, "wb") as f:
                 f.write(data)

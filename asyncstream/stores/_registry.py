@@ -27,6 +27,14 @@ each store reads from its standard environment; they travel to the engine with t
 
     configure_store("https", headers={"X-Team": "vision"})
 
+Where a URL's shards come from, for the trust checks of indexes (:func:`origin_of`): its
+*origin* is the scope of the credentials that reach it (``scheme://host:port`` on the
+web, ``scheme://bucket`` for object stores, ``file://`` for every local path). An
+origin that only an index named (admitted with ``trust_index_urls=``) gets none of the
+credentials or headers configured for its scheme: :func:`withhold_credentials` records
+it (until the user names that origin), and the web stores' settings carry it
+(``withhold``) to both processes.
+
 A store is named, not numbered: :class:`StoreKey` names the engine's store of one scheme
 reached with one source's options (an *endpoint*, named after the first source that
 uses them; ``""`` is the stream's own options).
@@ -37,9 +45,10 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass, replace
 from typing import Any
-from urllib.parse import urlparse
+from urllib.parse import urlparse, urlsplit
 
 from .._exceptions import ShardURLError
+from ._origin import Origin
 from ._store import Store, StoreSetup
 
 __all__ = [
@@ -51,12 +60,14 @@ __all__ = [
     "is_local",
     "is_served",
     "make_store",
+    "origin_of",
     "register_store",
     "registered_stores",
     "scheme_of",
     "store_class",
     "store_settings",
     "unregister_store",
+    "withhold_credentials",
 ]
 
 #: scheme -> "module:Class" of its store. Plain paths are ``file``.
@@ -74,6 +85,9 @@ _BUILT_IN = dict(_TABLE)
 _CLASSES: dict[str, type[Store]] = {}
 #: scheme -> the settings given with configure_store
 _SETTINGS: dict[str, dict[str, Any]] = {}
+#: origins that get no configured credentials (only an index named them), by scheme
+_WITHHELD: dict[str, set[str]] = {}
+_WEB = ("http", "https")  # the schemes whose built-in store reads ``withhold``
 
 
 @dataclass(frozen=True, slots=True, order=True)
@@ -152,12 +166,21 @@ def configure_store(scheme: str, **settings: Any) -> None:
         _SETTINGS.pop(scheme, None)
 
 
+def _settings_of(scheme: str) -> dict[str, Any]:
+    """The settings of ``scheme``'s store: those given, and the origins withheld from."""
+    given = dict(_SETTINGS.get(scheme, {}))
+    withheld = _WITHHELD.get(scheme)
+    if withheld and _TABLE.get(scheme) == _BUILT_IN.get(scheme):
+        given["withhold"] = tuple(sorted(withheld | set(given.get("withhold", ()))))
+    return given
+
+
 def store_settings() -> tuple[tuple[str, tuple[tuple[str, Any], ...]], ...]:
     """The settings given with :func:`configure_store`, scheme by scheme (what the engine
-    process is given)."""
-    return tuple(
-        (scheme, tuple(sorted(given.items()))) for scheme, given in sorted(_SETTINGS.items())
-    )
+    process is given), with the origins withheld from (:func:`withhold_credentials`)."""
+    schemes = sorted(set(_SETTINGS) | {s for s, o in _WITHHELD.items() if o})
+    made = ((scheme, _settings_of(scheme)) for scheme in schemes)
+    return tuple((scheme, tuple(sorted(given.items()))) for scheme, given in made if given)
 
 
 def registered_stores() -> tuple[tuple[str, str], ...]:
@@ -177,6 +200,38 @@ def install_stores(
             _TABLE[scheme] = path
     _SETTINGS.clear()
     _SETTINGS.update((scheme, dict(given)) for scheme, given in settings)
+
+
+def origin_of(url: str) -> str:
+    """The origin of a URL, the scope of the credentials that reach it: ``file://`` for
+    a local path, ``scheme://host:port`` for a web URL, ``scheme://bucket`` (the URL's
+    host, lower case) for another store.
+
+    Raises:
+        ShardURLError: a scheme no store is registered for.
+    """
+    scheme = scheme_of(url)
+    if scheme == "file":
+        return "file://"
+    if scheme in _WEB:
+        try:
+            return str(Origin.of(url))
+        except ValueError as exc:
+            raise ShardURLError(f"{url!r}: {exc}") from None
+    return f"{scheme}://{urlsplit(url).netloc.lower()}"
+
+
+def withhold_credentials(withheld: Iterable[str], named: Iterable[str] = ()) -> None:
+    """Send none of the configured credentials or headers to the origins of the web URLs
+    ``withheld`` (origins that only an index named, admitted with ``trust_index_urls=``),
+    and send them again to those of ``named`` (URLs or origins the user gave): in this process and
+    the fetch engines it starts from now on. Other schemes are ignored."""
+    for url in named:
+        if scheme_of(url) in _WEB:
+            _WITHHELD.get(scheme_of(url), set()).discard(origin_of(url))
+    for url in withheld:
+        if scheme_of(url) in _WEB:
+            _WITHHELD.setdefault(scheme_of(url), set()).add(origin_of(url))
 
 
 def scheme_of(url: str) -> str:
@@ -239,7 +294,7 @@ def store_class(scheme: str) -> type[Store]:
 def make_store(scheme: str, setup: StoreSetup) -> Store:
     """A new store for URLs of ``scheme`` (see :meth:`~._store.Store.from_setup`), with the
     settings given for it by :func:`configure_store` where ``setup`` carries none."""
-    given = _SETTINGS.get(scheme)
+    given = _settings_of(scheme)
     if given and not setup.settings:
         setup = replace(setup, settings=given)
     return store_class(scheme).from_setup(setup)

@@ -14,6 +14,9 @@ Settings (``configure_store("https", ...)``, and the same for ``"http"``):
   system's, or ``SSL_CERT_FILE``); ``verify=False`` turns verification off (test
   servers only).
 * ``max_redirects``: the most redirects one request follows (default 10).
+* ``withhold``: origins (``scheme://host:port``) that get none of the above credentials
+  and headers, nor the Hugging Face token: those that only an index named (set by the
+  registry, :func:`~._registry.withhold_credentials`).
 
 An object's version tag (:attr:`Shard.etag <asyncstream.Shard.etag>`) is its ``ETag``
 or, from a server that sends none, ``last-modified:`` and its ``Last-Modified`` date.
@@ -57,7 +60,7 @@ LAST_MODIFIED = "last-modified:"  # a version tag made of a Last-Modified date
 REDIRECTS = frozenset({301, 302, 303, 307, 308})
 _CREDENTIALS = frozenset({"authorization", "cookie", "proxy-authorization"})
 _HUB_HOSTS = ("huggingface.co", "hf.co")
-_KNOWN = {"token", "headers", "ca_bundle", "verify", "max_redirects"}
+_KNOWN = {"token", "headers", "ca_bundle", "verify", "max_redirects", "withhold"}
 
 
 def _hub_token() -> str | None:
@@ -90,6 +93,7 @@ class WebSettings:
     verify: bool = True
     max_redirects: int = 10
     hub_token: str | None = field(default=None, repr=False)
+    withhold: frozenset[str] = frozenset()
 
     @classmethod
     def of(cls, scheme: str, given: Mapping[str, Any]) -> WebSettings:
@@ -122,11 +126,14 @@ class WebSettings:
             verify=bool(given.get("verify", True)),
             max_redirects=redirects,
             hub_token=None if token else _hub_token(),
+            withhold=frozenset(str(o) for o in given.get("withhold", ())),
         )
 
     def headers_for(self, url: str) -> dict[str, str]:
         """The headers of a request for ``url`` (a shard URL, not a redirect's target)."""
         headers = {"User-Agent": "asyncstream", "Accept-Encoding": "identity"}
+        if self.withhold and str(Origin.of(url)) in self.withhold:
+            return headers  # only an index named this origin: none of the user's credentials
         headers.update(self.headers)
         host = urlsplit(url).hostname or ""
         token = self.token or (self.hub_token if _is_hub(host) else None)

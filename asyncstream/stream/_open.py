@@ -82,6 +82,7 @@ def open_settings(
             counting=settings.counting(),  # counted as an epoch reads
             strict=strict,
             index_cache=index_cache,
+            trust_index_urls=index.trust_index_urls,
         )
         index_info: dict[str, Any] = opened.infos[""].as_dict()
     else:
@@ -101,6 +102,7 @@ def open_settings(
             counting=settings.counting(),
             strict=strict,
             index_cache=index_cache,
+            trust_index_urls=index.trust_index_urls,
         )
         index_info = {name: info.as_dict() for name, info in opened.infos.items()}
     settings = replace(

@@ -117,15 +117,17 @@ class ShardStream(IterableDataset[dict[str, Any]]):
             ``retry``, ``timeouts``, ``check_etag``, ``adaptive``, ``hedge``,
             ``max_sample_bytes``, ``on_truncated`` (``fetch``);
             ``cache_dir``, ``cache_limit`` (``cache``: ``path``, ``limit``);
-            ``samples_per_shard``, ``split``, ``strict``, ``index_cache`` (``index``:
-            ``cache`` for the last). A flat argument and the group that holds it, both
-            given, is a ``TypeError`` naming both.
+            ``samples_per_shard``, ``split``, ``strict``, ``index_cache``,
+            ``trust_index_urls`` (``index``: ``cache`` for ``index_cache``). A flat
+            argument and the group that holds it, both given, is a ``TypeError`` naming
+            both.
 
     Raises:
         ShardURLError, NotFoundError, AccessDeniedError: at construction, for bad URLs,
             missing objects or credentials.
         DataError: at construction, an index that disagrees with the store (naming the
-            shard and the index), or a stale shard with ``strict=True``.
+            shard and the index), a stale shard with ``strict=True``, or a remote index
+            that names shards beyond the origins given (see ``trust_index_urls``).
         CorruptTarError, DataError, FetchError: at construction, when samples are
             counted (no index, nothing cached) and a shard is not a readable tar, holds no
             sample, or cannot be read within the retry policy.
