@@ -282,3 +282,26 @@ def test_samplecost_benchmark_measures_both_revisions_in_rounds(tmp_path: Path) 
             assert side["samples"] == 40
             assert all(math.isfinite(n) and n >= 0 for n in _numbers(side))
     assert "| S3, loopback | after |" in proc.stdout
+
+
+def test_bombs_benchmark_reads_each_bomb_in_a_capped_child(tmp_path: Path) -> None:
+    """Today's reader refuses every bomb of ``bench.bombs`` (each in its own child)."""
+    out = tmp_path / "bombs.json"
+    proc = subprocess.run(
+        [sys.executable, "-m", "bench.bombs", "--json", str(out)],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    rows = json.loads(out.read_text())
+    assert [(r["bomb"], r["side"]) for r in rows] == [
+        ("sparse", "today"),
+        ("sparse", "today"),
+        ("gzip", "today"),
+        ("zstd", "today"),
+    ]
+    assert all(r["outcome"] == "CorruptTarError" for r in rows), rows
+    assert all(r["shard"] < 1 << 20 and r["claims"] >= 512 << 20 for r in rows)
+    assert all(math.isfinite(r["peak_mib"]) for r in rows), rows

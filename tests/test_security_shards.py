@@ -30,55 +30,13 @@ from asyncstream import CorruptTarError, LocalS3, ShardStream, TruncatedShardWar
 from asyncstream.shards._compressed import count_samples, open_reader
 from asyncstream.shards._limits import ReadLimits
 from asyncstream.shards._tar import ShardReader
+from asyncstream.testing._bombs import sparse_bomb, zstd_bomb
 from tests._foreign import gnu_tar
 
 URL = "s3://bucket/bomb.tar"
 ROOT = Path(__file__).resolve().parent.parent
 
 # ------------------------------------------------------------------------------- bombs
-
-
-def header(
-    name: str, size: int, flag: bytes = b"0", extra: dict[int, bytes] | None = None
-) -> bytes:
-    """A ustar/GNU header (octal size up to 8 GiB, base-256 beyond)."""
-    h = bytearray(512)
-    h[: len(name)] = name.encode()
-    h[100:108] = b"0000644\0"
-    h[124:136] = b"%011o\0" % size if size < 8**11 else b"\x80" + size.to_bytes(11, "big")
-    h[136:148] = b"00000000000\0"
-    h[156:157] = flag
-    h[257:265] = b"ustar  \0"
-    for at, value in (extra or {}).items():
-        h[at : at + len(value)] = value
-    h[148:156] = b" " * 8
-    h[148:156] = b"%06o\0 " % sum(h)
-    return bytes(h)
-
-
-def sparse_bomb(real: int) -> bytes:
-    """A GNU sparse member of one 512-byte region claiming ``real`` bytes (3 KB in all)."""
-    real_field = b"%011o\0" % real if real < 8**11 else b"\x80" + real.to_bytes(11, "big")
-    extra = {386: b"%011o\0" % 0 + b"%011o\0" % 512, 482: b"\0", 483: real_field}
-    first = header("a.cls", 1) + b"1" + bytes(511)
-    return first + header("bomb.bin", 512, b"S", extra) + b"x" * 512 + bytes(1024)
-
-
-def gzip_bomb(size: int) -> bytes:
-    """A tar member of ``size`` zero bytes, gzip-compressed: streams of 16 MiB of zeros
-    (about 16 KB each) one after the other, as ``pigz`` writes them."""
-    piece = gzip.compress(bytes(16 << 20), 9)
-    return gzip.compress(header("bomb.bin", size)) + piece * (size // (16 << 20))
-
-
-def zstd_bomb(size: int) -> bytes:
-    """A tar member of ``size`` zero bytes in one zstd frame of RLE blocks (4 bytes for each
-    128 KiB): one decompress call of 256 KiB of it was 8 GiB."""
-    blocks = size // (128 << 10)
-    rle = ((128 << 10) << 3 | 1 << 1).to_bytes(3, "little") + b"\0"
-    last = ((128 << 10) << 3 | 1 << 1 | 1).to_bytes(3, "little") + b"\0"
-    frame = b"\x28\xb5\x2f\xfd" + b"\x00\x38" + rle * (blocks - 1) + last
-    return zstandard.ZstdCompressor().compress(header("bomb.bin", size)) + frame
 
 
 def test_the_bombs_are_what_they_claim() -> None:
@@ -100,7 +58,7 @@ def test_the_bombs_are_what_they_claim() -> None:
 CHILD = """
 import resource, sys
 sys.path.insert(0, sys.argv[3])
-import tests.test_security_shards as t
+import asyncstream.testing._bombs as t
 from asyncstream import CorruptTarError
 from asyncstream.shards._compressed import open_reader
 data = getattr(t, sys.argv[1] + "_bomb")(int(sys.argv[2]))
