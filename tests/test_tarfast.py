@@ -10,7 +10,9 @@ read in each mode, the thresholds set so that each path takes the whole input:
 * ``scan``: header by header, each header checked alone;
 * ``scan-bulk``: header by header, the run checked by numpy;
 * ``table``: the range's table from its first header on, its runs grouped in Python;
-* ``table-vector``: the same, its runs grouped by numpy (:mod:`asyncstream.shards._targroup`).
+* ``table-vector``: the same, its runs grouped by numpy (:mod:`asyncstream.shards._targroup`);
+* ``native``: the native walk (``asyncstream/shards/_tarwalk.c``), which the others are the
+  reference for.
 
 The outcomes must be identical: the same samples with the same bytes, offsets and types
 (views into the range fed, or owned bytes), the same ``pending_offset`` after every range,
@@ -45,6 +47,7 @@ MODES: dict[str, dict[str, Any]] = {
     "scan-bulk": {"dense": 0, "bulk": 1},
     "table": {"probe": 0, "dense": HUGE, "table": 1, "bulk": 1, "vector": HUGE},
     "table-vector": {"probe": 0, "dense": HUGE, "table": 1, "bulk": 1, "vector": 1},
+    "native": {"native": True},
 }
 FUZZ = settings(
     max_examples=150,
@@ -59,8 +62,11 @@ FUZZ = settings(
 def mode(name: str) -> Iterator[None]:
     """Read with the fast paths set as ``MODES[name]`` says."""
     knobs = MODES[name]
+    native = knobs.get("native", False)
+    assert _tarfast._NATIVE_WALK is not None or not native, "the extension is not built"
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(ShardReader, "_fast_path", knobs.get("fast", True))
+        patch.setattr(_tarfast, "NATIVE", native)
         patch.setattr(_tarfast, "_DENSE", knobs.get("dense", _tarfast._DENSE))
         patch.setattr(_tarfast, "_PROBE", knobs.get("probe", _tarfast._PROBE))
         patch.setattr(_tarbulk, "TABLE_MIN", knobs.get("table", _tarbulk.TABLE_MIN))

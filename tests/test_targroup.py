@@ -1,9 +1,11 @@
-"""Tar names grouped by numpy (``asyncstream/shards/_targroup.py``) on shards ``pack`` did
-not write: long runs of small members from GNU tar (upper-case ``.JPEG`` included),
-``tarfile`` and ``webdataset.TarWriter``, read by ``ShardStream`` from local files, over
-HTTPS and in ``StatefulDataLoader`` workers, each against webdataset's reading of the same
-tars. ``tests/test_tarfast.py`` checks the grouping against the general parser byte for
-byte; here the whole path is checked against the ecosystem's reader.
+"""Tar names grouped natively (``asyncstream/shards/_tarwalk.c``) and by numpy (its
+reference, ``asyncstream/shards/_targroup.py``) on shards ``pack`` did not write: long runs
+of small members from GNU tar (upper-case ``.JPEG`` included), ``tarfile`` and
+``webdataset.TarWriter``, read by ``ShardStream`` from local files (both ways), over HTTPS
+and in ``StatefulDataLoader`` workers (natively, as users read), each against webdataset's
+reading of the same tars. ``tests/test_tarfast.py`` and ``tests/test_native_tar.py`` check
+the walks against the general parser byte for byte; here the whole path is checked against
+the ecosystem's reader.
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ import pytest
 from torchdata.stateful_dataloader import StatefulDataLoader
 
 from asyncstream import LocalS3, ShardStream
-from asyncstream.shards import _targroup
+from asyncstream.shards import _tarfast, _targroup
 from tests._foreign import gnu_tar, write_foreign_shards
 from tests._wds import wds_samples
 
@@ -77,10 +79,24 @@ def by_shard_and_key(samples: Iterator[dict[str, Any]]) -> dict[tuple[str, str],
     }
 
 
-@pytest.fixture
-def grouped_runs(monkeypatch: pytest.MonkeyPatch) -> list[int]:
-    """How many runs the numpy grouping took (in this process)."""
+@pytest.fixture(params=["native", "numpy"])
+def grouped_runs(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """How many members each walk grouped in this process: the native walk's, or (with the
+    native walk off) the numpy grouping's runs."""
     taken: list[int] = []
+    if request.param == "native":
+        walk = _tarfast._NATIVE_WALK
+        assert walk is not None, "the extension is not built"
+
+        def walked(*args: Any) -> Any:
+            out = walk(*args)
+            taken.append(sum(len(record) - 2 for record in out[2]))
+            return out
+
+        monkeypatch.setattr(_tarfast, "_NATIVE_WALK", walked)
+        return taken
+    monkeypatch.setattr(_tarfast, "NATIVE", False)
+    monkeypatch.setenv("ASYNCSTREAM_NATIVE", "0")  # a child process started here
     group_run = _targroup.group_run
 
     def counted(*args: Any) -> Any:
@@ -96,7 +112,7 @@ def grouped_runs(monkeypatch: pytest.MonkeyPatch) -> list[int]:
 def test_local_shards_from_three_writers_read_as_webdataset_reads_them(
     folder: Path, grouped_runs: list[int]
 ) -> None:
-    with ShardStream(str(folder), seed=1, window=3) as stream:
+    with ShardStream(str(folder), seed=1, window=3, index_cache=False) as stream:
         got = by_shard_and_key(iter(stream))
     expected = webdataset_reads(folder)
     assert got == expected
@@ -105,9 +121,10 @@ def test_local_shards_from_three_writers_read_as_webdataset_reads_them(
         "jpeg",
         "cls",
     }
-    assert sum(grouped_runs) >= 3 * SAMPLES * 2  # nearly every member grouped by numpy
+    assert sum(grouped_runs) >= 3 * SAMPLES * 2  # nearly every member grouped so
 
 
+@pytest.mark.parametrize("grouped_runs", ["native"], indirect=True)
 def test_over_https_and_in_two_workers_as_webdataset_reads_them(
     folder: Path, s3_server: LocalS3, s3_tls_server: LocalS3, grouped_runs: list[int]
 ) -> None:
@@ -120,7 +137,7 @@ def test_over_https_and_in_two_workers_as_webdataset_reads_them(
         over_https = by_shard_and_key(iter(stream))
         assert stream.stats()["fetch"]["stores"][0]["tls"]
     assert over_https == expected
-    assert grouped_runs  # the numpy grouping read these too
+    assert sum(grouped_runs)  # the native walk read these too
     with ShardStream("s3://targroup/t/", s3=s3_tls_server.options(), seed=2) as stream:
         loader = StatefulDataLoader(stream, batch_size=None, num_workers=2)
         in_workers = by_shard_and_key(iter(loader))

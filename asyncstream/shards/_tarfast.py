@@ -26,18 +26,25 @@ of unusual headers costs at most one wasted walk per range.
 Names are split in bytes and decoded by parts; UTF-8 with surrogate escapes decodes a name
 split at an ASCII byte (``/`` or ``.``) into the decodings of its parts, so the key and the
 extension are the general parser's.
+
+Native: where the extension :mod:`._tarwalk` is built (every install builds it),
+:meth:`RangeWalker.walk` is its ``walk``, the same find, check and group in C with the GIL
+released for the loop over the headers' bytes. The Python walk here stays as its
+reference: ``ASYNCSTREAM_NATIVE=0`` in the environment (read once, at import) or
+:data:`NATIVE` set to ``False`` selects it; the tests read every input both ways.
 """
 
 from __future__ import annotations
 
+import os
 import re
 import struct
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 
 from . import _targroup
 from ._tarbulk import HeaderTable, first_bad
 
-__all__ = ["Field", "Names", "RangeWalker", "Record"]
+__all__ = ["NATIVE", "Field", "Names", "RangeWalker", "Record"]
 
 # A sample field: (extension, start, stop, None) for the bytes [start, stop) of the range
 # fed, or (extension, 0, 0, data) for bytes the reader owns (carried or sparse).
@@ -63,6 +70,24 @@ _REMEMBERED = 64  # names remembered per reader and kind: a hostile shard cannot
 _PROBE = 32  # members read header by header before a range is judged
 _DENSE = 4096  # bytes per member, on average, under which a range gets a table
 _UNBOUNDED = 1 << 62
+
+Walked = tuple[int, Pending | None, list[Record], bool]
+
+
+def _native_walk() -> Callable[[memoryview, int, int, int, int, Pending | None], Walked] | None:
+    """The extension's walk, or None where it was not built (a source tree never installed:
+    the Python walk then reads every range, as exactly and more slowly)."""
+    try:
+        # Not `from ._tarwalk import walk`: with no .py to find, grimp reads it as `asyncstream`.
+        from . import _tarwalk
+    except ImportError:
+        return None
+    return _tarwalk.walk
+
+
+_NATIVE_WALK = _native_walk()
+# Whether RangeWalker.walk is the native one; tests set it to compare the two.
+NATIVE = _NATIVE_WALK is not None and os.environ.get("ASYNCSTREAM_NATIVE", "1") != "0"
 
 
 def _extension(raw: bytes) -> str | None:
@@ -119,9 +144,7 @@ class RangeWalker:
         self._table: HeaderTable | None = None
         self._judged = False  # whether the range was judged dense enough for a table
 
-    def walk(
-        self, rel: int, pending: Pending | None
-    ) -> tuple[int, Pending | None, list[Record], bool]:
+    def walk(self, rel: int, pending: Pending | None) -> Walked:
         """Read the run of plain members at ``rel`` (relative to the range).
 
         Returns:
@@ -129,6 +152,8 @@ class RangeWalker:
             then in progress, the samples completed, and whether to walk again in this
             range (not after a header the check refused).
         """
+        if NATIVE and _NATIVE_WALK is not None:
+            return _NATIVE_WALK(self.data, rel, self.limit, self.stop, self.doff, pending)
         table = self._table
         if table is None:
             if self._judged:

@@ -1,0 +1,567 @@
+/* The native tar walk: runs of plain members of a range, found, checked, named and
+ * grouped into samples in one call, on the range's bytes in place.
+ *
+ * The C twin of asyncstream/shards/_tarfast.py (RangeWalker.walk), which stays in the tree
+ * as its reference: tests/test_tarfast.py and tests/test_native_tar.py read every input
+ * both ways and require the same samples, offsets, bytes and errors.
+ *
+ * A header is *plain* when the general parser (_tarentry.py) would read it as this walk
+ * does: type '0', '\0' or '7'; a size of 11 octal digits then NUL or space; the checksum
+ * spelled "%06o\0 " and equal to the unsigned byte sum (the field counted as 8 spaces);
+ * its data inside the range and the shard. A ustar name prefix is joined as tarfile joins
+ * it. The walk stops *before* the first header it cannot vouch for, or whose name it
+ * does not split exactly as webdataset does (no leading '_', no newline, a dot after the
+ * last slash with a byte between them, an extension not starting with '_' once lower-
+ * cased), or that repeats a field of its sample; the general parser reads that header,
+ * with its own errors.
+ *
+ * Two phases per batch of headers: the headers are found and checked with the GIL
+ * released (the loop over bytes: 512 per header), then named and grouped into Python
+ * records with the GIL held. Batches double in size, so a walk that stops early (a name
+ * the general parser must read) costs a bounded amount of wasted scanning.
+ *
+ * Memory safety: every read is bounded by `limit`, which is checked against the buffer's
+ * length before anything is read; sizes are read once into locals.
+ */
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+
+#include <stdint.h>
+#include <string.h>
+
+#define BLOCK 512
+#define NAME_FIELD 100
+#define PREFIX_AT 345
+#define PREFIX_FIELD 155
+#define JOINED_MAX (PREFIX_FIELD + 1 + NAME_FIELD)
+#define FIRST_BATCH 64
+#define EXT_CACHE 8
+#define EXT_CACHED_MAX 24
+
+typedef struct {
+    Py_ssize_t head; /* the header, relative to the range */
+    Py_ssize_t size; /* its data's size */
+} Member;
+
+/* Why a scan ended: a header not plain by type or limits (the general parser reads it,
+ * the walk may go on after it), a header the check refused (the rest of the range is left
+ * to the general parser), or the batch is full. */
+enum { ENDED_PLAIN, ENDED_REFUSED, ENDED_BATCH };
+
+static int
+octal_digit(unsigned char c)
+{
+    return c >= '0' && c <= '7';
+}
+
+/* Whether the size field of the header at h is 11 octal digits then NUL or space. */
+static int
+size_spelled(const unsigned char *h)
+{
+    for (int i = 124; i < 135; i++) {
+        if (!octal_digit(h[i])) {
+            return 0;
+        }
+    }
+    return h[135] == 0 || h[135] == ' ';
+}
+
+/* Whether the checksum of the header at h is "%06o\0 " of its unsigned byte sum, the
+ * field counted as 8 spaces (at most 512 * 255: six octal digits always hold it). */
+static int
+summed(const unsigned char *h)
+{
+    unsigned total = 0;
+    unsigned field = 0;
+    for (int i = 0; i < BLOCK; i++) {
+        total += h[i];
+    }
+    for (int i = 148; i < 156; i++) {
+        field += h[i];
+    }
+    unsigned value = total - field + 8 * ' ';
+    if (h[154] != 0 || h[155] != ' ') {
+        return 0;
+    }
+    for (int i = 153; i >= 148; i--) {
+        if (h[i] != (unsigned char)('0' + (value & 7))) {
+            return 0;
+        }
+        value >>= 3;
+    }
+    return value == 0;
+}
+
+/* Up to `most` plain headers from *rel on, into out; *rel ends at the first header not
+ * taken. Runs without the GIL. */
+static int
+scan(const unsigned char *data, Py_ssize_t *rel, Py_ssize_t limit, Py_ssize_t stop,
+     Member *out, Py_ssize_t most, Py_ssize_t *count)
+{
+    Py_ssize_t at = *rel;
+    Py_ssize_t n = 0;
+    int ended = ENDED_BATCH;
+    while (n < most) {
+        if (at > limit - BLOCK) {
+            ended = ENDED_PLAIN;
+            break;
+        }
+        const unsigned char *h = data + at;
+        unsigned char flag = h[156];
+        if (flag != '0' && flag != 0 && flag != '7') {
+            ended = ENDED_PLAIN;
+            break;
+        }
+        if (!size_spelled(h)) { /* the end of the archive, or the general parser's */
+            ended = ENDED_PLAIN;
+            break;
+        }
+        if (!summed(h)) {
+            ended = ENDED_REFUSED;
+            break;
+        }
+        Py_ssize_t size = 0;
+        for (int i = 124; i < 135; i++) {
+            size = (size << 3) | (h[i] - '0');
+        }
+        Py_ssize_t start = at + BLOCK;
+        Py_ssize_t after = start + ((size + BLOCK - 1) & ~(Py_ssize_t)(BLOCK - 1));
+        if (size > limit - start || after > stop) {
+            ended = ENDED_PLAIN;
+            break;
+        }
+        out[n].head = at;
+        out[n].size = size;
+        n++;
+        at = after;
+    }
+    *rel = at;
+    *count = n;
+    return ended;
+}
+
+/* An extension's field name, remembered for the walk: the bytes decoded as tarfile
+ * decodes names and lower-cased, or Py_None where the general parser names it. */
+typedef struct {
+    unsigned char raw[EXT_CACHED_MAX];
+    Py_ssize_t len;
+    PyObject *name;
+} Ext;
+
+typedef struct {
+    Ext entries[EXT_CACHE];
+    int used;
+} Exts;
+
+static void
+exts_clear(Exts *exts)
+{
+    for (int i = 0; i < exts->used; i++) {
+        Py_CLEAR(exts->entries[i].name);
+    }
+    exts->used = 0;
+}
+
+/* A new reference to the field name of `raw` (Py_None: not this walk's to name), or NULL
+ * with an exception set. */
+static PyObject *
+ext_name(Exts *exts, const unsigned char *raw, Py_ssize_t len)
+{
+    int ascii = 1;
+    int upper = 0;
+    if (len <= EXT_CACHED_MAX) {
+        for (int i = 0; i < exts->used; i++) {
+            Ext *e = &exts->entries[i];
+            if (e->len == len && memcmp(e->raw, raw, (size_t)len) == 0) {
+                return Py_NewRef(e->name);
+            }
+        }
+    }
+    for (Py_ssize_t i = 0; i < len; i++) {
+        ascii &= raw[i] < 0x80;
+        upper |= raw[i] >= 'A' && raw[i] <= 'Z';
+    }
+    PyObject *name = PyUnicode_DecodeUTF8((const char *)raw, len, "surrogateescape");
+    if (name == NULL) {
+        return NULL;
+    }
+    if (!ascii || upper) {
+        PyObject *lower = PyObject_CallMethod(name, "lower", NULL);
+        Py_DECREF(name);
+        if (lower == NULL) {
+            return NULL;
+        }
+        name = lower;
+    }
+    if (PyUnicode_GET_LENGTH(name) > 0 && PyUnicode_READ_CHAR(name, 0) == '_') {
+        Py_SETREF(name, Py_NewRef(Py_None));
+    }
+    if (len <= EXT_CACHED_MAX && exts->used < EXT_CACHE) {
+        Ext *e = &exts->entries[exts->used++];
+        memcpy(e->raw, raw, (size_t)len);
+        e->len = len;
+        e->name = Py_NewRef(name);
+    }
+    return name;
+}
+
+/* The sample in progress: its key (as bytes and as str), first header, fields so far. */
+typedef struct {
+    PyObject *key;         /* str; NULL when there is no sample in progress */
+    PyObject *key_bytes;   /* the pending key's bytes, when the key came with `pending` */
+    const char *current;   /* the key's bytes: key_bytes' or `buf`'s */
+    Py_ssize_t current_len;
+    char buf[JOINED_MAX];
+    Py_ssize_t offset;
+    PyObject *fields;      /* list of (ext, start, stop, owned) */
+    int owned;             /* whether the fields are copies (a sample carried in) */
+} Sample;
+
+static void
+sample_clear(Sample *s)
+{
+    Py_CLEAR(s->key);
+    Py_CLEAR(s->key_bytes);
+    Py_CLEAR(s->fields);
+}
+
+/* Whether the sample in progress holds a field named `ext` (-1: error). */
+static int
+has_field(Sample *s, PyObject *ext)
+{
+    Py_ssize_t n = PyList_GET_SIZE(s->fields);
+    for (Py_ssize_t i = 0; i < n; i++) {
+        PyObject *field = PyList_GET_ITEM(s->fields, i);
+        if (!PyTuple_Check(field) || PyTuple_GET_SIZE(field) != 4) {
+            PyErr_SetString(PyExc_TypeError, "a pending field must be a 4-tuple");
+            return -1;
+        }
+        PyObject *have = PyTuple_GET_ITEM(field, 0);
+        if (have == ext) {
+            return 1;
+        }
+        int same = PyObject_RichCompareBool(have, ext, Py_EQ);
+        if (same != 0) {
+            return same;
+        }
+    }
+    return 0;
+}
+
+/* The record of the sample in progress, appended to `records` (0, or -1 on error). */
+static int
+flush(Sample *s, PyObject *records)
+{
+    Py_ssize_t n = PyList_GET_SIZE(s->fields);
+    PyObject *record = PyTuple_New(2 + n);
+    if (record == NULL) {
+        return -1;
+    }
+    PyObject *offset = PyLong_FromSsize_t(s->offset);
+    if (offset == NULL) {
+        Py_DECREF(record);
+        return -1;
+    }
+    PyTuple_SET_ITEM(record, 0, Py_NewRef(s->key));
+    PyTuple_SET_ITEM(record, 1, offset);
+    for (Py_ssize_t i = 0; i < n; i++) {
+        PyTuple_SET_ITEM(record, 2 + i, Py_NewRef(PyList_GET_ITEM(s->fields, i)));
+    }
+    int failed = PyList_Append(records, record);
+    Py_DECREF(record);
+    return failed;
+}
+
+/* A field of the sample in progress. */
+static int
+append_field(Sample *s, PyObject *ext, const unsigned char *data, Py_ssize_t start,
+             Py_ssize_t stop)
+{
+    PyObject *field;
+    if (s->owned) {
+        field = Py_BuildValue("(OnnN)", ext, (Py_ssize_t)0, (Py_ssize_t)0,
+                              PyBytes_FromStringAndSize((const char *)data + start,
+                                                        stop - start));
+    } else {
+        field = Py_BuildValue("(OnnO)", ext, start, stop, Py_None);
+    }
+    if (field == NULL) {
+        return -1;
+    }
+    int failed = PyList_Append(s->fields, field);
+    Py_DECREF(field);
+    return failed;
+}
+
+/* The name of the member whose header is at h, up to its first NUL; a ustar prefix joined
+ * with '/' as tarfile joins it (into buf). */
+static const unsigned char *
+member_name(const unsigned char *h, unsigned char *buf, Py_ssize_t *len)
+{
+    const unsigned char *nul = memchr(h, 0, NAME_FIELD);
+    Py_ssize_t n = nul == NULL ? NAME_FIELD : nul - h;
+    if (h[PREFIX_AT] == 0) {
+        *len = n;
+        return h;
+    }
+    const unsigned char *prefix = h + PREFIX_AT;
+    nul = memchr(prefix, 0, PREFIX_FIELD);
+    Py_ssize_t p = nul == NULL ? PREFIX_FIELD : nul - prefix;
+    memcpy(buf, prefix, (size_t)p);
+    buf[p] = '/';
+    memcpy(buf + p + 1, h, (size_t)n);
+    *len = p + 1 + n;
+    return buf;
+}
+
+/* Whether name (len bytes) splits as webdataset splits it, key up to *dot. */
+static int
+split(const unsigned char *name, Py_ssize_t len, Py_ssize_t *dot)
+{
+    if (len == 0 || name[0] == '_' || memchr(name, '\n', (size_t)len) != NULL) {
+        return 0;
+    }
+    Py_ssize_t slash = -1;
+    for (Py_ssize_t i = len - 1; i >= 0; i--) {
+        if (name[i] == '/') {
+            slash = i;
+            break;
+        }
+    }
+    const unsigned char *d = memchr(name + slash + 1, '.', (size_t)(len - slash - 1));
+    if (d == NULL || d - name < slash + 2) {
+        return 0;
+    }
+    *dot = d - name;
+    return 1;
+}
+
+/* Group the members of a batch into samples; returns the index of the member the walk
+ * stops before (count if none), or -1 on error. */
+static Py_ssize_t
+group(Sample *s, Exts *exts, const unsigned char *data, const Member *members,
+      Py_ssize_t count, Py_ssize_t doff, PyObject *records)
+{
+    unsigned char joined[JOINED_MAX];
+    for (Py_ssize_t i = 0; i < count; i++) {
+        Py_ssize_t head = members[i].head;
+        Py_ssize_t start = head + BLOCK;
+        Py_ssize_t len;
+        const unsigned char *name = member_name(data + head, joined, &len);
+        PyObject *ext = NULL;
+        Py_ssize_t cut = s->current_len + 1;
+        if (s->key != NULL && len >= cut && name[s->current_len] == '.'
+            && memcmp(name, s->current, (size_t)s->current_len) == 0) {
+            /* the next member of the current sample, likely */
+            const unsigned char *tail = name + cut;
+            Py_ssize_t tail_len = len - cut;
+            if (memchr(tail, '/', (size_t)tail_len) == NULL
+                && memchr(tail, '\n', (size_t)tail_len) == NULL) {
+                ext = ext_name(exts, tail, tail_len);
+                if (ext == NULL) {
+                    return -1;
+                }
+                if (ext == Py_None) {
+                    Py_CLEAR(ext);
+                }
+            }
+        }
+        if (ext != NULL) {
+            int seen = has_field(s, ext);
+            if (seen != 0) {
+                Py_DECREF(ext);
+                return seen < 0 ? -1 : i;
+            }
+        } else {
+            Py_ssize_t dot;
+            if (!split(name, len, &dot)) {
+                return i;
+            }
+            ext = ext_name(exts, name + dot + 1, len - dot - 1);
+            if (ext == NULL) {
+                return -1;
+            }
+            if (ext == Py_None) {
+                Py_DECREF(ext);
+                return i;
+            }
+            if (s->key == NULL || dot != s->current_len
+                || memcmp(name, s->current, (size_t)dot) != 0) {
+                if (s->key != NULL && flush(s, records) < 0) {
+                    Py_DECREF(ext);
+                    return -1;
+                }
+                PyObject *key = PyUnicode_DecodeUTF8((const char *)name, dot,
+                                                     "surrogateescape");
+                PyObject *fields = PyList_New(0);
+                if (key == NULL || fields == NULL) {
+                    Py_XDECREF(key);
+                    Py_XDECREF(fields);
+                    Py_DECREF(ext);
+                    return -1;
+                }
+                Py_XSETREF(s->key, key);
+                Py_XSETREF(s->fields, fields);
+                Py_CLEAR(s->key_bytes);
+                memcpy(s->buf, name, (size_t)dot);
+                s->current = s->buf;
+                s->current_len = dot;
+                s->offset = doff + head;
+                s->owned = 0;
+            } else {
+                int seen = has_field(s, ext);
+                if (seen != 0) { /* a duplicate: the general parser names it */
+                    Py_DECREF(ext);
+                    return seen < 0 ? -1 : i;
+                }
+            }
+        }
+        int failed = append_field(s, ext, data, start, start + members[i].size);
+        Py_DECREF(ext);
+        if (failed) {
+            return -1;
+        }
+    }
+    return count;
+}
+
+/* Take the sample in progress from `pending` ((key, offset, fields) or None). */
+static int
+sample_from(Sample *s, PyObject *pending, Py_ssize_t doff)
+{
+    memset(s, 0, sizeof(*s));
+    if (pending == Py_None) {
+        return 0;
+    }
+    PyObject *key;
+    PyObject *fields;
+    if (!PyArg_ParseTuple(pending, "UnO!;pending must be (key, offset, fields)", &key,
+                          &s->offset, &PyList_Type, &fields)) {
+        return -1;
+    }
+    s->key_bytes = PyUnicode_AsEncodedString(key, "utf-8", "surrogateescape");
+    if (s->key_bytes == NULL) {
+        return -1;
+    }
+    s->fields = PyList_GetSlice(fields, 0, PyList_GET_SIZE(fields)); /* kept if refused */
+    if (s->fields == NULL) {
+        return -1;
+    }
+    s->key = Py_NewRef(key);
+    s->current = PyBytes_AS_STRING(s->key_bytes);
+    s->current_len = PyBytes_GET_SIZE(s->key_bytes);
+    s->owned = s->offset < doff; /* a sample carried into this range keeps owning bytes */
+    return 0;
+}
+
+PyDoc_STRVAR(walk_doc,
+"walk(data, rel, limit, stop, doff, pending)\n"
+"--\n"
+"\n"
+"The run of plain members at ``rel``, as ``RangeWalker.walk`` reads it.\n");
+
+static PyObject *
+walk(PyObject *module, PyObject *args)
+{
+    (void)module;
+    PyObject *source;
+    PyObject *pending;
+    Py_ssize_t rel, limit, stop, doff;
+    if (!PyArg_ParseTuple(args, "OnnnnO:walk", &source, &rel, &limit, &stop, &doff,
+                          &pending)) {
+        return NULL;
+    }
+    Py_buffer view;
+    if (PyObject_GetBuffer(source, &view, PyBUF_SIMPLE) < 0) {
+        return NULL;
+    }
+    PyObject *result = NULL;
+    PyObject *records = NULL;
+    Member *members = NULL;
+    Exts exts = {.used = 0};
+    Sample s;
+    if (sample_from(&s, pending, doff) < 0) {
+        goto done;
+    }
+    if (rel < 0 || limit < 0 || limit > view.len || stop < 0) {
+        PyErr_Format(PyExc_ValueError,
+                     "walk: bad bounds rel=%zd limit=%zd stop=%zd for %zd bytes", rel,
+                     limit, stop, view.len);
+        goto done;
+    }
+    records = PyList_New(0);
+    if (records == NULL) {
+        goto done;
+    }
+    const unsigned char *data = view.buf;
+    Py_ssize_t batch = FIRST_BATCH;
+    int again = 1;
+    for (;;) {
+        Member *more = PyMem_RawRealloc(members, (size_t)batch * sizeof(Member));
+        if (more == NULL) {
+            PyErr_NoMemory();
+            goto done;
+        }
+        members = more;
+        Py_ssize_t count;
+        Py_ssize_t next = rel;
+        int ended;
+        Py_BEGIN_ALLOW_THREADS
+        ended = scan(data, &next, limit, stop, members, batch, &count);
+        Py_END_ALLOW_THREADS
+        Py_ssize_t taken = group(&s, &exts, data, members, count, doff, records);
+        if (taken < 0) {
+            goto done;
+        }
+        if (taken < count) {
+            rel = members[taken].head;
+            break;
+        }
+        rel = next;
+        if (ended != ENDED_BATCH) {
+            again = ended == ENDED_PLAIN;
+            break;
+        }
+        if (batch < (1 << 16)) {
+            batch *= 2;
+        }
+    }
+    PyObject *tail;
+    if (s.key == NULL) {
+        tail = Py_NewRef(Py_None);
+    } else {
+        tail = Py_BuildValue("(OnO)", s.key, s.offset, s.fields);
+        if (tail == NULL) {
+            goto done;
+        }
+    }
+    result = Py_BuildValue("(nNOO)", rel, tail, records, again ? Py_True : Py_False);
+done:
+    PyMem_RawFree(members);
+    exts_clear(&exts);
+    sample_clear(&s);
+    Py_XDECREF(records);
+    PyBuffer_Release(&view);
+    return result;
+}
+
+static PyMethodDef methods[] = {
+    {"walk", walk, METH_VARARGS, walk_doc},
+    {NULL, NULL, 0, NULL},
+};
+
+static struct PyModuleDef module_def = {
+    PyModuleDef_HEAD_INIT,
+    .m_name = "asyncstream.shards._tarwalk",
+    .m_doc = "The native tar walk: runs of plain members found, checked and grouped.",
+    .m_size = 0,
+    .m_methods = methods,
+};
+
+PyMODINIT_FUNC PyInit__tarwalk(void); /* the one symbol exported */
+
+PyMODINIT_FUNC
+PyInit__tarwalk(void)
+{
+    return PyModuleDef_Init(&module_def);
+}

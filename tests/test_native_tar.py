@@ -1,0 +1,310 @@
+"""The native tar walk (``asyncstream/shards/_tarwalk.c``) against its Python reference.
+
+Every input is read three ways, each through :class:`~asyncstream.shards._tar.ShardReader`
+fed in the same ranges: the native walk, the Python walk it replaces (``_tarfast``) and
+the general parser alone. The outcomes must be identical: the same samples with the same
+bytes, offsets and kinds (views into the range or owned bytes), the same
+``pending_offset`` after every range, and the same error at the same offset with the same
+message (see ``tests/test_tarfast.py``'s ``outcome``).
+
+Inputs: valid shards as ``tarfile`` (ustar, GNU, PAX), ``webdataset.TarWriter`` and GNU
+tar write them, then mutated (bytes flipped, headers replaced by random ones with a valid
+checksum, cut short); headers built field by field from the bytes that matter to the walk
+(names with dots, slashes, underscores, newlines, upper case and bytes that are not UTF-8;
+ustar prefixes; every type flag; sizes and checksums spelled oddly). The number of
+examples is bounded (``ASYNCSTREAM_FUZZ_EXAMPLES``, 150 by default) and derandomized, so
+CI and ``make sanitize`` run the same inputs each time.
+"""
+
+from __future__ import annotations
+
+import io
+import os
+import subprocess
+import tarfile
+from functools import cache
+from pathlib import Path
+from tempfile import TemporaryDirectory
+from typing import Any
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from asyncstream.shards import _tarfast
+from tests._foreign import gnu_tar, tarfile_shard, webdataset_shard
+from tests.test_tarfast import MIXED, end, fix_checksum, member, mode, outcome, plain_run
+
+pytestmark = pytest.mark.timeout(600)
+
+FUZZ = settings(
+    max_examples=int(os.environ.get("ASYNCSTREAM_FUZZ_EXAMPLES", "150")),
+    derandomize=True,
+    database=None,
+    deadline=None,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
+)
+REFERENCES = ("general", "scan")  # the general parser alone; the Python walk by headers
+
+
+def read_alike(data: bytes, cuts: list[int], start: int = 0) -> list[Any]:
+    """The native outcome, checked against every Python reference."""
+    with mode("native"):
+        native = outcome(data, cuts, start)
+    for name in REFERENCES:
+        with mode(name):
+            assert native == outcome(data, cuts, start), name
+    return native
+
+
+@cache
+def gnu_shard() -> bytes | None:
+    """A shard as GNU tar writes it: upper-case extensions, a folder entry, a long name."""
+    tar = gnu_tar()
+    if tar is None:
+        return None
+    with TemporaryDirectory() as tmp:
+        files = Path(tmp) / "train"
+        files.mkdir()
+        for i in range(40):
+            (files / f"n0144_{i:05d}.JPEG").write_bytes(bytes([i]) * (i * 97 % 1500))
+            (files / f"n0144_{i:05d}.cls").write_bytes(b"%d" % (i % 5))
+        (files / ("l" * 120 + ".jpg")).write_bytes(b"a GNU long name")
+        made = subprocess.run(
+            [tar, "--sort=name", "--format=gnu", "-cf", "-", "-C", tmp, "train"],
+            capture_output=True,
+            check=True,
+        )
+    return made.stdout
+
+
+@cache
+def sources() -> list[bytes]:
+    """The valid shards the fuzzers start from."""
+    out = [
+        MIXED,
+        tarfile_shard("a.tar", 1, 40).data,
+        webdataset_shard("b.tar", 2, 40).data,
+    ]
+    gnu = gnu_shard()
+    if gnu is not None:
+        out.append(gnu)
+    return out
+
+
+def headers(data: bytes) -> list[int]:
+    """The offsets of the headers tarfile finds in ``data``."""
+    with tarfile.open(fileobj=io.BytesIO(data)) as archive:
+        return [m.offset for m in archive]
+
+
+# --------------------------------------------------------------------------- the build
+
+
+def test_the_extension_is_built_and_reads_by_default() -> None:
+    assert _tarfast._NATIVE_WALK is not None, "run `make install` (or setup.py build_ext)"
+    assert _tarfast.NATIVE is (os.environ.get("ASYNCSTREAM_NATIVE", "1") != "0")
+
+
+def test_bounds_outside_the_buffer_are_refused() -> None:
+    assert _tarfast._NATIVE_WALK is not None
+    data = memoryview(MIXED)
+    with pytest.raises(ValueError, match="bad bounds"):
+        _tarfast._NATIVE_WALK(data, 0, len(MIXED) + 512, len(MIXED) + 512, 0, None)
+    with pytest.raises(ValueError, match="bad bounds"):
+        _tarfast._NATIVE_WALK(data, -512, len(MIXED), len(MIXED), 0, None)
+    with pytest.raises(TypeError):
+        _tarfast._NATIVE_WALK(data, 0, len(MIXED), len(MIXED), 0, ("k", 0, ("not", "a list")))
+
+
+def test_the_native_walk_takes_the_plain_runs() -> None:
+    """It reads what the Python walk reads, not just what the general parser reads after
+    it: a run of plain members is one call."""
+    assert _tarfast._NATIVE_WALK is not None
+    shard = tarfile_shard("a.tar", 1, 40).data
+    with tarfile.open(fileobj=io.BytesIO(shard)) as archive:
+        last = archive.getmembers()[-1]
+        after = last.offset_data + (last.size + 511) // 512 * 512
+    rel, pending, records, again = _tarfast._NATIVE_WALK(
+        memoryview(shard), 0, len(shard), len(shard), 0, None
+    )
+    assert (rel, again) == (after, True)
+    assert len(records) == 39
+    assert pending is not None
+    assert pending[0] == "000010039"
+    assert [f[0] for f in records[0][2:]] == ["jpg", "cls", "json"]
+
+
+# --------------------------------------------------------------------------- the suites
+
+
+@pytest.mark.parametrize("chunk", [None, 512, 1536, 4096, 65_536])
+def test_every_source_reads_alike(chunk: int | None) -> None:
+    for data in sources():
+        cuts = list(range(chunk, len(data), chunk)) if chunk else []
+        assert read_alike(data, cuts)[-1][0] != "error"
+
+
+# Names at the edges of webdataset's rule, each after a sample whose key it may extend.
+TRICKY = [
+    ".jpg",
+    "k/.jpg",
+    "a.b/.jpg",
+    "k..jpg",
+    "k.",
+    "k.a.b",
+    "_k.jpg",
+    "k/_b.jpg",
+    "k._x",
+    "k.B_C",
+    "k.JPG",
+    "k.jpg\n",
+    "\nk.jpg",
+    "k\nk.jpg",
+    "k/b",
+    "k/",
+    "k.b/c",
+    "é.PNG",
+    "k.É",
+    "k.\udcff",
+    "k\udcff.jpg",
+    "k.__key__",
+    "__k__.jpg",
+    "__k__/x.jpg",
+    "k.jpg/",
+    "K.jpg",
+    "k.İ",
+]
+
+
+@pytest.mark.parametrize("name", TRICKY)
+def test_names_at_the_edges_of_the_rule_read_alike(name: str) -> None:
+    shard = (
+        plain_run("r/", 2, 1)
+        + member("k.cls", b"1")
+        + member(name, b"tricky")
+        + member("k.json", b"{}")
+        + member(name, b"again")
+        + plain_run("s/", 2, 2)
+        + end()
+    )
+    for cuts in ([], [1536], list(range(512, len(shard), 512))):
+        read_alike(shard, cuts)
+
+
+def test_a_sample_the_general_parser_interrupts_keeps_its_views() -> None:
+    """A sample begun by the native walk at the range's first byte, continued by the general
+    parser (a PAX member) and then by the native walk again: views, not copies."""
+    shard = b"".join(
+        member(f"k{i}é.jpg", b"j" * i)
+        + member(f"k{i}é.cls", b"%d" % i, fmt=tarfile.PAX_FORMAT)  # an x header: é
+        + member(f"k{i}é.json", b"{}")
+        for i in range(4)
+    )
+    shard += end()
+    heads = headers(shard)
+    for start in heads:
+        read_alike(shard, list(range(start + 1536, len(shard), 1536)), start)
+        (step,) = read_alike(shard, [], start)  # one range: every field a view of it
+        assert all(zero for sample in step[3] for _, _, zero in sample[2])
+
+
+# --------------------------------------------------------------------------- fuzzing
+
+
+@FUZZ
+@given(
+    which=st.integers(0, 3),
+    flips=st.lists(st.tuples(st.integers(0, 10**7), st.integers(1, 255)), max_size=4),
+    in_header=st.lists(st.tuples(st.integers(0, 10**4), st.integers(0, 511)), max_size=3),
+    cut=st.one_of(st.none(), st.integers(0, 10**7)),
+    chunk=st.sampled_from([None, 512, 700, 2048, 5000, 30_000]),
+    start=st.integers(0, 10**4),
+)
+def test_mutated_shards_read_alike(
+    which: int,
+    flips: list[tuple[int, int]],
+    in_header: list[tuple[int, int]],
+    cut: int | None,
+    chunk: int | None,
+    start: int,
+) -> None:
+    base = sources()[which % len(sources())]
+    heads = headers(base)
+    shard = bytearray(base)
+    for at, value in flips:
+        shard[at % len(shard)] ^= value
+    for head, at in in_header:  # a header's byte changed, and summed again half the time
+        h = heads[head % len(heads)]
+        shard[h + at] ^= 0x20 if at % 3 else 0x01
+        if head % 2:
+            block = bytearray(shard[h : h + 512])
+            fix_checksum(block)
+            shard[h : h + 512] = block
+    if cut is not None:
+        shard = shard[: cut % (len(shard) + 1)]
+    first = heads[start % len(heads)] if start % 4 else 0
+    if first >= len(shard):
+        first = 0
+    cuts = list(range(chunk, len(shard), chunk)) if chunk else []
+    read_alike(bytes(shard), cuts, first)
+
+
+_NAME_BYTES = st.sampled_from(
+    [b"a", b"B", b"0", b".", b"/", b"_", b"\n", b"\0", b"\xc3\xa9", b"\xff", b"J", b"jpg"]
+)
+_NAMES = st.lists(_NAME_BYTES, max_size=14).map(b"".join)
+
+
+@st.composite
+def headers_spelled(draw: st.DrawFn) -> bytes:
+    """A header and its data, built field by field; summed as tar does most of the time."""
+    name = draw(st.one_of(_NAMES, st.sampled_from([b"k.jpg", b"k.cls", b"k.JPG", b"d/k.c"])))
+    block = bytearray(512)
+    filled = draw(st.integers(0, 7)) == 0 and name  # a 100-byte name, no NUL
+    block[0:100] = (name * 100)[:100] if filled else name.ljust(100, b"\0")[:100]
+    size = draw(st.sampled_from([0, 1, 511, 512, 513, 1400]))
+    digits = draw(
+        st.sampled_from([b"%011o\0", b"%011o ", b"%012o", b"%11o\0", b"0o%09o", b"%010o\0\0"])
+    )
+    block[124:136] = (digits % size)[:12].ljust(12, b"\0")
+    block[156] = draw(st.sampled_from(list(b"07\0" * 4 + b"15LKxgS")))
+    if draw(st.booleans()):
+        block[257:265] = b"ustar\x0000"
+    if draw(st.integers(0, 5)) == 0:
+        block[345:500] = draw(_NAMES).ljust(155, b"\0")[:155]
+    spelling = draw(st.sampled_from([b"%06o\0 "] * 6 + [b"%07o\0", b"%06o  ", b"%o"]))
+    fix_checksum(block, spelling)
+    if draw(st.integers(0, 9)) == 0:
+        block[draw(st.integers(0, 511))] ^= draw(st.integers(1, 255))
+    return bytes(block) + bytes([size % 251]) * size + b"\0" * (-size % 512)
+
+
+@FUZZ
+@given(
+    parts=st.lists(
+        st.one_of(
+            headers_spelled(),
+            st.builds(lambda i: member(f"p/{i:03d}.jpg", bytes(i)), st.integers(0, 600)),
+            st.builds(lambda i: member(f"p/{i:03d}.cls", b"%d" % i), st.integers(0, 20)),
+        ),
+        max_size=40,
+    ),
+    chunk=st.sampled_from([None, 512, 1024, 3000]),
+    ending=st.booleans(),
+)
+def test_headers_built_field_by_field_read_alike(
+    parts: list[bytes], chunk: int | None, ending: bool
+) -> None:
+    shard = b"".join(parts) + (end() if ending else b"")
+    if not shard:
+        return
+    cuts = list(range(chunk, len(shard), chunk)) if chunk else []
+    read_alike(shard, cuts)
+
+
+@FUZZ
+@given(data=st.binary(min_size=512, max_size=4096), chunk=st.sampled_from([None, 512, 1000]))
+def test_random_bytes_read_alike(data: bytes, chunk: int | None) -> None:
+    cuts = list(range(chunk, len(data), chunk)) if chunk else []
+    read_alike(data, cuts)
