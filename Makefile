@@ -17,7 +17,15 @@ $(BIN)/asyncstream: pyproject.toml
 	$(BIN)/python -m pip install --quiet -e '.[test,docs]'
 	touch $@
 
-install: $(BIN)/asyncstream
+# The native extension, rebuilt in place (where `pip install -e` put it) when its source
+# changes after the install.
+NATIVE := asyncstream/shards/_tarwalk.c
+NATIVE_SO := asyncstream/shards/.native-built
+$(NATIVE_SO): $(BIN)/asyncstream $(NATIVE) setup.py
+	$(BIN)/python setup.py --quiet build_ext --inplace
+	touch $@
+
+install: $(BIN)/asyncstream $(NATIVE_SO)
 
 demo: install
 	$(BIN)/asyncstream demo
@@ -69,4 +77,4 @@ sanitize: install
 		$(SANITIZE_TESTS)
 
 clean:
-	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache *.egg-info site build asyncstream/shards/*.so
+	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache *.egg-info site build asyncstream/shards/*.so $(NATIVE_SO)
