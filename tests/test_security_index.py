@@ -13,12 +13,12 @@ import json
 import os
 import stat
 import warnings
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 from _servers_web import WebData
+from torchdata.stateful_dataloader import StatefulDataLoader
 
 from asyncstream import (
     AccessDeniedError,
@@ -29,7 +29,6 @@ from asyncstream import (
     Timeouts,
     configure_store,
 )
-from asyncstream.stores import _registry
 from asyncstream.testing import LocalS3, WebServer
 
 FAST = FetchConfig(
@@ -70,16 +69,12 @@ def wids(shardlist: list[dict[str, Any]], **more: Any) -> dict[str, Any]:
 
 
 @pytest.fixture
-def token_web(web: WebServer, cdn: WebServer) -> Iterator[WebServer]:
-    """The user's server needs a token, configured for ``http`` with a header; ``cdn``
-    (another origin) gets its credentials back after the test."""
+def token_web(web: WebServer) -> WebServer:
+    """The user's server needs a token, configured for ``http`` with a header (``web``
+    forgets the settings after the test; the origins withheld are each stream's own)."""
     web.token = TOKEN
     configure_store("http", token=TOKEN, headers={"X-Team": "vision"})
-    yield web
-    # getattr: this module also runs on the code before the fix, to see each attack pass
-    lift = getattr(_registry, "withhold_credentials", None)
-    if lift is not None:
-        lift((), named=[cdn.url + "/"])
+    return web
 
 
 def credentials_seen(server: WebServer) -> list[tuple[str, str | None, str | None]]:
@@ -167,6 +162,72 @@ def test_trust_index_urls_admits_an_origin_without_the_users_credentials(
     index_reads = [r for r in token_web.requests() if r.path == path]
     assert index_reads
     assert all(r.headers.get("authorization") for r in index_reads)
+
+
+def configure_worker(worker_id: int) -> None:
+    """A spawned DataLoader worker's store settings: a fresh interpreter has none of the
+    main process's (``configure_store`` is per process), so each worker gives its own."""
+    configure_store("http", token=TOKEN, headers={"X-Team": "vision"})
+
+
+def test_spawned_workers_withhold_the_credentials_too(
+    token_web: WebServer, cdn: WebServer, web_data: WebData
+) -> None:
+    """The opt-in read by a StatefulDataLoader whose workers are spawned (each a fresh
+    process, with a registry of its own): the origins admitted travel with the opened
+    stream, so the workers' GETs to the admitted origin carry neither the token nor the
+    configured header, those to the user's own server carry both, and the epoch is exact."""
+    urls = web_data.urls(token_web.url)[:2] + web_data.urls(cdn.url)[2:]
+    doc = wids(shard_list(web_data, urls, sizes=False))
+    path = serve_index(web_data, "trusted-spawn.json", doc)
+    settings: dict[str, Any] = {"window": 2, "seed": 1, "fetch": FAST, "index_cache": False}
+    with ShardStream(token_web.url + path, trust_index_urls=[f"{cdn.url}/ds/"], **settings) as s:
+        token_web.clear()
+        cdn.clear()  # from here on, only the workers' requests
+        loader = StatefulDataLoader(
+            s,
+            batch_size=None,
+            num_workers=2,
+            multiprocessing_context="spawn",
+            worker_init_fn=configure_worker,
+        )
+        samples = list(loader)
+        del loader
+    keys = [sample["__key__"] for sample in samples]
+    assert len(keys) == sum(web_data.counts)
+    assert set(keys) == set(web_data.samples)
+    admitted = [r for r in cdn.requests() if r.method == "GET"]
+    assert admitted
+    assert credentials_seen(cdn) == []
+    own = [r for r in token_web.requests() if r.method == "GET"]
+    assert own
+    assert all(
+        r.headers.get("authorization") == f"Bearer {TOKEN}" and r.headers.get("x-team") == "vision"
+        for r in own
+    )
+
+
+def test_the_origins_withheld_are_each_streams_own(
+    token_web: WebServer, cdn: WebServer, web_data: WebData
+) -> None:
+    """A stream that names the admitted origin itself, opened after one whose index
+    admitted it, gets the credentials there; the first stream, read after, still sends
+    none: nothing one open does lifts another's withholding."""
+    doc = wids(shard_list(web_data, web_data.urls(cdn.url)))
+    path = serve_index(web_data, "trusted-twice.json", doc)
+    settings: dict[str, Any] = {"window": 2, "seed": 1, "fetch": FAST, "index_cache": False}
+    trusted = ShardStream(token_web.url + path, trust_index_urls=[f"{cdn.url}/ds/"], **settings)
+    with trusted as a, ShardStream(web_data.pattern(cdn.url), **settings) as b:
+        cdn.clear()
+        assert len(list(b)) == sum(web_data.counts)
+        assert {r.path for r in cdn.requests() if r.method == "GET"} == {
+            f"/ds/{u.rpartition('/')[2]}" for u in web_data.urls(cdn.url)
+        }
+        assert all(r.headers.get("authorization") for r in cdn.requests())
+        cdn.clear()
+        assert len(list(a)) == sum(web_data.counts)
+    assert [r for r in cdn.requests() if r.method == "GET"]
+    assert credentials_seen(cdn) == []
 
 
 def test_trust_index_urls_true_still_refuses_local_files(

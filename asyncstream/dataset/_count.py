@@ -60,10 +60,13 @@ class CountSettings:
         fetch: how chunks are fetched (inflight, chunk size, retries, timeouts, ETag
             checks, adaptive concurrency, hedging, transport).
         s3: how to reach the store.
+        withhold: web origins (``scheme://host:port``) sent none of the configured
+            credentials (those only a remote index named, :mod:`._trust`).
     """
 
     fetch: FetchConfig = field(default_factory=FetchConfig)
     s3: S3Options = field(default_factory=S3Options)
+    withhold: frozenset[str] = frozenset()
 
 
 @dataclass(frozen=True)
@@ -137,7 +140,7 @@ def count_shards(
         on_truncated=settings.fetch.on_truncated,
     )
     n_slots = 2 * settings.fetch.inflight
-    config = engine_config(settings.fetch, s3=settings.s3)
+    config = engine_config(settings.fetch, s3=settings.s3, withhold=settings.withhold)
     # DataLoader workers are daemonic and may not start processes.
     mode: Literal["thread", "process"] = (
         "thread" if multiprocessing.current_process().daemon else "process"

@@ -26,7 +26,7 @@ from typing import Any
 
 from ..shards._tar import check_not_empty
 from ..shards._urls import Shard, url_items
-from ..stores._registry import scheme_of, store_class, withhold_credentials
+from ..stores._registry import scheme_of, store_class
 from ..stores._s3 import S3Options
 from ._count import CountSettings, OnProgress, count_shards, count_shared, distributed
 from ._index import folder_of
@@ -100,6 +100,10 @@ class Dataset:
     shards: tuple[Shard, ...]
     counts: tuple[int, ...]
     info: IndexInfo
+    #: the origins (``origin_of``) that only a remote index named, admitted by
+    #: ``trust_index_urls``: whoever reads the shards sends the web ones none of the
+    #: configured credentials (an object store's bucket has no such split)
+    withheld: frozenset[str] = frozenset()
 
 
 @dataclass
@@ -111,6 +115,8 @@ class DatasetPlan:
         counts: the counts known so far, by shard URL.
         uncovered: positions of shards no index (nor ``samples_per_shard``) covers: the
             same on every rank, whatever each rank's cache holds.
+        withheld: the web origins that get none of the configured credentials
+            (:attr:`Dataset.withheld`).
     """
 
     shards: list[Shard]
@@ -118,6 +124,7 @@ class DatasetPlan:
     uncovered: list[int]
     info: IndexInfo
     hint: str
+    withheld: frozenset[str] = frozenset()
 
 
 def _hint(urls: Sequence[str], shards: Sequence[Shard]) -> str:
@@ -159,7 +166,6 @@ def plan_dataset(
     :func:`open_dataset`, which counts the rest)."""
     items = url_items(urls)
     scope = Scope.of(items, trust_index_urls)
-    withhold_credentials((), named=scope.named)  # the origins named get their credentials
     opener = Opener(options, split, scope)
     if samples_per_shard is not None:
         shards = resolve_shards(items, stores=opener.objects)
@@ -198,7 +204,8 @@ def plan_dataset(
         stale=len(opener.stale),
         stale_examples=tuple(u for u, _ in opener.stale[:_STALE_EXAMPLES]),
     )
-    return DatasetPlan(shards, counts, uncovered, info, _hint(items, shards))
+    withheld = frozenset(opener.withheld)
+    return DatasetPlan(shards, counts, uncovered, info, _hint(items, shards), withheld)
 
 
 def open_dataset(
@@ -249,13 +256,16 @@ def open_dataset(
             cache=cache,
             trust_index_urls=trust_index_urls,
         )
-        counted = _count_rest(plan, counting or CountSettings(s3=options), cache, progress)
+        counting = counting or CountSettings(s3=options)
+        counting = replace(counting, withhold=counting.withhold | plan.withheld)
+        counted = _count_rest(plan, counting, cache, progress)
     finally:
         if cache is not None:
             cache.close()
     sources = {**plan.info.sources, "counted": counted}
     counts = tuple(plan.counts[s.url] for s in plan.shards)
-    return Dataset(tuple(plan.shards), counts, replace(plan.info, sources=sources))
+    info = replace(plan.info, sources=sources)
+    return Dataset(tuple(plan.shards), counts, info, plan.withheld)
 
 
 def _count_rest(

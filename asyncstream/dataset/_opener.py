@@ -41,7 +41,7 @@ from ..shards._compressed import compression_of
 from ..shards._tar import check_not_empty
 from ..shards._urls import Shard, reject_duplicates
 from ..stores._localstore import local_path
-from ..stores._registry import canonical_url, folder_url, is_local, withhold_credentials
+from ..stores._registry import canonical_url, folder_url, is_local, origin_of
 from ..stores._s3 import S3Options
 from ..stores._stores import Stores
 from ._index import MANIFEST_NAME, Entry, Index, Reader, find_index, folder_of, parse_index
@@ -61,7 +61,8 @@ class Opener:
     Feed it the dataset's URLs with :meth:`index_url` (an index as the URL), :meth:`named`
     (shards named one by one) and :meth:`prefix` (a prefix or folder), in order; then
     :meth:`finish`. It holds the shards, the counts the indexes gave, how many came from
-    an index, the indexes used and the stale shards.
+    an index, the indexes used, the stale shards, and the origins that only an index
+    named (admitted by ``trust_index_urls``), which get none of the user's credentials.
     """
 
     def __init__(self, options: S3Options, split: str | None, scope: Scope | None = None) -> None:
@@ -76,6 +77,7 @@ class Opener:
         self.split_used = False
         self.stale: list[tuple[str, Index]] = []
         self.unread: list[AccessDeniedError] = []  # manifests beside the shards, refused
+        self.withheld: set[str] = set()  # origins only an index named: no credentials
 
     def use(self, shard: Shard, index: Index | None, entry: Entry | None) -> None:
         self.shards.append(shard)
@@ -104,8 +106,8 @@ class Opener:
         beyond = self.scope.check(index.url, members)
         stores = self.objects
         if beyond:  # admitted by trust_index_urls: none of the user's credentials go there
-            withhold_credentials(beyond, named=self.scope.named)
-            stores = Stores(self.options)  # made with the credentials withheld
+            self.withheld.update(origin_of(u) for u in beyond if not is_local(u))
+            stores = Stores(self.options, withhold=self.withheld)
         entries = [index.entries[u] for u in members]
         if all(e.size is not None for e in entries):
             shards = [Shard(u, e.size or 0, e.etag) for u, e in zip(members, entries, strict=True)]

@@ -18,9 +18,9 @@ from typing import TYPE_CHECKING, cast
 
 from .._exceptions import AsyncStreamError
 from ..order._mix import SourcePlan, quotas
-from ..shards._urls import Shard
+from ..shards._urls import Shard, url_items
 from ..stores._s3 import S3Options
-from ._trust import TrustIndexURLs
+from ._trust import Scope, TrustIndexURLs
 
 if TYPE_CHECKING:  # they import the fetch engine, which the package itself must not load
     from ._count import CountSettings
@@ -117,6 +117,9 @@ class OpenedSources:
         endpoints: the options of sources that do not use the stream's, each named
             after the first source that uses them.
         infos: where each source's counts came from, by name.
+        withheld: the web origins that only a source's remote index named (admitted by
+            ``trust_index_urls``) and no source names itself: they get none of the
+            configured credentials, whichever process reads them.
     """
 
     shards: tuple[Shard, ...]
@@ -124,6 +127,7 @@ class OpenedSources:
     plans: tuple[SourcePlan, ...]
     endpoints: tuple[tuple[str, S3Options], ...]
     infos: dict[str, IndexInfo]
+    withheld: frozenset[str] = frozenset()
 
 
 def name_source(exc: BaseException, name: str) -> None:
@@ -276,6 +280,8 @@ class _Opening:
         self.counts: list[int] = []
         self.spans: list[tuple[int, int, str]] = []  # (first, stop, endpoint)
         self.infos: dict[str, IndexInfo] = {}
+        self.withheld: set[str] = set()  # origins only an index named
+        self.named: set[str] = set()  # origins the user named, in any source
 
     def add(
         self,
@@ -309,11 +315,15 @@ class _Opening:
         self.counts.extend(dataset.counts)
         self.spans.append((first, len(self.shards), endpoint))
         self.infos[name] = dataset.info
+        self.withheld |= dataset.withheld
+        self.named |= Scope.of(url_items(urls)).named
 
     def result(
         self, plans: tuple[SourcePlan, ...], endpoints: tuple[tuple[str, S3Options], ...]
     ) -> OpenedSources:
-        return OpenedSources(tuple(self.shards), tuple(self.counts), plans, endpoints, self.infos)
+        withheld = frozenset(self.withheld - self.named)  # a source named it: it gets them
+        shards, counts = tuple(self.shards), tuple(self.counts)
+        return OpenedSources(shards, counts, plans, endpoints, self.infos, withheld)
 
 
 def split_sources(

@@ -14,10 +14,12 @@ the user's own, and may name shards anywhere.
 URLs under its prefixes (``"https://cdn.example.com/data/"``, ``"s3://other-bucket/"``;
 only a ``file://`` prefix listed there admits local files). Web origins admitted so get
 none of the credentials or headers configured for their scheme (the token, ``headers=``,
-the Hugging Face token): they are withheld
-(:func:`~asyncstream.stores._registry.withhold_credentials`). An object store has no such
-split: a bucket admitted is read with the endpoint's credentials, so name buckets one by
-one rather than ``True`` where that matters.
+the Hugging Face token): the opened dataset records them (``Dataset.withheld``), and
+they travel with the stream as data to every process that reads it (a DataLoader worker,
+forked or spawned), whose engine withholds them
+(:func:`~asyncstream.stores._registry.store_settings`). An object store has no such split:
+a bucket admitted is read with the endpoint's credentials, so name buckets one by one
+rather than ``True`` where that matters.
 """
 
 from __future__ import annotations

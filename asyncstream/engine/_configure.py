@@ -5,6 +5,7 @@ renamed field fails there and not at run time."""
 from __future__ import annotations
 
 from .._config import FetchConfig
+from ..stores._registry import store_settings
 from ..stores._s3 import S3Options
 from ._engine import EngineConfig
 
@@ -20,6 +21,7 @@ def engine_config(
     cache_limit: int | None = None,
     seed: int = 0,
     request_bytes: int | None = None,
+    withhold: frozenset[str] = frozenset(),
 ) -> EngineConfig:
     """The engine's settings for a stream (or a count) fetching with ``fetch``.
 
@@ -32,6 +34,9 @@ def engine_config(
         cache_limit: its size limit.
         seed: seeds the backoff jitter.
         request_bytes: the most bytes one GET reads of a slot (None: a slot per GET).
+        withhold: web origins (``scheme://host:port``) sent none of the configured
+            credentials: those only a remote index named (the opened dataset's, carried
+            here as data, so a DataLoader worker of any start method withholds them too).
     """
     return EngineConfig(
         inflight=fetch.inflight,
@@ -50,4 +55,5 @@ def engine_config(
         cache_limit=cache_limit,
         coalesce_bytes=fetch.coalesce_bytes,
         request_bytes=request_bytes,
+        store_settings=store_settings(withhold),
     )

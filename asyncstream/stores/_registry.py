@@ -31,9 +31,10 @@ Where a URL's shards come from, for the trust checks of indexes (:func:`origin_o
 *origin* is the scope of the credentials that reach it (``scheme://host:port`` on the
 web, ``scheme://bucket`` for object stores, ``file://`` for every local path). An
 origin that only an index named (admitted with ``trust_index_urls=``) gets none of the
-credentials or headers configured for its scheme: :func:`withhold_credentials` records
-it (until the user names that origin), and the web stores' settings carry it
-(``withhold``) to both processes.
+credentials or headers configured for its scheme. Which origins those are is the opened
+dataset's to say, as data that travels with it (to a DataLoader worker, forked or
+spawned): :func:`store_settings` and :func:`make_store` take them (``withhold``) and put
+them in the web stores' settings, no process-wide state.
 
 A store is named, not numbered: :class:`StoreKey` names the engine's store of one scheme
 reached with one source's options (an *endpoint*, named after the first source that
@@ -67,7 +68,6 @@ __all__ = [
     "store_class",
     "store_settings",
     "unregister_store",
-    "withhold_credentials",
 ]
 
 #: scheme -> "module:Class" of its store. Plain paths are ``file``.
@@ -85,8 +85,6 @@ _BUILT_IN = dict(_TABLE)
 _CLASSES: dict[str, type[Store]] = {}
 #: scheme -> the settings given with configure_store
 _SETTINGS: dict[str, dict[str, Any]] = {}
-#: origins that get no configured credentials (only an index named them), by scheme
-_WITHHELD: dict[str, set[str]] = {}
 _WEB = ("http", "https")  # the schemes whose built-in store reads ``withhold``
 
 
@@ -166,20 +164,25 @@ def configure_store(scheme: str, **settings: Any) -> None:
         _SETTINGS.pop(scheme, None)
 
 
-def _settings_of(scheme: str) -> dict[str, Any]:
-    """The settings of ``scheme``'s store: those given, and the origins withheld from."""
+def _settings_of(scheme: str, withhold: Iterable[str] = ()) -> dict[str, Any]:
+    """The settings of ``scheme``'s store: those given, and the origins of ``withhold``
+    that are this scheme's (for the built-in web stores, which read ``withhold``)."""
     given = dict(_SETTINGS.get(scheme, {}))
-    withheld = _WITHHELD.get(scheme)
-    if withheld and _TABLE.get(scheme) == _BUILT_IN.get(scheme):
+    withheld = {o for o in withhold if o.partition("://")[0] == scheme}
+    if withheld and scheme in _WEB and _TABLE.get(scheme) == _BUILT_IN.get(scheme):
         given["withhold"] = tuple(sorted(withheld | set(given.get("withhold", ()))))
     return given
 
 
-def store_settings() -> tuple[tuple[str, tuple[tuple[str, Any], ...]], ...]:
+def store_settings(
+    withhold: Iterable[str] = (),
+) -> tuple[tuple[str, tuple[tuple[str, Any], ...]], ...]:
     """The settings given with :func:`configure_store`, scheme by scheme (what the engine
-    process is given), with the origins withheld from (:func:`withhold_credentials`)."""
-    schemes = sorted(set(_SETTINGS) | {s for s, o in _WITHHELD.items() if o})
-    made = ((scheme, _settings_of(scheme)) for scheme in schemes)
+    process is given), with the web origins of ``withhold`` (``scheme://host:port``, those
+    only an index named) withheld from."""
+    withhold = tuple(withhold)
+    schemes = sorted(set(_SETTINGS) | {o.partition("://")[0] for o in withhold})
+    made = ((scheme, _settings_of(scheme, withhold)) for scheme in schemes)
     return tuple((scheme, tuple(sorted(given.items()))) for scheme, given in made if given)
 
 
@@ -219,19 +222,6 @@ def origin_of(url: str) -> str:
         except ValueError as exc:
             raise ShardURLError(f"{url!r}: {exc}") from None
     return f"{scheme}://{urlsplit(url).netloc.lower()}"
-
-
-def withhold_credentials(withheld: Iterable[str], named: Iterable[str] = ()) -> None:
-    """Send none of the configured credentials or headers to the origins of the web URLs
-    ``withheld`` (origins that only an index named, admitted with ``trust_index_urls=``),
-    and send them again to those of ``named`` (URLs or origins the user gave): in this process and
-    the fetch engines it starts from now on. Other schemes are ignored."""
-    for url in named:
-        if scheme_of(url) in _WEB:
-            _WITHHELD.get(scheme_of(url), set()).discard(origin_of(url))
-    for url in withheld:
-        if scheme_of(url) in _WEB:
-            _WITHHELD.setdefault(scheme_of(url), set()).add(origin_of(url))
 
 
 def scheme_of(url: str) -> str:
@@ -291,10 +281,11 @@ def store_class(scheme: str) -> type[Store]:
     return cls
 
 
-def make_store(scheme: str, setup: StoreSetup) -> Store:
+def make_store(scheme: str, setup: StoreSetup, withhold: Iterable[str] = ()) -> Store:
     """A new store for URLs of ``scheme`` (see :meth:`~._store.Store.from_setup`), with the
-    settings given for it by :func:`configure_store` where ``setup`` carries none."""
-    given = _settings_of(scheme)
+    settings given for it by :func:`configure_store` where ``setup`` carries none, and
+    none of the credentials for the web origins of ``withhold``."""
+    given = _settings_of(scheme, withhold)
     if given and not setup.settings:
         setup = replace(setup, settings=given)
     return store_class(scheme).from_setup(setup)

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Collection, Iterable
 from dataclasses import replace
 
 from ._registry import make_store, scheme_of
@@ -19,11 +19,20 @@ class Stores:
     Args:
         options: how to reach S3.
         connections: the most requests one store makes at once (uploads' parts).
+        withhold: web origins (``scheme://host:port``) sent none of the configured
+            credentials (those only an index named, :mod:`asyncstream.dataset._trust`).
     """
 
-    def __init__(self, options: S3Options | None = None, *, connections: int = 16) -> None:
+    def __init__(
+        self,
+        options: S3Options | None = None,
+        *,
+        connections: int = 16,
+        withhold: Collection[str] = (),
+    ) -> None:
         self.options = options
         self.connections = connections
+        self.withhold = frozenset(withhold)
         self._stores: dict[str, Store] = {}
 
     def for_url(self, url: str) -> Store:
@@ -34,7 +43,7 @@ class Stores:
             setup = replace(StoreSetup(), connections=self.connections)
             if self.options is not None:
                 setup = replace(setup, options=self.options)
-            store = self._stores[scheme] = make_store(scheme, setup)
+            store = self._stores[scheme] = make_store(scheme, setup, self.withhold)
         return store
 
     def read(self, url: str) -> bytes | None:

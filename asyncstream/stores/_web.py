@@ -15,8 +15,8 @@ Settings (``configure_store("https", ...)``, and the same for ``"http"``):
   servers only).
 * ``max_redirects``: the most redirects one request follows (default 10).
 * ``withhold``: origins (``scheme://host:port``) that get none of the above credentials
-  and headers, nor the Hugging Face token: those that only an index named (set by the
-  registry, :func:`~._registry.withhold_credentials`).
+  and headers, nor the Hugging Face token: those that only an index named (the opened
+  dataset's, put here by the registry, :func:`~._registry.store_settings`).
 
 An object's version tag (:attr:`Shard.etag <asyncstream.Shard.etag>`) is its ``ETag``
 or, from a server that sends none, ``last-modified:`` and its ``Last-Modified`` date.

@@ -111,6 +111,7 @@ def open_settings(
         counts=opened.counts,
         sources=opened.plans,
         endpoints=opened.endpoints,
+        withhold=opened.withheld,  # travels with the stream, to every reader's engine
     )
     return Opened(settings, index_info, rank, world_size)
 

@@ -39,6 +39,9 @@ class StreamSettings:
     cache_limit: int | None = None
     sources: tuple[SourcePlan, ...] = ()  # a mixed stream's sources (:mod:`._mix`)
     endpoints: tuple[tuple[str, S3Options], ...] = ()  # the sources' own options, named
+    # Web origins only a remote index named (trust_index_urls): no configured credentials
+    # go there, from whichever process reads (a spawned DataLoader worker too).
+    withhold: frozenset[str] = frozenset()
 
     # The order settings, read by the plan, the shuffle and the state.
     @property
@@ -157,9 +160,10 @@ class StreamSettings:
             cache_limit=self.cache_limit,
             seed=seed,
             request_bytes=self.request_bytes,
+            withhold=self.withhold,
         )
 
     def counting(self) -> CountSettings:
         """How this stream's shards are read when they must be counted: as an epoch
         reads them."""
-        return CountSettings(fetch=self.fetch, s3=self.s3)
+        return CountSettings(fetch=self.fetch, s3=self.s3, withhold=self.withhold)
