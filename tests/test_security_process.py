@@ -13,10 +13,6 @@ from __future__ import annotations
 
 import io
 import os
-import shlex
-import signal
-import subprocess
-import sys
 import tarfile
 import urllib.error
 import urllib.request
@@ -25,12 +21,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from _served import Served
 
-from asyncstream import S3Options, ShardStream
+from asyncstream import ShardStream
 from asyncstream.cli._cli import main
-from asyncstream.stores._s3 import sync_client
 from asyncstream.testing import LocalS3, generate_imagefolder
-from asyncstream.testing._local import wait_for_line
 
 SAMPLES = 5
 EVIL = "http://evil.example"
@@ -117,40 +112,6 @@ def cors_headers(headers: dict[str, str]) -> dict[str, str]:
     return {k: v for k, v in headers.items() if k.startswith("access-control-")}
 
 
-class Serve:
-    """A running ``asyncstream serve --bucket data`` and the environment it printed."""
-
-    def __init__(self) -> None:
-        script = Path(sys.executable).with_name("asyncstream")
-        command = [str(script)] if script.exists() else [sys.executable, "-m", "asyncstream.cli"]
-        self.proc = subprocess.Popen(
-            [*command, "serve", "--bucket", "data"],
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
-        )
-        assert self.proc.stdout is not None
-        line = wait_for_line(self.proc.stdout, "export ", 120)
-        if line is None:
-            self.stop()
-            raise AssertionError("serve printed no export line")
-        pairs = shlex.split(line.removeprefix("export "))
-        self.env = dict(pair.split("=", 1) for pair in pairs)
-        self.endpoint_url = self.env["AWS_ENDPOINT_URL"]
-
-    def client(self) -> Any:
-        return sync_client(S3Options(endpoint_url=self.endpoint_url).resolve())
-
-    def stop(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.communicate(timeout=60)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.communicate()
-
-
 @pytest.fixture(scope="module", params=["LocalS3-thread", "LocalS3-process", "serve"])
 def server(request: pytest.FixtureRequest, aws_env: dict[str, str]) -> Iterator[Any]:
     """Each way the embedded server runs, holding a public object at ``/data/public``
@@ -162,7 +123,7 @@ def server(request: pytest.FixtureRequest, aws_env: dict[str, str]) -> Iterator[
     elif request.param == "LocalS3-process":
         running = stop = LocalS3(mode="process").start()
     else:
-        running = stop = Serve()
+        running = stop = Served("--bucket", "data")
     client = running.client()
     if request.param != "serve":  # serve made it (--bucket data)
         client.create_bucket(Bucket="data")
@@ -171,7 +132,7 @@ def server(request: pytest.FixtureRequest, aws_env: dict[str, str]) -> Iterator[
         yield running
     finally:
         if stop is not None:
-            (stop.close if isinstance(stop, LocalS3) else stop.stop)()
+            stop.close() if isinstance(stop, LocalS3) else stop.stop()
 
 
 def test_a_plain_request_with_no_origin_is_served(server: Any) -> None:
@@ -260,7 +221,7 @@ def test_local_s3_reset_still_works(aws_env: dict[str, str]) -> None:
 def test_serve_still_serves_pack_and_ls(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    served = Serve()
+    served = Served("--bucket", "data")
     try:
         for name, value in served.env.items():
             monkeypatch.setenv(name, value)

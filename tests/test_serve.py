@@ -4,7 +4,6 @@ and on Ctrl-C (SIGINT), leaving nothing behind."""
 
 from __future__ import annotations
 
-import shlex
 import signal
 import socket
 import subprocess
@@ -13,54 +12,14 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from _served import Served, _command
 
 from asyncstream import S3Options
 from asyncstream.cli._cli import main
 from asyncstream.stores._s3 import sync_client
 from asyncstream.testing import generate_imagefolder
-from asyncstream.testing._local import wait_for_line
 
 pytestmark = pytest.mark.skipif(sys.platform == "win32", reason="POSIX signals")
-
-
-def _command() -> list[str]:
-    script = Path(sys.executable).with_name("asyncstream")  # the installed console script
-    return [str(script)] if script.exists() else [sys.executable, "-m", "asyncstream.cli"]
-
-
-class Served:
-    """A running ``asyncstream serve`` and the environment it printed."""
-
-    def __init__(self, *args: str) -> None:
-        self.proc = subprocess.Popen(
-            [*_command(), "serve", *args],
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
-        )
-        assert self.proc.stdout is not None
-        line = wait_for_line(self.proc.stdout, "export ", 120)
-        if line is None:
-            self.proc.kill()
-            _, err = self.proc.communicate()
-            raise AssertionError(f"serve printed no export line; stderr: {err[-3000:]}")
-        assert line.startswith("export ")
-        self.env = dict(item.split("=", 1) for item in shlex.split(line.removeprefix("export ")))
-
-    @property
-    def endpoint_url(self) -> str:
-        return self.env["AWS_ENDPOINT_URL"]
-
-    def stop(self, signum: int = signal.SIGTERM) -> tuple[int, str]:
-        """Send ``signum``; the exit status and stderr."""
-        self.proc.send_signal(signum)
-        try:
-            _, err = self.proc.communicate(timeout=60)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            self.proc.communicate()
-            raise
-        return self.proc.returncode, err
 
 
 @pytest.fixture
