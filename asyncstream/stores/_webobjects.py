@@ -26,7 +26,7 @@ from .._exceptions import PermanentFetchError
 from ..shards._urls import Shard
 from ._origin import Origin, tls_failure
 from ._retry import RetryPolicy, Timeouts, retrying_sync
-from ._web import WebSettings, error_for, is_redirect, next_url, version_of
+from ._web import WebSettings, error_for, is_redirect, next_url, refuse_userinfo, version_of
 
 __all__ = ["WebObjects"]
 
@@ -107,6 +107,7 @@ class WebObjects:
 
     def _once(self, method: str, url: str, extra: Mapping[str, str], *, body: bool) -> _Answer:
         """One request, its redirects followed (credentials kept to the first origin)."""
+        refuse_userinfo(url)
         headers = {**self.settings.headers_for(url), **extra}
         current = url
         for _ in range(self.settings.max_redirects + 1):

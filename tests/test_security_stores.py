@@ -1,0 +1,370 @@
+"""Trust boundaries of the stores (issue 28, items 4 to 6): what a hostile server, or a
+secret in a URL, can make the reader do.
+
+Each attack is played by :class:`BadServer`, a deliberately bad HTTP/1.1 server on a
+loopback port (threads, raw sockets): it answers wrong ``Content-Range`` headers, trickles
+its headers one byte at a time, sends huge bodies, redirects elsewhere, and logs every
+request it got (the headers included) so that a test sees what the reader sent.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import socket
+import socketserver
+import threading
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import pytest
+
+from asyncstream import PermanentFetchError
+from asyncstream.stores._errors import verdict
+from asyncstream.stores._store import ChunkRequest
+
+SIZE = 16384  # the pretend object's size
+BODY = bytes(range(256)) * (SIZE // 256)
+
+
+@dataclass
+class Request:
+    """One request the bad server got."""
+
+    method: str
+    target: str
+    headers: dict[str, str]  # lower-case names
+    raw: bytes
+
+
+@dataclass
+class Answer:
+    """What the bad server sends back: pieces of bytes, each after a delay (seconds)."""
+
+    pieces: list[tuple[float, bytes]] = field(default_factory=list)
+
+
+Behaviour = Callable[[Request], Answer]
+
+
+def reply(status: int, headers: dict[str, str], body: bytes = b"") -> Answer:
+    head = f"HTTP/1.1 {status} X\r\n" + "".join(f"{k}: {v}\r\n" for k, v in headers.items())
+    return Answer([(0.0, head.encode("latin-1") + b"\r\n" + body)])
+
+
+def ranged(request: Request, shift: int = 0) -> Answer:
+    """A 206 for the range asked, its bytes and Content-Range taken ``shift`` bytes off
+    (0: an honest answer)."""
+    first, _, last = request.headers["range"].removeprefix("bytes=").partition("-")
+    start, end = int(first) + shift, int(last) + shift
+    fields = {
+        "Content-Range": f"bytes {start}-{end}/{SIZE}",
+        "Content-Length": str(end - start + 1),
+        "ETag": '"v1"',
+        "x-goog-generation": "1",
+    }
+    return reply(206, fields, BODY[start : end + 1])
+
+
+class BadServer:
+    """A loopback HTTP/1.1 server whose every answer is ``behaviour(request)``."""
+
+    def __init__(self, behaviour: Behaviour) -> None:
+        self.behaviour = behaviour
+        self.log: list[Request] = []
+        self.finished = threading.Event()  # an answer was sent to its end
+        outer = self
+
+        class Handler(socketserver.BaseRequestHandler):
+            def handle(self) -> None:
+                sock: socket.socket = self.request
+                data = b""
+                while True:
+                    while b"\r\n\r\n" not in data:
+                        piece = sock.recv(65536)
+                        if not piece:
+                            return
+                        data += piece
+                    head, _, data = data.partition(b"\r\n\r\n")
+                    line, *lines = head.decode("latin-1").split("\r\n")
+                    method, target, _ = line.split(" ", 2)
+                    headers = {}
+                    for text in lines:
+                        name, _, value = text.partition(":")
+                        headers[name.strip().lower()] = value.strip()
+                    request = Request(method, target, headers, head)
+                    outer.log.append(request)
+                    try:
+                        for delay, chunk in outer.behaviour(request).pieces:
+                            if delay:
+                                time.sleep(delay)
+                            sock.sendall(chunk)
+                    except OSError:
+                        return  # the reader gave up: the answer did not finish
+                    outer.finished.set()
+
+        class Server(socketserver.ThreadingTCPServer):
+            daemon_threads = True
+            allow_reuse_address = True
+
+        self._server = Server(("127.0.0.1", 0), Handler)
+        self.port = self._server.server_address[1]
+        self.url = f"http://127.0.0.1:{self.port}"
+        self._thread = threading.Thread(target=self._server.serve_forever, daemon=True)
+
+    def __enter__(self) -> BadServer:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._server.shutdown()
+        self._server.server_close()
+        self._thread.join()
+
+
+@pytest.fixture
+def bad_server() -> Iterator[Callable[[Behaviour], BadServer]]:
+    started: list[BadServer] = []
+
+    def start(behaviour: Behaviour) -> BadServer:
+        server = BadServer(behaviour).__enter__()
+        started.append(server)
+        return server
+
+    yield start
+    for server in started:
+        server.__exit__(None, None, None)
+
+
+# -- item 5: every store checks the range it got ------------------------------------------
+
+
+def _s3_store(endpoint: str) -> Any:
+    from asyncstream.stores._s3 import S3Credentials, S3Options
+    from asyncstream.stores._s3store import S3Store
+
+    options = S3Options(
+        endpoint_url=endpoint,
+        region_name="us-east-1",
+        addressing_style="path",
+        credentials=S3Credentials("AKIDEXAMPLE", "secret"),
+    )
+    return S3Store(options)
+
+
+def _gcs_store(endpoint: str) -> Any:
+    from asyncstream.stores._gcs import GCSSettings
+    from asyncstream.stores._gcsstore import GCSStore
+
+    return GCSStore(GCSSettings.of({"endpoint": endpoint, "anonymous": True}, {}))
+
+
+SAS = "sv=2023-11-03&se=2030-01-01&sp=r&sig=SASSECRETSIGNATURE"
+
+
+def _azure_store(endpoint: str) -> Any:
+    from asyncstream.stores._azure import AzureConfig
+    from asyncstream.stores._azurestore import AzureStore
+
+    settings = {"account": "acct", "sas_token": SAS, "endpoint": f"{endpoint}/acct"}
+    return AzureStore(AzureConfig.resolve(settings, {}))
+
+
+def _web_store() -> Any:
+    from asyncstream.stores._web import WebSettings
+    from asyncstream.stores._webstore import HttpStore
+
+    return HttpStore(WebSettings.of("http", {}))
+
+
+def _store_and_url(kind: str, server: BadServer) -> tuple[Any, str]:
+    if kind == "s3":
+        return _s3_store(server.url), "s3://bucket/shard.tar"
+    if kind == "gs":
+        return _gcs_store(server.url), "gs://bucket/shard.tar"
+    if kind == "az":
+        return _azure_store(server.url), "az://data/shard.tar"
+    return _web_store(), f"{server.url}/shard.tar"
+
+
+async def _read(store: Any, url: str, offset: int, length: int, etag: str) -> bytes:
+    out = bytearray(length)
+    request = ChunkRequest(url, offset, length, etag, False, SIZE)
+    if hasattr(store, "open"):
+        await store.open()
+    try:
+        await store.read_into(request, memoryview(out))
+    finally:
+        await store.aclose()
+    return bytes(out)
+
+
+def _judged(store: Any, url: str, offset: int, length: int, etag: str) -> Any:
+    """The verdict of the one table on what one read met (it must fail)."""
+    try:
+        asyncio.run(_read(store, url, offset, length, etag))
+    except Exception as exc:  # judged below, as the engine judges it
+        return verdict(exc, url)
+    raise AssertionError("the read succeeded")
+
+
+_ETAGS = {"s3": '"v1"', "gs": "1", "az": '"v1"', "web": '"v1"'}
+_KINDS = ["s3", "gs", "az", "web"]
+
+
+def _needs(kind: str) -> None:
+    if kind == "az":
+        pytest.importorskip("azure.storage.blob", reason="the azure extra is not installed")
+
+
+@pytest.mark.parametrize("kind", _KINDS)
+def test_honest_range_reads(kind: str, bad_server: Callable[[Behaviour], BadServer]) -> None:
+    """The bad server's honest mode is read as the range asked (the attacks' baseline)."""
+    _needs(kind)
+    server = bad_server(ranged)
+    store, url = _store_and_url(kind, server)
+    assert asyncio.run(_read(store, url, 4096, 4096, _ETAGS[kind])) == BODY[4096:8192]
+
+
+@pytest.mark.parametrize("kind", _KINDS)
+def test_wrong_content_range_start_is_permanent(
+    kind: str, bad_server: Callable[[Behaviour], BadServer]
+) -> None:
+    """Asked ``bytes=4096-8191``, answered ``bytes 0-4095/...`` of the right length: other
+    bytes, never handed over as the range; a permanent error naming the shard."""
+    _needs(kind)
+    server = bad_server(lambda request: ranged(request, shift=-4096))
+    store, url = _store_and_url(kind, server)
+    judged = _judged(store, url, 4096, 4096, _ETAGS[kind])
+    assert not judged.retry, judged
+    assert isinstance(judged.error, PermanentFetchError)
+    assert url in str(judged.error)
+    assert "range" in str(judged.error)
+
+
+@pytest.mark.parametrize("kind", _KINDS)
+def test_206_without_content_range_is_permanent(
+    kind: str, bad_server: Callable[[Behaviour], BadServer]
+) -> None:
+    """A 206 of the right length that says nothing of which bytes it holds is refused."""
+    _needs(kind)
+
+    def answer(request: Request) -> Answer:
+        return reply(206, {"Content-Length": "4096", "ETag": '"v1"'}, BODY[:4096])
+
+    server = bad_server(answer)
+    store, url = _store_and_url(kind, server)
+    judged = _judged(store, url, 4096, 4096, _ETAGS[kind])
+    assert not judged.retry, judged
+    assert isinstance(judged.error, PermanentFetchError)
+
+
+# -- item 4: secrets stay secret -----------------------------------------------------------
+
+SIGNED = "?X-Amz-Algorithm=AWS4-HMAC-SHA256&X-Amz-Credential=AKIDSECRET&X-Amz-Signature=SIGSECRET"
+
+
+def test_presigned_query_is_redacted_in_errors(
+    bad_server: Callable[[Behaviour], BadServer],
+) -> None:
+    """A presigned URL's signature and credential never reach an error message (the
+    error's ``url`` keeps what the user gave)."""
+    from asyncstream import NotFoundError
+    from asyncstream.dataset._resolve import resolve_shards
+
+    server = bad_server(lambda request: reply(404, {"Content-Length": "0"}))
+    url = f"{server.url}/shard.tar{SIGNED}"
+    with pytest.raises(NotFoundError) as caught:
+        resolve_shards(url)
+    assert "SIGSECRET" not in str(caught.value)
+    assert "AKIDSECRET" not in str(caught.value)
+    assert f"{server.url}/shard.tar" in str(caught.value)
+    assert caught.value.url == url
+
+
+def test_sas_token_is_redacted_in_engine_errors(
+    bad_server: Callable[[Behaviour], BadServer],
+) -> None:
+    """A chunk error that names a SAS-signed blob URL masks its signature."""
+    from asyncstream.stores._retry import classify
+
+    server = bad_server(lambda request: reply(400, {"Content-Length": "0"}))
+    url = f"{server.url}/shard.tar?sv=2023-11-03&sp=r&sig=SASSECRET"
+    judged = _judged(_web_store(), url, 0, 4096, '"v1"')
+    assert "SASSECRET" not in str(judged.error)
+    assert "SASSECRET" not in str(classify(RuntimeError(f"boom at {url}"), url)[1])
+
+
+def test_counting_warning_redacts_the_signature(
+    web: Any, web_data: Any, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The warning that shards are counted names the URL, never its signature."""
+    from asyncstream import ShardStream
+
+    urls = [u + SIGNED for u in web_data.urls(web.url)]
+    with caplog.at_level(logging.WARNING, logger="asyncstream"), ShardStream(urls) as stream:
+        assert len(list(stream)) == sum(web_data.counts)
+    counting = [r.getMessage() for r in caplog.records if "counting" in r.getMessage()]
+    assert counting, caplog.text
+    assert "SIGSECRET" not in caplog.text
+    assert "AKIDSECRET" not in caplog.text
+
+
+def _redirecting(target: str) -> Behaviour:
+    def answer(request: Request) -> Answer:
+        return reply(302, {"Location": target + request.target, "Content-Length": "0"})
+
+    return answer
+
+
+def test_configured_headers_do_not_follow_a_redirect_to_another_origin(
+    bad_server: Callable[[Behaviour], BadServer],
+) -> None:
+    """``headers={"X-Api-Key": ...}`` go to the shard's own origin only: neither the
+    open-time HEAD nor the engine's GET carries them past a redirect elsewhere."""
+    from asyncstream.stores._web import WebSettings
+    from asyncstream.stores._webstore import HttpStore
+
+    def honest(request: Request) -> Answer:
+        if request.method == "HEAD":
+            return reply(200, {"Content-Length": str(SIZE), "ETag": '"v1"'})
+        return ranged(request)
+
+    elsewhere = bad_server(honest)
+    origin = bad_server(_redirecting(elsewhere.url))
+    settings = WebSettings.of("http", {"headers": {"X-Api-Key": "KEYSECRET"}})
+    store = HttpStore(settings)
+    url = f"{origin.url}/shard.tar"
+    assert store.head(url).size == SIZE
+    assert asyncio.run(_read(store, url, 0, 4096, '"v1"')) == BODY[:4096]
+    assert origin.log
+    assert all(r.headers.get("x-api-key") == "KEYSECRET" for r in origin.log)
+    assert elsewhere.log
+    assert [r.headers.get("x-api-key") for r in elsewhere.log] == [None] * len(elsewhere.log)
+
+
+def test_userinfo_never_reaches_the_host_header(
+    bad_server: Callable[[Behaviour], BadServer],
+) -> None:
+    """A URL's ``user:password@`` is not sent in the clear in the engine's ``Host``."""
+    server = bad_server(ranged)
+    url = f"http://user:PASSSECRET@127.0.0.1:{server.port}/shard.tar"
+    asyncio.run(_read(_web_store(), url, 0, 4096, '"v1"'))
+    assert server.log
+    assert all(r.headers["host"] == f"127.0.0.1:{server.port}" for r in server.log)
+    assert b"PASSSECRET" not in b"".join(r.raw for r in server.log)
+
+
+def test_userinfo_in_a_web_url_is_refused(bad_server: Callable[[Behaviour], BadServer]) -> None:
+    """``https://user:password@host/...`` is refused with a clear ValueError that does not
+    repeat the password (credentials go in ``token`` or ``headers``)."""
+    from asyncstream.dataset._resolve import resolve_shards
+
+    server = bad_server(lambda request: reply(200, {"Content-Length": str(SIZE)}))
+    url = f"http://user:PASSSECRET@127.0.0.1:{server.port}/shard.tar"
+    with pytest.raises(ValueError, match="user:password@") as caught:
+        resolve_shards(url)
+    assert "PASSSECRET" not in str(caught.value)
+    assert server.log == []
