@@ -368,3 +368,63 @@ def test_userinfo_in_a_web_url_is_refused(bad_server: Callable[[Behaviour], BadS
         resolve_shards(url)
     assert "PASSSECRET" not in str(caught.value)
     assert server.log == []
+
+
+# -- item 6: open-time requests are bounded ----------------------------------------------------
+
+HUGE = (64 << 20) + (4 << 20)  # over the default cap on a body read at open
+
+
+def _huge(chunked: bool) -> Behaviour:
+    def answer(request: Request) -> Answer:
+        piece = b"[" * (1 << 20)
+        if chunked:
+            head = b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n"
+            frame = b"%x\r\n%b\r\n" % (len(piece), piece)
+            frames = [(0.0, frame)] * (2 * HUGE >> 20)  # far more than the socket buffers
+            return Answer([(0.0, head), *frames, (0.0, b"0\r\n\r\n")])
+        head = f"HTTP/1.1 200 OK\r\nContent-Length: {HUGE}\r\n\r\n".encode()
+        return Answer([(0.0, head), *[(0.0, piece)] * (HUGE >> 20)])
+
+    return answer
+
+
+@pytest.mark.parametrize("chunked", [False, True], ids=["declared", "chunked"])
+def test_huge_index_body_is_refused(
+    chunked: bool, bad_server: Callable[[Behaviour], BadServer]
+) -> None:
+    """An index file of 68 MiB (said so), or of 136 MiB in chunks with no length, is
+    refused with an error naming the URL and the cap; it is not read whole first."""
+    server = bad_server(_huge(chunked))
+    url = f"{server.url}/ds/asyncstream.json"
+    with pytest.raises(PermanentFetchError, match="max_open_bytes") as caught:
+        _web_store().read(url)
+    assert url in str(caught.value)
+    assert not server.finished.wait(0.5)  # the body was not read to its end
+
+
+def _trickle(request: Request) -> Answer:
+    """Headers one byte every 0.2 s: 60 bytes, 12 s in all; each read gets a byte."""
+    head = f"HTTP/1.1 200 OK\r\nContent-Length: {SIZE}\r\nX-Pad: {'a' * 16}\r\n\r\n".encode()
+    return Answer([(0.2, head[i : i + 1]) for i in range(len(head))])
+
+
+@pytest.mark.parametrize("what", ["head", "index"])
+def test_trickling_server_cannot_hold_an_open(
+    what: str, bad_server: Callable[[Behaviour], BadServer]
+) -> None:
+    """A server that trickles its headers a byte at a time fails the open at the
+    deadline (2 s here) with a transient error, long before its trickle ends; a
+    per-read timeout alone never fires."""
+    from asyncstream import TransientFetchError
+    from asyncstream.stores._web import WebSettings
+    from asyncstream.stores._webstore import HttpStore
+
+    server = bad_server(_trickle)
+    store = HttpStore(WebSettings.of("http", {"open_deadline": 2}))
+    url = f"{server.url}/shard.tar"
+    with pytest.raises(TransientFetchError, match="open_deadline") as caught:
+        store.head(url) if what == "head" else store.read(url)
+    assert url in str(caught.value)
+    assert not server.finished.is_set()  # the trickle was cut short
+    assert len(server.log) == 1  # and not retried

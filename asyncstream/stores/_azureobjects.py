@@ -19,6 +19,7 @@ from typing import Any, TypeVar
 from .._exceptions import AccessDeniedError, FetchError, NotFoundError
 from ..shards._urls import Shard
 from ._azure import AzureConfig, BlobPath, azure_error, parse_blob_url
+from ._limits import MAX_OPEN_BYTES, too_large
 from ._retry import RetryPolicy, retrying_sync
 
 __all__ = ["AzureObjects", "quoted"]
@@ -117,7 +118,10 @@ class AzureObjects:
 
     def read(self, url: str) -> bytes | None:
         def get() -> bytes:
-            data: bytes = self.blob(url).download_blob(max_concurrency=1).readall()
+            download = self.blob(url).download_blob(max_concurrency=1)
+            if download.size > MAX_OPEN_BYTES:  # the blob's size, before its body is read
+                raise too_large(url, MAX_OPEN_BYTES, download.size)
+            data: bytes = download.readall()
             return data
 
         try:

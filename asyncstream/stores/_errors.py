@@ -12,6 +12,8 @@ Retried (transient): ``slowdown`` (503 SlowDown, 429 and other throttling),
 ``truncated`` (fewer bytes than the range), ``stall`` (no byte for ``Timeouts.stall``
 seconds), ``first_byte`` (no response headers within ``Timeouts.first_byte``),
 ``chunk_timeout`` and ``length`` (a response of another length than asked for).
+``open_deadline`` (a request at open that outlasted its whole deadline, retries
+included: :mod:`._limits`) is a :class:`TransientFetchError` raised at once.
 An :class:`HTTPErrorResponse` (any web server's error answer) is judged by its status as
 S3's are; its ``Retry-After`` lengthens the wait before the retry (:mod:`._retry`).
 
@@ -263,6 +265,8 @@ def verdict(exc: BaseException, url: str) -> Verdict:
             return _changed(url, str(exc))
         if exc.cause == "no_ranges":
             return _no_ranges(url, str(exc))
+        if exc.cause == "open_deadline":  # the time of a whole call is used up: no retry
+            return Verdict(exc.cause, TransientFetchError(f"{url}: {exc}", url=url), False)
         if exc.cause == "range":
             message = f"{url}: the server answered other bytes than the range asked for ({exc})"
             return Verdict("range", PermanentFetchError(message, url=url), False)

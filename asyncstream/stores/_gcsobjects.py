@@ -17,6 +17,7 @@ replaced): :meth:`GCSObjects.list` and :meth:`GCSObjects.head` give it as the sh
 
 from __future__ import annotations
 
+import contextlib
 import threading
 from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
@@ -27,6 +28,7 @@ import requests
 from .._exceptions import NotFoundError, PermanentFetchError
 from ..shards._urls import Shard
 from ._gcs import GCSSettings, GoogleAuth, gcs_error, object_path, parse_gs_url
+from ._limits import MAX_OPEN_BYTES, too_large
 from ._retry import RetryPolicy, retrying_sync
 
 __all__ = ["GCSObjects"]
@@ -174,11 +176,18 @@ class GCSObjects:
         """
         bucket, name = parse_gs_url(url)
         path = f"download/storage/v1/{object_path(bucket, name)}"
-        answer = self._request("GET", url, path, params={"alt": "media"}, ok=(404,))
-        if answer.status_code == 404:
-            self.check_bucket(url)
-            return None
-        return answer.content
+        answer = self._request("GET", url, path, params={"alt": "media"}, ok=(404,), stream=True)
+        with contextlib.closing(answer):
+            if answer.status_code == 404:
+                self.check_bucket(url)
+                return None
+            declared = answer.headers.get("content-length", "")
+            if declared.isdigit() and int(declared) > MAX_OPEN_BYTES:
+                raise too_large(url, MAX_OPEN_BYTES, int(declared))
+            data: bytes = answer.raw.read(MAX_OPEN_BYTES + 1, decode_content=True)
+            if len(data) > MAX_OPEN_BYTES:
+                raise too_large(url, MAX_OPEN_BYTES)
+            return data
 
     def write(self, url: str, data: bytes | Any) -> str:
         """Write a whole object in one request (``data``: bytes or a file opened for

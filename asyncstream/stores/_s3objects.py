@@ -29,6 +29,7 @@ from .._exceptions import FetchError, NotFoundError
 from ..shards._urls import Shard
 from ._errors import verdict
 from ._http import ConnectionPool
+from ._limits import MAX_OPEN_BYTES, too_large
 from ._origin import Origin
 from ._retry import RetryPolicy, Timeouts, retrying_sync
 from ._s3 import S3Options, fetch_error_from, parse_s3_url, ssl_context, sync_client
@@ -114,9 +115,14 @@ class S3Objects:
         bucket, key = parse_s3_url(url)
 
         def get() -> bytes:
-            body = self.client.get_object(Bucket=bucket, Key=key)["Body"]
-            with contextlib.closing(body):
-                data: bytes = body.read()
+            answer = self.client.get_object(Bucket=bucket, Key=key)
+            with contextlib.closing(answer["Body"]) as body:
+                declared = answer.get("ContentLength")
+                if isinstance(declared, int) and declared > MAX_OPEN_BYTES:
+                    raise too_large(url, MAX_OPEN_BYTES, declared)
+                data: bytes = body.read(MAX_OPEN_BYTES + 1)  # never more held
+                if len(data) > MAX_OPEN_BYTES:
+                    raise too_large(url, MAX_OPEN_BYTES)
             return data
 
         try:

@@ -15,6 +15,10 @@ Settings (``configure_store("https", ...)``, and the same for ``"http"``):
   system's, or ``SSL_CERT_FILE``); ``verify=False`` turns verification off (test
   servers only).
 * ``max_redirects``: the most redirects one request follows (default 10).
+* ``max_open_bytes``: the largest body read whole at open (an index file, a manifest;
+  default 64 MiB): a larger one is refused, never read (:mod:`._limits`).
+* ``open_deadline``: seconds one request at open (a ``HEAD``, an index ``GET``) may
+  take, from connect to last byte, its redirects and retries included (default 60).
 
 An object's version tag (:attr:`Shard.etag <asyncstream.Shard.etag>`) is its ``ETag``
 or, from a server that sends none, ``last-modified:`` and its ``Last-Modified`` date.
@@ -41,6 +45,7 @@ from .._exceptions import (
     redact_url,
 )
 from ._errors import HTTPErrorResponse
+from ._limits import MAX_OPEN_BYTES, OPEN_DEADLINE
 from ._origin import Origin
 
 __all__ = [
@@ -64,7 +69,15 @@ _CROSS_ORIGIN = frozenset(
     {"user-agent", "accept-encoding", "range", "if-match", "if-unmodified-since"}
 )
 _HUB_HOSTS = ("huggingface.co", "hf.co")
-_KNOWN = {"token", "headers", "ca_bundle", "verify", "max_redirects"}
+_KNOWN = {
+    "token",
+    "headers",
+    "ca_bundle",
+    "verify",
+    "max_redirects",
+    "max_open_bytes",
+    "open_deadline",
+}
 
 
 def _hub_token() -> str | None:
@@ -97,6 +110,8 @@ class WebSettings:
     verify: bool = True
     max_redirects: int = 10
     hub_token: str | None = field(default=None, repr=False)
+    max_open_bytes: int = MAX_OPEN_BYTES
+    open_deadline: float = OPEN_DEADLINE
 
     @classmethod
     def of(cls, scheme: str, given: Mapping[str, Any]) -> WebSettings:
@@ -121,8 +136,16 @@ class WebSettings:
         redirects = given.get("max_redirects", 10)
         if isinstance(redirects, bool) or not isinstance(redirects, int) or redirects < 0:
             raise ValueError(f"configure_store({scheme!r}): max_redirects must be an int >= 0")
+        cap = given.get("max_open_bytes", MAX_OPEN_BYTES)
+        if isinstance(cap, bool) or not isinstance(cap, int) or cap < 1:
+            raise ValueError(f"configure_store({scheme!r}): max_open_bytes must be an int >= 1")
+        deadline = given.get("open_deadline", OPEN_DEADLINE)
+        if isinstance(deadline, bool) or not isinstance(deadline, int | float) or deadline <= 0:
+            raise ValueError(f"configure_store({scheme!r}): open_deadline must be seconds > 0")
         return cls(
             scheme=scheme,
+            max_open_bytes=cap,
+            open_deadline=float(deadline),
             token=str(token) if token else None,
             headers=dict(headers),
             ca_bundle=given.get("ca_bundle"),
