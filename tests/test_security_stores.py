@@ -75,6 +75,7 @@ class BadServer:
         self.behaviour = behaviour
         self.log: list[Request] = []
         self.finished = threading.Event()  # an answer was sent to its end
+        self.cut = threading.Event()  # the reader closed a connection mid-answer
         outer = self
 
         class Handler(socketserver.BaseRequestHandler):
@@ -102,6 +103,7 @@ class BadServer:
                                 time.sleep(delay)
                             sock.sendall(chunk)
                     except OSError:
+                        outer.cut.set()
                         return  # the reader gave up: the answer did not finish
                     outer.finished.set()
 
@@ -427,4 +429,78 @@ def test_trickling_server_cannot_hold_an_open(
         store.head(url) if what == "head" else store.read(url)
     assert url in str(caught.value)
     assert not server.finished.is_set()  # the trickle was cut short
+    assert len(server.log) == 1  # and not retried
+
+
+def _trickle_body(request: Request) -> Answer:
+    """Headers at once, then a body of 60 bytes one byte every 0.2 s (12 s in all); a
+    ``206`` where a range was asked (Azure's SDK asks for the first 32 MiB)."""
+    ranged = "range" in request.headers or "x-ms-range" in request.headers
+    status = "206 Partial Content" if ranged else "200 OK"
+    fields = 'Content-Length: 60\r\nContent-Type: application/json\r\nETag: "v1"\r\n'
+    if ranged:
+        fields += "Content-Range: bytes 0-59/60\r\n"
+    head = f"HTTP/1.1 {status}\r\n{fields}\r\n".encode()
+    return Answer([(0.0, head), *[(0.2, b" ") for _ in range(60)]])
+
+
+def _bounded_store(kind: str, server: BadServer, deadline: float) -> tuple[Any, str]:
+    """The open-time half of a store of ``kind`` on ``server``, its deadline ``deadline``."""
+    if kind == "s3":
+        from asyncstream.stores._s3 import S3Credentials, S3Options
+        from asyncstream.stores._s3store import S3Store
+
+        options = S3Options(
+            endpoint_url=server.url,
+            region_name="us-east-1",
+            addressing_style="path",
+            credentials=S3Credentials("AKIDEXAMPLE", "secret"),
+            open_deadline=deadline,
+        )
+        return S3Store(options), "s3://bucket/ds/asyncstream.json"
+    if kind == "gs":
+        from asyncstream.stores._gcs import GCSSettings
+        from asyncstream.stores._gcsstore import GCSStore
+
+        given = {"endpoint": server.url, "anonymous": True, "open_deadline": deadline}
+        return GCSStore(GCSSettings.of(given, {})), "gs://bucket/ds/asyncstream.json"
+    from asyncstream.stores._azure import AzureConfig
+    from asyncstream.stores._azurestore import AzureStore
+
+    settings = {
+        "account": "acct",
+        "sas_token": SAS,
+        "endpoint": f"{server.url}/acct",
+        "open_deadline": deadline,
+    }
+    return AzureStore(AzureConfig.resolve(settings, {})), "az://data/ds/asyncstream.json"
+
+
+@pytest.mark.parametrize("kind", ["s3", "gs", "az"])
+@pytest.mark.parametrize(
+    ("what", "trickle"),
+    [("head", _trickle), ("index", _trickle), ("index", _trickle_body)],
+    ids=["head", "index", "index-body"],
+)
+def test_trickling_server_cannot_hold_an_object_store_open(
+    kind: str, what: str, trickle: Behaviour, bad_server: Callable[[Behaviour], BadServer]
+) -> None:
+    """S3, GCS and Azure: a server that trickles its headers, or an index's body, a byte
+    at a time fails the open at ``open_deadline`` (1 s here) with a transient error naming
+    the URL and the deadline, long before its trickle ends, not retried; the reader
+    closes the connection (the server sees it cut)."""
+    from asyncstream import TransientFetchError
+
+    _needs(kind)
+    server = bad_server(trickle)
+    store, url = _bounded_store(kind, server, 1.0)
+    try:
+        with pytest.raises(TransientFetchError, match="open_deadline") as caught:
+            store.head(url) if what == "head" else store.read(url)
+    finally:
+        store.close()
+    assert url in str(caught.value)
+    assert "1 s" in str(caught.value)
+    assert server.cut.wait(5.0)  # the connection was closed: the trickle was cut short
+    assert not server.finished.is_set()
     assert len(server.log) == 1  # and not retried

@@ -149,6 +149,7 @@ class S3Store(ObjectStore):
         if self._uploads is not None:
             self._uploads.shutdown(wait=True)
             self._uploads = None
+        self._objects.close()
 
     # -- in the fetch engine ------------------------------------------------------------------
 
