@@ -10,6 +10,8 @@ request it got (the headers included) so that a test sees what the reader sent.
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import dataclasses
 import logging
 import socket
 import socketserver
@@ -504,3 +506,57 @@ def test_trickling_server_cannot_hold_an_object_store_open(
     assert server.cut.wait(5.0)  # the connection was closed: the trickle was cut short
     assert not server.finished.is_set()
     assert len(server.log) == 1  # and not retried
+
+
+def _real_store(kind: str, request: pytest.FixtureRequest, deadline: float) -> tuple[Any, str]:
+    """The store of ``kind`` on its emulator (moto, the GCS emulator, Azurite), its
+    ``open_deadline`` ``deadline``, and a prefix of a bucket (container) of its own."""
+    if kind == "s3":
+        from asyncstream.stores._s3store import S3Store
+
+        server = request.getfixturevalue("s3_server")
+        options = dataclasses.replace(server.options(), open_deadline=deadline)
+        store = S3Store(options)
+        store.objects.client.create_bucket(Bucket="deadline")
+        return store, "s3://deadline/ds/"
+    if kind == "gs":
+        from asyncstream.stores._gcs import GCSSettings
+        from asyncstream.stores._gcsstore import GCSStore
+
+        emulator = request.getfixturevalue("gcs_emulator")
+        emulator.create_bucket("deadline")
+        given = {**emulator.settings(), "open_deadline": deadline}
+        return GCSStore(GCSSettings.of(given, {})), "gs://deadline/ds/"
+    from asyncstream.stores._azure import AzureConfig
+    from asyncstream.stores._azurestore import AzureStore
+
+    azurite = request.getfixturevalue("azurite")
+    config = AzureConfig.resolve({**azurite.settings(), "open_deadline": deadline}, {})
+    store = AzureStore(config)
+    with contextlib.suppress(Exception):  # made by an earlier run of this test
+        store.objects.container("az://deadline/").create_container()
+    return store, "az://deadline/ds/"
+
+
+@pytest.mark.parametrize("kind", ["s3", "gs", "az"])
+def test_opens_on_real_servers_within_a_deadline(kind: str, request: pytest.FixtureRequest) -> None:
+    """Listing (page by page), HEAD, an index read and a missing index, on the emulators,
+    all under the deadline's watched connections, answer as before; uploads (not bounded)
+    too."""
+    _needs(kind)
+    store, prefix = _real_store(kind, request, 30.0)
+    try:
+        for i in range(3):
+            store.write(f"{prefix}shard-{i}.tar", BODY[: 1000 + i])
+        store.write(f"{prefix}asyncstream.json", b'{"shards": []}')
+        listed = store.list(prefix)
+        assert [s.url for s in listed] == [
+            f"{prefix}asyncstream.json",
+            *(f"{prefix}shard-{i}.tar" for i in range(3)),
+        ]
+        assert [s.size for s in listed[1:]] == [1000, 1001, 1002]
+        assert store.head(f"{prefix}shard-2.tar").size == 1002
+        assert store.read(f"{prefix}asyncstream.json") == b'{"shards": []}'
+        assert store.read(f"{prefix}missing.json") is None
+    finally:
+        store.close()

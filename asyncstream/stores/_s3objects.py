@@ -49,6 +49,7 @@ from ._s3 import S3Options, fetch_error_from, parse_s3_url, ssl_context, sync_cl
 __all__ = ["S3Objects"]
 
 T = TypeVar("T")
+_PAGE = 1000  # keys per listing page (S3's most)
 
 
 class S3Objects:
@@ -97,7 +98,9 @@ class S3Objects:
 
             def page(token: str = token) -> Any:
                 more = {"ContinuationToken": token} if token else {}
-                return self.client.list_objects_v2(Bucket=bucket, Prefix=prefix, **more)
+                return self.client.list_objects_v2(
+                    Bucket=bucket, Prefix=prefix, MaxKeys=_PAGE, **more
+                )
 
             listed = self.call(url, page, bounded=True)
             for obj in listed.get("Contents", []):
