@@ -36,10 +36,18 @@ differs, a count that cannot fit the shard) is a :class:`DataError` naming both.
 
 Third-party errors (botocore, aiohttp, OSError) are mapped once, at the edge, and chained
 with ``raise ... from exc`` so the original traceback is kept.
+
+Secrets never reach a message: every error and warning above, and every record of the
+``asyncstream`` logger, has the URLs in its text redacted (:func:`redact`): the values of
+query parameters that sign or authorise a request (presigned S3 and GCS URLs, Azure SAS
+tokens, ``token=``, ``key=``) and the password of a ``user:password@`` become ``***``.
+The ``url`` attribute of an error keeps the URL as the user gave it.
 """
 
 from __future__ import annotations
 
+import logging
+import re
 from typing import Any
 
 __all__ = [
@@ -60,11 +68,67 @@ __all__ = [
     "TruncatedShardWarning",
     "UnreadIndexWarning",
     "UnreadShardWarning",
+    "redact",
+    "redact_url",
 ]
+
+# Query parameters whose values sign or authorise a request: presigned S3 (SigV4 and the
+# older SigV2), presigned GCS (V4, and V2's Signature/GoogleAccessId), Azure SAS fields
+# (``sig`` is the secret; the others say what it grants and are masked as well), and
+# the generic names a web server's signed links use.
+_SECRET_PARAMS = (
+    "x-amz-signature|x-amz-credential|x-amz-security-token|awsaccesskeyid|signature"
+    "|x-goog-signature|x-goog-credential|googleaccessid"
+    "|sig|se|sp|sv|sr|st|spr|srt|ss|skoid|sktid|skt|ske|sks|skv|sdd|sip"
+    "|token|access_token|api_key|apikey|key|password|secret|auth|code"
+)
+_SECRET_QUERY = re.compile(rf"(?i)(?<=[?&;])({_SECRET_PARAMS})=[^&#\s'\"<>]*")
+_USERINFO = re.compile(r"(?<=://)([^/@\s'\":]*):[^/@\s'\"]*@")
+_MASK = "***"
+
+
+def redact(text: str) -> str:
+    """``text`` with the secrets of the URLs in it masked: the values of query parameters
+    that sign or authorise a request (``X-Amz-Signature``, ``X-Amz-Credential``,
+    ``X-Amz-Security-Token``, ``X-Goog-Signature``, an Azure SAS's ``sig``, ``se``,
+    ``sp``, ``sv``..., ``token``, ``key``, ...) and the password of ``user:password@``.
+    The one redaction of every message, warning and log line asyncstream writes.
+
+    >>> redact("s3 failed: https://b.s3.amazonaws.com/k?X-Amz-Signature=abc&versionId=1")
+    's3 failed: https://b.s3.amazonaws.com/k?X-Amz-Signature=***&versionId=1'
+    """
+    if "=" in text:
+        text = _SECRET_QUERY.sub(lambda m: f"{m.group(1)}={_MASK}", text)
+    if "@" in text:
+        text = _USERINFO.sub(lambda m: f"{m.group(1)}:{_MASK}@", text)
+    return text
+
+
+def redact_url(url: str) -> str:
+    """One URL with its secrets masked (:func:`redact`): what may be shown of it."""
+    return redact(url)
+
+
+class _RedactedLog(logging.Filter):
+    """Redacts the URLs of every record logged on the ``asyncstream`` logger."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        message = record.getMessage()
+        cleaned = redact(message)
+        if cleaned != message:
+            record.msg, record.args = cleaned, None
+        return True
+
+
+logging.getLogger("asyncstream").addFilter(_RedactedLog())
 
 
 class AsyncStreamError(Exception):
-    """Base class of every error asyncstream raises on purpose."""
+    """Base class of every error asyncstream raises on purpose (its message redacted:
+    :func:`redact`)."""
+
+    def __init__(self, *args: object) -> None:
+        super().__init__(*(redact(a) if isinstance(a, str) else a for a in args))
 
 
 class ShardURLError(AsyncStreamError, ValueError):
@@ -136,7 +200,14 @@ class StateError(AsyncStreamError, ValueError):
     """A ``state_dict`` that does not belong to this stream or is corrupted."""
 
 
-class StaleShardWarning(UserWarning):
+class _RedactedWarning(UserWarning):
+    """A warning whose message is redacted (:func:`redact`)."""
+
+    def __init__(self, *args: object) -> None:
+        super().__init__(*(redact(a) if isinstance(a, str) else a for a in args))
+
+
+class StaleShardWarning(_RedactedWarning):
     """A shard under a prefix that the index beside it does not list.
 
     The index (``asyncstream.json`` or another tool's) is the truth about which shards
@@ -147,7 +218,7 @@ class StaleShardWarning(UserWarning):
     """
 
 
-class TruncatedShardWarning(UserWarning):
+class TruncatedShardWarning(_RedactedWarning):
     """A shard ends without its end-of-archive marker: it was cut short.
 
     Every tar writer ends an archive with two zero blocks; a shard without them lost its
@@ -158,7 +229,7 @@ class TruncatedShardWarning(UserWarning):
     """
 
 
-class UnreadShardWarning(UserWarning):
+class UnreadShardWarning(_RedactedWarning):
     """A prefix or folder holds tar archives in a format asyncstream does not read.
 
     Shards are recognised by name: ``.tar``, and compressed ``.tar.gz`` / ``.tgz``,
@@ -168,7 +239,7 @@ class UnreadShardWarning(UserWarning):
     """
 
 
-class UnreadIndexWarning(UserWarning):
+class UnreadIndexWarning(_RedactedWarning):
     """A manifest (``asyncstream.json``) beside the shards exists but its server refuses
     to serve it (``403``).
 
@@ -182,7 +253,7 @@ class UnreadIndexWarning(UserWarning):
     """
 
 
-class SkippedImageWarning(UserWarning):
+class SkippedImageWarning(_RedactedWarning):
     """``pack`` left out source images that do not decode (``on_error="skip"``).
 
     The message names each file (relative to the source folder) and why it was left out;

@@ -21,6 +21,9 @@ Credentials, first found wins (:meth:`AzureConfig.resolve`): the settings of
 ``AZURE_STORAGE_ACCOUNT`` / ``AZURE_STORAGE_KEY``, ``AZURE_STORAGE_SAS_TOKEN`` (and
 ``AZURE_STORAGE_BLOB_ENDPOINT``); with neither a key nor a SAS token, azure-identity's
 ``DefaultAzureCredential`` (environment, workload or managed identity, Azure CLI).
+``open_deadline`` (seconds, default 60) bounds each request at open, its retries
+included (:mod:`._deadline`); it is not a credential, and may be given with the
+environment's credentials.
 """
 
 from __future__ import annotations
@@ -33,6 +36,7 @@ from urllib.parse import quote, urlsplit
 
 from .._exceptions import ShardURLError
 from ._errors import S3ErrorResponse
+from ._limits import OPEN_DEADLINE
 
 __all__ = [
     "DEV_ACCOUNT",
@@ -51,7 +55,9 @@ _DEV_ENDPOINT = f"http://127.0.0.1:10000/{DEV_ACCOUNT}"
 
 _CONTAINER = re.compile(r"^(?:[a-z0-9](?:[a-z0-9]|-(?=[a-z0-9])){2,62}|\$root|\$web|\$logs)$")
 _ABFS_HOST = re.compile(r"^(?P<account>[a-z0-9]{3,24})\.(?:dfs|blob)\.(?P<suffix>.+)$")
-_SETTINGS = frozenset({"connection_string", "account", "key", "sas_token", "endpoint"})
+_SETTINGS = frozenset(
+    {"connection_string", "account", "key", "sas_token", "endpoint", "open_deadline"}
+)
 _ENV = {
     "connection_string": "AZURE_STORAGE_CONNECTION_STRING",
     "account": "AZURE_STORAGE_ACCOUNT",
@@ -143,6 +149,7 @@ class AzureConfig:
         key: the account key (signs requests; the engine reads with a SAS made from it).
         sas_token: a shared access signature (query string, without ``?``).
         source: where the credentials came from, for messages (never the secret).
+        open_deadline: seconds one request at open may take, its retries included.
     """
 
     account: str | None = None
@@ -150,6 +157,7 @@ class AzureConfig:
     key: str | None = None
     sas_token: str | None = None
     source: str = "DefaultAzureCredential"
+    open_deadline: float = OPEN_DEADLINE
 
     def __repr__(self) -> str:  # no secret in a repr
         return (
@@ -175,13 +183,16 @@ class AzureConfig:
                 f"unknown Azure store settings {sorted(unknown)}; expected some of "
                 f"{sorted(_SETTINGS)}"
             )
-        given = {k: str(v) for k, v in settings.items() if v}
+        deadline = settings.get("open_deadline", OPEN_DEADLINE)
+        if isinstance(deadline, bool) or not isinstance(deadline, int | float) or deadline <= 0:
+            raise ValueError("configure_store('az'): open_deadline must be seconds > 0")
+        given = {k: str(v) for k, v in settings.items() if v and k != "open_deadline"}
         source = "configure_store('az')"
         if not given:
             given = {k: environ[v] for k, v in _ENV.items() if environ.get(v)}
             source = "environment (" + ", ".join(_ENV[k] for k in sorted(given)) + ")"
         if not given:
-            return cls()
+            return cls(open_deadline=float(deadline))
         fields: dict[str, str] = {}
         if "connection_string" in given:
             fields = _parse_connection_string(given["connection_string"])
@@ -206,6 +217,7 @@ class AzureConfig:
             key=key or None,
             sas_token=sas.lstrip("?") if sas else None,
             source=source,
+            open_deadline=float(deadline),
         )
 
     def account_of(self, path: BlobPath, url: str) -> str:

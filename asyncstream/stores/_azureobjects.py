@@ -6,6 +6,11 @@ The SDK's own retries are off (``retry_total=0``): :func:`~._retry.retrying_sync
 under the one table of :mod:`._errors`, as for S3, so a 403 or a 404 is raised at once and
 throttling (429, 503 ServerBusy) and 5xx are retried with backoff. SDK errors are read at
 this edge (:func:`~._azure.azure_error`), named by the ``az://`` URL and the account.
+
+Every request at open (properties, a listing page, a small blob's ``GET`` and its body),
+its retries included, ends within the setting ``open_deadline`` (:mod:`._deadline`): the
+SDK sends on azure-core's ``RequestsTransport`` over a session whose connections the
+deadline shuts. Uploads are not bounded.
 """
 
 from __future__ import annotations
@@ -19,6 +24,8 @@ from typing import Any, TypeVar
 from .._exceptions import AccessDeniedError, FetchError, NotFoundError
 from ..shards._urls import Shard
 from ._azure import AzureConfig, BlobPath, azure_error, parse_blob_url
+from ._deadline import attempt_under, bounded, deadline_session
+from ._limits import MAX_OPEN_BYTES, too_large
 from ._retry import RetryPolicy, retrying_sync
 
 __all__ = ["AzureObjects", "quoted"]
@@ -56,10 +63,15 @@ class AzureObjects:
         with self._lock:
             client = self._clients.get(endpoint)
             if client is None:
+                from azure.core.pipeline.transport import RequestsTransport
                 from azure.storage.blob import BlobServiceClient
 
+                transport = RequestsTransport(session=deadline_session(), session_owner=True)
                 client = BlobServiceClient(
-                    endpoint, credential=self._sdk_credential(path, url), retry_total=0
+                    endpoint,
+                    credential=self._sdk_credential(path, url),
+                    retry_total=0,
+                    transport=transport,
                 )
                 self._clients[endpoint] = client
         return client
@@ -90,21 +102,30 @@ class AzureObjects:
         path = parse_blob_url(url)
         base = url[: len(url) - len(path.key)]  # az://container/ or abfs://c@host/
 
-        def listing() -> list[Shard]:
-            blobs = self.container(url).list_blobs(
-                name_starts_with=path.key or None, results_per_page=_PAGE
-            )
-            return [Shard(base + b.name, int(b.size), quoted(b.etag)) for b in blobs]
+        shards: list[Shard] = []
+        token: str | None = None
+        while True:  # a page per request, each under its own deadline and retries
 
-        try:
-            shards = self.call(url, listing)
-        except NotFoundError:
-            raise NotFoundError(self._no_container(url, path), url=url) from None
+            def page(token: str | None = token) -> tuple[list[Shard], str | None]:
+                blobs = self.container(url).list_blobs(
+                    name_starts_with=path.key or None, results_per_page=_PAGE
+                )
+                pages = blobs.by_page(continuation_token=token)
+                found = [Shard(base + b.name, int(b.size), quoted(b.etag)) for b in next(pages)]
+                return found, pages.continuation_token
+
+            try:
+                found, token = self.call(url, page, at_open=True)
+            except NotFoundError:
+                raise NotFoundError(self._no_container(url, path), url=url) from None
+            shards.extend(found)
+            if not token:
+                break
         return sorted(shards, key=lambda s: s.url)
 
     def head(self, url: str) -> Shard:
         try:
-            props = self.call(url, lambda: self.blob(url).get_blob_properties())
+            props = self.call(url, lambda: self.blob(url).get_blob_properties(), at_open=True)
         except NotFoundError:
             self.check_container(url)
             path = parse_blob_url(url)
@@ -117,11 +138,14 @@ class AzureObjects:
 
     def read(self, url: str) -> bytes | None:
         def get() -> bytes:
-            data: bytes = self.blob(url).download_blob(max_concurrency=1).readall()
+            download = self.blob(url).download_blob(max_concurrency=1)
+            if download.size > MAX_OPEN_BYTES:  # the blob's size, before its body is read
+                raise too_large(url, MAX_OPEN_BYTES, download.size)
+            data: bytes = download.readall()
             return data
 
         try:
-            return self.call(url, get)
+            return self.call(url, get, at_open=True)
         except NotFoundError as exc:
             if "ContainerNotFound" in str(exc):
                 raise NotFoundError(self._no_container(url), url=url) from None
@@ -152,7 +176,7 @@ class AzureObjects:
     def check_container(self, url: str) -> None:
         """Raise ``NotFoundError`` unless ``url``'s container exists (and is allowed)."""
         try:
-            self.call(url, self.container(url).get_container_properties)
+            self.call(url, self.container(url).get_container_properties, at_open=True)
         except NotFoundError:
             raise NotFoundError(self._no_container(url), url=url) from None
 
@@ -178,9 +202,10 @@ class AzureObjects:
             f"{self._account(url)!r} ({self.config.endpoint_of(path, url)})"
         )
 
-    def call(self, url: str, call: Callable[[], T]) -> T:
+    def call(self, url: str, call: Callable[[], T], *, at_open: bool = False) -> T:
         """``call`` (a request about ``url`` on the SDK's client), its errors read as the
-        one table reads them, retried under it."""
+        one table reads them, retried under it; ``at_open``: all within ``open_deadline``
+        seconds (:mod:`._deadline`)."""
         account = self._account(url)
 
         def attempt() -> T:
@@ -194,7 +219,12 @@ class AzureObjects:
                     raise
                 raise mapped from exc
 
-        return retrying_sync(attempt, url=url, policy=self._policy)
+        if not at_open:
+            return retrying_sync(attempt, url=url, policy=self._policy)
+        seconds = self.config.open_deadline
+        with bounded(seconds, f"configure_store('az', open_deadline={seconds:g})") as deadline:
+            once = attempt_under(deadline, attempt)
+            return retrying_sync(once, url=url, policy=self._policy, until=deadline.until)
 
 
 def default_credential(url: str, endpoint: str) -> Any:

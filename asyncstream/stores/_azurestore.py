@@ -17,7 +17,9 @@ figures in the Stores guide and ``bench/RESULTS.md``):
 
 Checks, as on S3: every read carries ``If-Match`` with the listed ETag (Azure answers 412
 ConditionNotMet for a replaced blob), and the answer's ETag and ``Content-Range`` total are
-compared with the listing too: a replaced blob is a *permanent* ``changed`` failure.
+compared with the listing too: a replaced blob is a *permanent* ``changed`` failure, a
+``Content-Range`` naming other bytes than those asked a permanent ``range`` one
+(:func:`._errors.check_range`).
 Errors are Azure's ``x-ms-error-code`` and status, read by the one table of
 :mod:`._errors`: 429 and 503 (ServerBusy) retried as throttling, 404 (BlobNotFound,
 ContainerNotFound) and 403 (AuthenticationFailed, AuthorizationFailure) raised at once.
@@ -38,7 +40,7 @@ from typing import Any
 
 from ._azure import AzureConfig, BlobPath, azure_error, error_answer, parse_blob_url
 from ._azureobjects import AzureObjects, default_credential
-from ._errors import ChunkFailure
+from ._errors import ChunkFailure, check_range
 from ._httpconn import Reply, Scatter
 from ._httpstore import ObjectStore
 from ._origin import Origin
@@ -143,7 +145,7 @@ class AzureStore(ObjectStore):
         url, headers, account = await self._request(request, view.total)
 
         def accept(reply: Reply) -> None:  # before any byte lands in a slot
-            self._check(request, reply)
+            self._check(request, reply, view.total)
 
         pool = self._pool(Origin.of(url))
         reply, headers_at = await pool.get(url, headers, view, self.timeouts, accept)
@@ -214,13 +216,11 @@ class AzureStore(ObjectStore):
             self._token = (str(token.token), float(token.expires_on))
         return self._token[0]
 
-    def _check(self, request: ChunkRequest, reply: Reply) -> None:
-        """The answer is for the listed blob version (else: permanent ``changed``)."""
+    def _check(self, request: ChunkRequest, reply: Reply, length: int) -> None:
+        """The answer is for the listed blob version (else: permanent ``changed``) and
+        exactly the range asked (else: permanent ``range``: :func:`._errors.check_range`)."""
         etag = reply.fields.get("etag")
         if self.check_etag and request.etag and etag not in (None, request.etag):
             raise ChunkFailure("changed", f"its ETag is {etag}, it was {request.etag}")
         content_range = reply.fields.get("content-range")
-        if request.size is not None and content_range:
-            total = content_range.rpartition("/")[2]
-            if total.isdigit() and int(total) != request.size:
-                raise ChunkFailure("changed", f"its size is {total}, it was {request.size}")
+        check_range(reply.status, content_range, request.offset, length, request.size)

@@ -12,13 +12,17 @@ Retried (transient): ``slowdown`` (503 SlowDown, 429 and other throttling),
 ``truncated`` (fewer bytes than the range), ``stall`` (no byte for ``Timeouts.stall``
 seconds), ``first_byte`` (no response headers within ``Timeouts.first_byte``),
 ``chunk_timeout`` and ``length`` (a response of another length than asked for).
+``open_deadline`` (a request at open that outlasted its whole deadline, retries
+included: :mod:`._limits`) is a :class:`TransientFetchError` raised at once.
 An :class:`HTTPErrorResponse` (any web server's error answer) is judged by its status as
 S3's are; its ``Retry-After`` lengthens the wait before the retry (:mod:`._retry`).
 
 Raised at once (permanent): 400 (other codes), 403 (also bad credentials and expired
 tokens; 401, a web server asking for credentials), 404 (NoSuchKey, NoSuchBucket),
 ``no_ranges`` (a server that answers a ranged GET with the whole object: it cannot be
-read by range, and a retry would only download it whole again), ``changed`` (412, or an
+read by range, and a retry would only download it whole again), ``range`` (a ``206``
+whose ``Content-Range`` is missing or names other bytes than those asked for:
+:func:`check_range`), ``changed`` (412, or an
 ETag or total size that differs from the listing: the object was replaced since it was
 listed, whether or not the server honours ``If-Match``), ``tls`` (a certificate that
 does not verify, TLS against a plain port or the reverse), ``clock``
@@ -29,6 +33,7 @@ failure (a bug must not be retried into a hang).
 from __future__ import annotations
 
 import asyncio
+import re
 import ssl
 import sys
 from dataclasses import dataclass
@@ -44,11 +49,19 @@ from .._exceptions import (
 )
 from ._origin import Origin, TLSMismatch, tls_failure
 
-__all__ = ["ChunkFailure", "HTTPErrorResponse", "S3ErrorResponse", "Verdict", "verdict"]
+__all__ = [
+    "ChunkFailure",
+    "HTTPErrorResponse",
+    "S3ErrorResponse",
+    "Verdict",
+    "check_range",
+    "verdict",
+]
 
 _THROTTLE = {"SlowDown", "Throttling", "ThrottlingException", "RequestLimitExceeded"}
 _SERVER = {"InternalError", "ServiceUnavailable", "BadGateway", "GatewayTimeout"}
 _NOT_FOUND = {"NoSuchKey", "NoSuchBucket", "NotFound", "404", "NoSuchUpload"}
+_CONTENT_RANGE = re.compile(r"^bytes\s+(\d+)-(\d+)/(\d+|\*)$")
 _DENIED = {
     "AccessDenied",
     "403",
@@ -65,8 +78,8 @@ class ChunkFailure(Exception):
     """A failure of one attempt that the fetch code itself detected (short body, stall...).
 
     Attributes:
-        cause: the cause name (see the module docstring); ``"changed"`` is permanent,
-            every other is retried.
+        cause: the cause name (see the module docstring); ``"changed"``, ``"no_ranges"``
+            and ``"range"`` are permanent, every other is retried.
     """
 
     def __init__(self, cause: str, message: str) -> None:
@@ -100,6 +113,44 @@ class HTTPErrorResponse(S3ErrorResponse):
     def __init__(self, status: int, detail: str, *, retry_after: float | None = None) -> None:
         super().__init__(status, "", detail)
         self.retry_after = retry_after
+
+
+def check_range(
+    status: int, content_range: str | None, offset: int, length: int, size: int | None
+) -> None:
+    """What every store's ranged GET checks before a byte of its body is used: the answer
+    is for exactly the bytes ``offset`` to ``offset + length - 1`` asked for, of an object
+    of ``size`` bytes (where known).
+
+    A ``206`` must carry ``Content-Range: bytes FIRST-LAST/TOTAL`` with exactly the start
+    and end asked for (a server, or something between, that answers other bytes of the
+    right length would otherwise hand them over as the range); a total other than
+    ``size`` means the object was replaced. A ``200`` is the whole object (a server that
+    ignores ``Range``): right only where the range asked for was the whole object.
+
+    Raises:
+        ChunkFailure: ``range`` (permanent) for a missing, malformed or other range;
+            ``changed`` for another total; ``no_ranges`` for a ``200`` to a part.
+    """
+    if status == 200:
+        if offset != 0 or (size is not None and length != size):
+            raise ChunkFailure(
+                "no_ranges", f"asked for bytes {offset}-{offset + length - 1}, got the whole object"
+            )
+        return
+    asked = f"bytes {offset}-{offset + length - 1}"
+    answered = (content_range or "").strip()
+    match = _CONTENT_RANGE.match(answered)
+    if match is None:
+        raise ChunkFailure(
+            "range",
+            f"asked for {asked}, the {status} answer has Content-Range {content_range!r}",
+        )
+    first, last, total = match.groups()
+    if total.isdigit() and size is not None and int(total) != size:
+        raise ChunkFailure("changed", f"its size is {total}, it was {size}")
+    if int(first) != offset or int(last) != offset + length - 1:
+        raise ChunkFailure("range", f"asked for {asked}, the answer is for {answered!r}")
 
 
 @dataclass(frozen=True)
@@ -214,6 +265,11 @@ def verdict(exc: BaseException, url: str) -> Verdict:
             return _changed(url, str(exc))
         if exc.cause == "no_ranges":
             return _no_ranges(url, str(exc))
+        if exc.cause == "open_deadline":  # the time of a whole call is used up: no retry
+            return Verdict(exc.cause, TransientFetchError(f"{url}: {exc}", url=url), False)
+        if exc.cause == "range":
+            message = f"{url}: the server answered other bytes than the range asked for ({exc})"
+            return Verdict("range", PermanentFetchError(message, url=url), False)
         return Verdict(exc.cause, TransientFetchError(f"{url}: {exc}", url=url), True)
     if isinstance(exc, S3ErrorResponse):
         return _s3(exc.code, exc.status, exc.detail, url)

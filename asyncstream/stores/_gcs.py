@@ -18,6 +18,10 @@ Settings (``configure_store("gs", ...)``, beside Google's standard environment):
     The project billed for requests (``x-goog-user-project``, for requester-pays buckets).
 ``page_size``
     Objects per listing request (1 to 1000, the API's most; the default).
+``open_deadline``
+    Seconds one request at open (object metadata, a listing page, the ``GET`` of an index
+    file or manifest) may take in all, its retries included, however slowly the server
+    trickles bytes (default 60: :mod:`._deadline`).
 
 ``google.auth`` is imported here only when credentials are needed, and nothing else of
 Google's: an anonymous store (an emulator) loads no Google library at all.
@@ -35,6 +39,7 @@ from urllib.parse import quote
 
 from .._exceptions import AccessDeniedError, NotFoundError, ShardURLError
 from ._errors import ChunkFailure, S3ErrorResponse
+from ._limits import OPEN_DEADLINE
 
 __all__ = [
     "GCSSettings",
@@ -81,6 +86,7 @@ class GCSSettings:
         anonymous: send no credentials.
         project: the project billed (``x-goog-user-project``), if any.
         page_size: objects per listing request.
+        open_deadline: seconds one request at open may take, retries included.
     """
 
     endpoint: str = DEFAULT_ENDPOINT
@@ -88,6 +94,7 @@ class GCSSettings:
     anonymous: bool = False
     project: str | None = None
     page_size: int = 1000
+    open_deadline: float = OPEN_DEADLINE
 
     @classmethod
     def of(cls, given: Mapping[str, Any], environ: Mapping[str, str] | None = None) -> GCSSettings:
@@ -97,11 +104,12 @@ class GCSSettings:
             ValueError: an unknown setting, or a value of the wrong kind.
         """
         environ = os.environ if environ is None else environ
-        unknown = set(given) - {"endpoint", "credentials", "anonymous", "project", "page_size"}
+        known = {"endpoint", "credentials", "anonymous", "project", "page_size", "open_deadline"}
+        unknown = set(given) - known
         if unknown:
             raise ValueError(
                 f"unknown gs:// store settings {sorted(unknown)}; expected endpoint, "
-                "credentials, anonymous, project, page_size"
+                "credentials, anonymous, project, page_size, open_deadline"
             )
         emulator = environ.get("STORAGE_EMULATOR_HOST", "").strip()
         endpoint = str(given.get("endpoint") or emulator or DEFAULT_ENDPOINT)
@@ -116,12 +124,16 @@ class GCSSettings:
         page_size = int(given.get("page_size", 1000))
         if not 1 <= page_size <= 1000:
             raise ValueError(f"page_size must be 1 to 1000, got {page_size}")
+        deadline = given.get("open_deadline", OPEN_DEADLINE)
+        if isinstance(deadline, bool) or not isinstance(deadline, int | float) or deadline <= 0:
+            raise ValueError("configure_store('gs'): open_deadline must be seconds > 0")
         return cls(
             endpoint=endpoint.rstrip("/"),
             credentials=None if credentials is None else os.fspath(credentials),
             anonymous=bool(anonymous),
             project=given.get("project") or None,
             page_size=page_size,
+            open_deadline=float(deadline),
         )
 
     def describe(self) -> str:

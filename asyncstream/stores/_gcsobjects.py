@@ -8,7 +8,10 @@ same URLs and error documents as the engine's reads (:mod:`._gcsstore`), one err
 dependencies instead of the SDK's six (see the Stores guide for the figures). Every call
 is retried under the one table (:mod:`._errors`, :func:`~._retry.retrying_sync`):
 throttling (429, 503), 5xx, 408 and connection failures are retried; 401, 403, 404 and
-412 are raised at once.
+412 are raised at once. Every request at open (metadata, a listing page, a small object's
+``GET`` and its body), its retries included, ends within the setting ``open_deadline``
+(:mod:`._deadline`: the session's connections are shut at the deadline); uploads are not
+bounded.
 
 An object's version tag is its *generation* (a number that changes whenever the object is
 replaced): :meth:`GCSObjects.list` and :meth:`GCSObjects.head` give it as the shard's
@@ -17,6 +20,7 @@ replaced): :meth:`GCSObjects.list` and :meth:`GCSObjects.head` give it as the sh
 
 from __future__ import annotations
 
+import contextlib
 import threading
 from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
@@ -26,7 +30,9 @@ import requests
 
 from .._exceptions import NotFoundError, PermanentFetchError
 from ..shards._urls import Shard
+from ._deadline import attempt_under, bounded, deadline_session
 from ._gcs import GCSSettings, GoogleAuth, gcs_error, object_path, parse_gs_url
+from ._limits import MAX_OPEN_BYTES, too_large
 from ._retry import RetryPolicy, retrying_sync
 
 __all__ = ["GCSObjects"]
@@ -57,7 +63,7 @@ class GCSObjects:
     def _session(self) -> requests.Session:
         session: requests.Session | None = getattr(self._local, "session", None)
         if session is None:
-            session = self._local.session = requests.Session()
+            session = self._local.session = deadline_session()
             with self._lock:
                 self._sessions.append(session)
         return session
@@ -73,10 +79,25 @@ class GCSObjects:
     # -- one request ---------------------------------------------------------------------
 
     def _request(
-        self, method: str, url: str, path: str, *, ok: Iterable[int] = (), **kwargs: Any
+        self,
+        method: str,
+        url: str,
+        path: str,
+        *,
+        ok: Iterable[int] = (),
+        at_open: bool = True,
+        **kwargs: Any,
     ) -> requests.Response:
         """One request (``path`` under the endpoint) about ``url``, retried under the one
-        table; an error answer other than those in ``ok`` raised as :func:`gcs_error`."""
+        table; an error answer other than those in ``ok`` raised as :func:`gcs_error`.
+        ``at_open``: within ``open_deadline``, retries included."""
+        attempt = self._attempt(method, url, path, ok=ok, **kwargs)
+        return self.call(url, attempt, at_open=at_open)
+
+    def _attempt(
+        self, method: str, url: str, path: str, *, ok: Iterable[int] = (), **kwargs: Any
+    ) -> Callable[[], requests.Response]:
+        """One try of :meth:`_request`."""
         target = f"{self.settings.endpoint}/{path}"
         allowed = set(ok)
         extra: dict[str, str] = kwargs.pop("headers", {})
@@ -98,11 +119,19 @@ class GCSObjects:
                 raise gcs_error(answer.status_code, answer.content, url, self.settings)
             return answer
 
-        return self.call(url, attempt)
+        return attempt
 
-    def call(self, url: str, attempt: Callable[[], T]) -> T:
-        """``attempt`` retried under the one table (:mod:`._errors`)."""
-        return retrying_sync(attempt, url=url, policy=self._policy)
+    def call(self, url: str, attempt: Callable[[], T], *, at_open: bool = False) -> T:
+        """``attempt`` retried under the one table (:mod:`._errors`); ``at_open``: all
+        within ``open_deadline`` seconds (:mod:`._deadline`)."""
+        if not at_open:
+            return retrying_sync(attempt, url=url, policy=self._policy)
+        seconds = self.settings.open_deadline
+        with bounded(seconds, f"configure_store('gs', open_deadline={seconds:g})") as deadline:
+            bounded_attempt = attempt_under(deadline, attempt)
+            return retrying_sync(
+                bounded_attempt, url=url, policy=self._policy, until=deadline.until
+            )
 
     # -- the store's blocking half -------------------------------------------------------
 
@@ -174,11 +203,25 @@ class GCSObjects:
         """
         bucket, name = parse_gs_url(url)
         path = f"download/storage/v1/{object_path(bucket, name)}"
-        answer = self._request("GET", url, path, params={"alt": "media"}, ok=(404,))
-        if answer.status_code == 404:
+        send = self._attempt("GET", url, path, params={"alt": "media"}, ok=(404,), stream=True)
+
+        def get() -> bytes | None:  # the body read within the try, and its deadline
+            answer = send()
+            with contextlib.closing(answer):
+                if answer.status_code == 404:
+                    return None
+                declared = answer.headers.get("content-length", "")
+                if declared.isdigit() and int(declared) > MAX_OPEN_BYTES:
+                    raise too_large(url, MAX_OPEN_BYTES, int(declared))
+                data: bytes = answer.raw.read(MAX_OPEN_BYTES + 1, decode_content=True)
+                if len(data) > MAX_OPEN_BYTES:
+                    raise too_large(url, MAX_OPEN_BYTES)
+                return data
+
+        data = self.call(url, get, at_open=True)
+        if data is None:
             self.check_bucket(url)
-            return None
-        return answer.content
+        return data
 
     def write(self, url: str, data: bytes | Any) -> str:
         """Write a whole object in one request (``data``: bytes or a file opened for
@@ -191,6 +234,7 @@ class GCSObjects:
             params={"uploadType": "media", "name": name},
             headers={"Content-Type": "application/octet-stream"},
             data=data,
+            at_open=False,
         )
         return str(answer.json()["generation"])
 
@@ -204,7 +248,8 @@ class GCSObjects:
         """Remove objects; missing ones are fine."""
         for url in urls:
             bucket, name = parse_gs_url(url)
-            self._request("DELETE", url, f"storage/v1/{object_path(bucket, name)}", ok=(404,))
+            path = f"storage/v1/{object_path(bucket, name)}"
+            self._request("DELETE", url, path, ok=(404,), at_open=False)
 
     def check_bucket(self, url: str) -> None:
         """Raise ``NotFoundError`` unless the bucket of ``url`` exists (and is allowed):

@@ -11,17 +11,18 @@ Every chunk is of the generation that was listed (the shard's ``etag``): Cloud S
 answers ``412`` where the object was replaced since (``ifGenerationMatch``), and every
 response's ``x-goog-generation`` and ``Content-Range`` total are checked against the
 listing as well, for servers that ignore the condition (emulators): either is a
-permanent ``changed`` failure, raised at once.
+permanent ``changed`` failure, raised at once. A ``Content-Range`` that is missing or
+names other bytes than those asked is a permanent ``range`` failure
+(:func:`._errors.check_range`).
 """
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from ._errors import ChunkFailure
+from ._errors import ChunkFailure, check_range
 from ._gcs import GCSSettings, GoogleAuth, gcs_error, object_path, parse_gs_url
 from ._httpconn import Reply, Scatter
 from ._httpstore import ObjectStore
@@ -131,7 +132,7 @@ class GCSStore(ObjectStore):
         headers["Range"] = f"bytes={request.offset}-{request.offset + request.length - 1}"
 
         def accept(reply: Reply) -> None:  # before the first slot of the body is handed on
-            self._check(request, reply.fields)
+            self._check(request, reply)
 
         pool = self._pool(self._origin)
         reply, headers_at = await pool.get(target, headers, out, self.timeouts, accept)
@@ -139,11 +140,12 @@ class GCSStore(ObjectStore):
             raise gcs_error(reply.status, reply.body, request.url, self.settings)
         return headers_at
 
-    def _check(self, request: ChunkRequest, fields: Mapping[str, str]) -> None:
-        """The response is of the listed generation (else: permanent ``changed``)."""
+    def _check(self, request: ChunkRequest, reply: Reply) -> None:
+        """The response is of the listed generation (else: permanent ``changed``) and
+        exactly the range asked (else: permanent ``range``: :func:`._errors.check_range`)."""
+        fields = reply.fields
         generation = fields.get("x-goog-generation")
         if self.check_etag and request.etag and generation not in (None, request.etag):
             raise ChunkFailure("changed", f"its generation is {generation}, it was {request.etag}")
-        total = fields.get("content-range", "").rpartition("/")[2]
-        if request.size is not None and total.isdigit() and int(total) != request.size:
-            raise ChunkFailure("changed", f"its size is {total}, it was {request.size}")
+        content_range = fields.get("content-range")
+        check_range(reply.status, content_range, request.offset, request.length, request.size)

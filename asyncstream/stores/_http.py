@@ -216,7 +216,9 @@ class ConnectionPool:
         parts = urlsplit(url)
         target = (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
         default = ":443" if self.origin.tls else ":80"
-        host = parts.netloc.removesuffix(default)  # as the request was signed
+        # Host and port as the request was signed, never a URL's user:password@ (which
+        # would send the password in the clear, to whatever answers, in every request).
+        host = parts.netloc.rpartition("@")[2].removesuffix(default)
         head = f"GET {target} HTTP/1.1\r\nHost: {host}\r\n"
         head += "".join(f"{name}: {value}\r\n" for name, value in headers.items()) + "\r\n"
         request = head.encode("latin-1")

@@ -178,12 +178,15 @@ def retrying_sync(
     policy: RetryPolicy,
     rng: random.Random | None = None,
     on_failure: Callable[[Exception], None] | None = None,
+    until: float | None = None,
 ) -> T:
     """:func:`retrying` for blocking calls (listing, HEAD, small objects at open).
 
     Args:
         on_failure: called with each failure before it is judged; it may raise instead
             (a check that turns the failure into a permanent one).
+        until: a :func:`time.monotonic` time no wait before a retry passes (the deadline
+            of a request at open: :mod:`._deadline`, whose attempt then raises).
     """
     attempts = _Attempts(url, policy, rng or random.Random(), time.monotonic)
     while True:
@@ -193,4 +196,6 @@ def retrying_sync(
             if on_failure is not None:
                 on_failure(exc)
             _, wait = attempts.failed(exc)
+            if until is not None:
+                wait = min(wait, max(0.0, until - time.monotonic()))
             time.sleep(wait)

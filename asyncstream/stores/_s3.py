@@ -24,6 +24,7 @@ from typing import Any, Literal
 
 from .._exceptions import FetchError, ShardURLError
 from ._errors import verdict
+from ._limits import OPEN_DEADLINE
 
 __all__ = [
     "S3Credentials",
@@ -104,6 +105,9 @@ class S3Options:
             (a private CA, or a test server's self-signed certificate); ``None`` means
             ``AWS_CA_BUNDLE`` if set, else the system's.
         verify: ``False`` turns certificate verification off (test servers only).
+        open_deadline: seconds one request at open (a ``HEAD``, a listing page, the
+            ``GET`` of an index file or manifest) may take in all, its retries included,
+            however slowly the server trickles bytes (:mod:`._deadline`).
     """
 
     endpoint_url: str | None = None
@@ -117,6 +121,7 @@ class S3Options:
     credentials: S3Credentials | None = None
     ca_bundle: str | None = None
     verify: bool = True
+    open_deadline: float = OPEN_DEADLINE
 
     def __post_init__(self) -> None:
         if self.endpoint_url is not None and not self.endpoint_url.startswith(
@@ -134,6 +139,9 @@ class S3Options:
             raise ValueError(f"max_pool_connections must be >= 1, got {self.max_pool_connections}")
         if self.metadata_attempts < 1:
             raise ValueError(f"metadata_attempts must be >= 1, got {self.metadata_attempts}")
+        deadline = self.open_deadline
+        if isinstance(deadline, bool) or not isinstance(deadline, int | float) or deadline <= 0:
+            raise ValueError(f"open_deadline must be seconds > 0, got {deadline!r}")
 
     def resolve(self, environ: Mapping[str, str] | None = None) -> S3Options:
         """Fill the endpoint and region from the environment where they were left unset.

@@ -11,24 +11,37 @@ first request to an ``https://`` endpoint, a handshake (a plain-HTTP port that w
 more bytes would otherwise hold botocore for its whole connect and read timeouts); and
 after the first connection failure on an ``http://`` endpoint, a TLS probe of the port
 (a TLS server resets or closes a plain request, which looks like a network fault).
+
+Every request at open (a ``HEAD``, a listing page, the ``GET`` of a small object), its
+retries included, ends within ``S3Options.open_deadline`` seconds (:mod:`._deadline`):
+botocore's ``before-send`` event hands it to :class:`_Sender`, which sends it as botocore's
+own sender would, on connections that the deadline shuts (except through an HTTP proxy,
+where botocore sends it, bounded by its per-read timeouts only). Uploads are not bounded.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import socket
 import threading
+import urllib.request
 from collections.abc import Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
 from typing import Any, TypeVar
+from urllib.parse import urlsplit
 
 import botocore.exceptions
+import urllib3
+from botocore.awsrequest import AWSResponse
 
 from .._exceptions import FetchError, NotFoundError
 from ..shards._urls import Shard
+from ._deadline import attempt_under, bounded, current, watched
 from ._errors import verdict
 from ._http import ConnectionPool
+from ._limits import MAX_OPEN_BYTES, too_large
 from ._origin import Origin
 from ._retry import RetryPolicy, Timeouts, retrying_sync
 from ._s3 import S3Options, fetch_error_from, parse_s3_url, ssl_context, sync_client
@@ -36,6 +49,7 @@ from ._s3 import S3Options, fetch_error_from, parse_s3_url, ssl_context, sync_cl
 __all__ = ["S3Objects"]
 
 T = TypeVar("T")
+_PAGE = 1000  # keys per listing page (S3's most)
 
 
 class S3Objects:
@@ -53,6 +67,7 @@ class S3Objects:
         self._checked: set[Origin] = set()
         self._lock = threading.Lock()
         self._client_lock = threading.Lock()
+        self._sender: _Sender | None = None
 
     @property
     def client(self) -> Any:
@@ -61,25 +76,40 @@ class S3Objects:
         if self._client is None:
             with self._client_lock:
                 if self._client is None:
-                    self._client = sync_client(replace(self.options, metadata_attempts=1))
+                    client = sync_client(replace(self.options, metadata_attempts=1))
+                    self._sender = _Sender(self.options)
+                    client.meta.events.register("before-send.s3", self._sender)
+                    self._client = client
         return self._client
+
+    def close(self) -> None:
+        """Close the connections of the requests at open (botocore's own are its)."""
+        if self._sender is not None:
+            self._sender.manager.clear()
 
     # -- the store's blocking half -----------------------------------------------------------
 
     def list(self, url: str) -> list[Shard]:
         bucket, prefix = parse_s3_url(url)
 
-        def listing() -> list[Shard]:
-            shards = []
-            paginator = self.client.get_paginator("list_objects_v2")
-            for page in paginator.paginate(Bucket=bucket, Prefix=prefix):
-                for obj in page.get("Contents", []):
-                    shards.append(
-                        Shard(f"s3://{bucket}/{obj['Key']}", int(obj["Size"]), obj.get("ETag"))
-                    )
-            return shards
+        shards = []
+        token = ""
+        while True:  # a page per request, each under its own deadline and retries
 
-        shards = self.call(url, listing)
+            def page(token: str = token) -> Any:
+                more = {"ContinuationToken": token} if token else {}
+                return self.client.list_objects_v2(
+                    Bucket=bucket, Prefix=prefix, MaxKeys=_PAGE, **more
+                )
+
+            listed = self.call(url, page, bounded=True)
+            for obj in listed.get("Contents", []):
+                shards.append(
+                    Shard(f"s3://{bucket}/{obj['Key']}", int(obj["Size"]), obj.get("ETag"))
+                )
+            token = listed.get("NextContinuationToken", "") if listed.get("IsTruncated") else ""
+            if not token:
+                break
         if not shards:
             self._check_bucket(bucket, url)
         return sorted(shards, key=lambda s: s.url)
@@ -87,7 +117,9 @@ class S3Objects:
     def head(self, url: str) -> Shard:
         bucket, key = parse_s3_url(url)
         try:
-            head = self.call(url, lambda: self.client.head_object(Bucket=bucket, Key=key))
+            head = self.call(
+                url, lambda: self.client.head_object(Bucket=bucket, Key=key), bounded=True
+            )
         except NotFoundError:
             # HEAD has no body to tell a missing bucket from a missing key: ask the bucket.
             self._check_bucket(bucket, url)
@@ -105,6 +137,7 @@ class S3Objects:
         listed = self.call(
             prefix,
             lambda: self.client.list_objects_v2(Bucket=bucket, Prefix=f"{key}/", MaxKeys=1),
+            bounded=True,
         )
         if listed.get("KeyCount", 0):
             return f"; objects are under {prefix}: a prefix needs its trailing '/'"
@@ -114,13 +147,18 @@ class S3Objects:
         bucket, key = parse_s3_url(url)
 
         def get() -> bytes:
-            body = self.client.get_object(Bucket=bucket, Key=key)["Body"]
-            with contextlib.closing(body):
-                data: bytes = body.read()
+            answer = self.client.get_object(Bucket=bucket, Key=key)
+            with contextlib.closing(answer["Body"]) as body:
+                declared = answer.get("ContentLength")
+                if isinstance(declared, int) and declared > MAX_OPEN_BYTES:
+                    raise too_large(url, MAX_OPEN_BYTES, declared)
+                data: bytes = body.read(MAX_OPEN_BYTES + 1)  # never more held
+                if len(data) > MAX_OPEN_BYTES:
+                    raise too_large(url, MAX_OPEN_BYTES)
             return data
 
         try:
-            return self.call(url, get)
+            return self.call(url, get, bounded=True)
         except NotFoundError as exc:
             if "NoSuchBucket" in str(exc):
                 raise
@@ -142,20 +180,21 @@ class S3Objects:
     def check_bucket(self, url: str) -> None:
         """Raise ``NotFoundError`` unless the bucket of ``url`` exists (and is allowed)."""
         bucket = parse_s3_url(url)[0]
-        self.call(url, lambda: self.client.head_bucket(Bucket=bucket))
+        self.call(url, lambda: self.client.head_bucket(Bucket=bucket), bounded=True)
 
     def _check_bucket(self, bucket: str, url: str) -> None:
         try:
-            self.call(url, lambda: self.client.head_bucket(Bucket=bucket))
+            self.call(url, lambda: self.client.head_bucket(Bucket=bucket), bounded=True)
         except NotFoundError:
             raise NotFoundError(f"{url}: no such bucket {bucket!r}", url=url) from None
 
     # -- retries and TLS checks --------------------------------------------------------------
 
-    def call(self, url: str, call: Callable[[], T]) -> T:
+    def call(self, url: str, call: Callable[[], T], *, bounded: bool = False) -> T:
         """``call`` (a request on :attr:`client` about ``url``), retried under the one
         table; a TLS mismatch raised at once. For requests the store has no method for
-        (``pack``'s uploads)."""
+        (``pack``'s uploads). ``bounded``: a request at open, which ends within
+        ``open_deadline`` seconds, its retries included (:mod:`._deadline`)."""
         origin = self._origin()
         if origin is not None and origin.tls:
             self._check(origin, "handshake")
@@ -164,8 +203,17 @@ class S3Objects:
             if origin is not None and not origin.tls and isinstance(exc, _CONNECTION):
                 self._check(origin, "tls")
 
+        seconds = self.options.open_deadline
+        scope = bounded_scope(seconds) if bounded else contextlib.nullcontext(None)
         try:
-            return retrying_sync(call, url=url, policy=self._policy, on_failure=on_failure)
+            with scope as deadline:
+                return retrying_sync(
+                    attempt_under(deadline, call),
+                    url=url,
+                    policy=self._policy,
+                    on_failure=on_failure,
+                    until=None if deadline is None else deadline.until,
+                )
         except FetchError:
             raise
         except Exception as exc:  # pragma: no cover - retrying_sync maps every Exception
@@ -199,6 +247,84 @@ class S3Objects:
             if judged.cause == "tls":
                 raise judged.error from exc
             # anything else (the endpoint unreachable, say) is for the request to meet
+
+
+def bounded_scope(seconds: float) -> contextlib.AbstractContextManager[Any]:
+    return bounded(seconds, f"S3Options(open_deadline={seconds:g})")
+
+
+class _Sender:
+    """botocore's ``before-send`` handler: a request at open (a :mod:`._deadline` scope
+    runs on this thread) is sent here, on connections the deadline shuts, as botocore's
+    own sender sends it (the same call of urllib3, the same errors); any other request,
+    or one through an HTTP proxy, is left to botocore (``None``)."""
+
+    def __init__(self, options: S3Options) -> None:
+        context = ssl_context(options)
+        self.manager = watched(
+            urllib3.PoolManager(maxsize=options.max_pool_connections, ssl_context=context)
+        )
+        self.timeout = urllib3.Timeout(connect=options.connect_timeout, read=options.read_timeout)
+
+    def __call__(self, request: Any, **kwargs: Any) -> AWSResponse | None:
+        deadline = current()
+        origin = Origin.of(request.url)
+        if deadline is None or _proxied(origin):
+            return None
+        try:
+            pool = self.manager.connection_from_url(request.url)
+            answer = pool.urlopen(
+                method=request.method,
+                url=_target(request.url),
+                body=request.body,
+                headers=dict(request.headers.items()),
+                retries=urllib3.Retry(False),
+                assert_same_host=False,
+                preload_content=False,
+                decode_content=False,
+                enforce_content_length=False,
+                timeout=self.timeout,
+            )
+            response = AWSResponse(request.url, answer.status, answer.headers, answer)
+            if not request.stream_output:
+                response.content  # noqa: B018 - the body read now, under the deadline
+            return response
+        except Exception as exc:
+            if deadline.expired:
+                raise deadline.error() from exc
+            raise _botocore_error(exc, request) from exc
+
+
+def _target(url: str) -> str:
+    """A URL's request target (path and query), as botocore sends it."""
+    parts = urlsplit(url)
+    return (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
+
+
+def _proxied(origin: Origin) -> bool:
+    """Whether an HTTP(S) proxy is configured for this origin (botocore would use it)."""
+    return origin.scheme in urllib.request.getproxies() and not urllib.request.proxy_bypass(
+        origin.host
+    )
+
+
+def _botocore_error(exc: Exception, request: Any) -> Exception:
+    """The error botocore's own sender raises for what urllib3 raised."""
+    errors, url = botocore.exceptions, request.url
+    error: Exception
+    if isinstance(exc, urllib3.exceptions.SSLError):
+        error = errors.SSLError(endpoint_url=url, error=exc)
+    elif isinstance(exc, urllib3.exceptions.NewConnectionError | socket.gaierror):
+        error = errors.EndpointConnectionError(endpoint_url=url, error=exc)
+    elif isinstance(exc, urllib3.exceptions.ConnectTimeoutError):
+        error = errors.ConnectTimeoutError(endpoint_url=url, error=exc)
+    elif isinstance(exc, urllib3.exceptions.ReadTimeoutError):
+        error = errors.ReadTimeoutError(endpoint_url=url, error=exc)
+    elif isinstance(exc, urllib3.exceptions.ProtocolError):
+        error = errors.ConnectionClosedError(error=exc, request=request, endpoint_url=url)
+    else:
+        error = errors.HTTPClientError(error=exc)
+    return error
 
 
 _CONNECTION = (

@@ -18,10 +18,12 @@ Two transports (``stats()["transport"]`` says which ran):
   botocore's own request on aiobotocore, whose body pieces are copied into the slot.
 
 Checks, on either transport: the response covers exactly the requested range (another
-length is a transient ``length`` failure); and the object is the one that was listed:
-an ETag other than the listed one (with ``check_etag``), or a ``Content-Range`` total
-other than the listed size, is a *permanent* ``changed`` failure, raised at once, whether
-or not the server honoured ``If-Match`` (which makes S3 answer 412 in the first place).
+length is a transient ``length`` failure; a ``Content-Range`` missing or naming other
+bytes, a permanent ``range`` one: :func:`._errors.check_range`, shared by every store);
+and the object is the one that was listed: an ETag other than the listed one (with
+``check_etag``), or a ``Content-Range`` total other than the listed size, is a *permanent*
+``changed`` failure, raised at once, whether or not the server honoured ``If-Match``
+(which makes S3 answer 412 in the first place).
 """
 
 from __future__ import annotations
@@ -44,7 +46,7 @@ from botocore.awsrequest import AWSRequest
 from botocore.credentials import ReadOnlyCredentials
 from botocore.exceptions import NoCredentialsError
 
-from ._errors import ChunkFailure, S3ErrorResponse
+from ._errors import ChunkFailure, S3ErrorResponse, check_range
 from ._http import PROBE_AFTER, first_byte
 from ._httpconn import Reply, Scatter, receive
 from ._httpstore import ObjectStore
@@ -147,6 +149,7 @@ class S3Store(ObjectStore):
         if self._uploads is not None:
             self._uploads.shutdown(wait=True)
             self._uploads = None
+        self._objects.close()
 
     # -- in the fetch engine ------------------------------------------------------------------
 
@@ -246,7 +249,8 @@ class S3Store(ObjectStore):
         url, headers = await self._signed(request)
 
         def accept(reply: Reply) -> None:  # before the first slot of the body is handed on
-            self._check(request, reply.fields.get("etag"), reply.fields.get("content-range"))
+            fields = reply.fields
+            self._check(request, reply.status, fields.get("etag"), fields.get("content-range"))
 
         # The pool's exchange times the response's head itself (first_byte), and the
         # body by the stall and chunk timeouts: not the whole exchange as a first byte.
@@ -269,7 +273,8 @@ class S3Store(ObjectStore):
         raw = response["Body"].raw_stream  # the aiohttp ClientResponse
         complete = False
         try:
-            self._check(request, response.get("ETag"), response.get("ContentRange"))
+            status = int(response.get("ResponseMetadata", {}).get("HTTPStatusCode", 0))
+            self._check(request, status, response.get("ETag"), response.get("ContentRange"))
             if response.get("ContentLength") != request.length:
                 raise ChunkFailure(
                     "length",
@@ -319,14 +324,14 @@ class S3Store(ObjectStore):
                     pending.cancel()
                     await asyncio.wait({pending})
 
-    def _check(self, request: ChunkRequest, etag: str | None, content_range: str | None) -> None:
-        """The response is for the listed object version (else: permanent ``changed``)."""
+    def _check(
+        self, request: ChunkRequest, status: int, etag: str | None, content_range: str | None
+    ) -> None:
+        """The response is for the listed object version (else: permanent ``changed``)
+        and exactly the range asked (else: permanent ``range``: :func:`._errors.check_range`)."""
         if self.check_etag and request.etag and etag not in (None, request.etag):
             raise ChunkFailure("changed", f"its ETag is {etag}, it was {request.etag}")
-        if request.size is not None and content_range:
-            total = content_range.rpartition("/")[2]
-            if total.isdigit() and int(total) != request.size:
-                raise ChunkFailure("changed", f"its size is {total}, it was {request.size}")
+        check_range(status, content_range, request.offset, request.length, request.size)
 
 
 def _error_response(status: int, body: bytes) -> S3ErrorResponse:

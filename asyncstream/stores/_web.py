@@ -8,8 +8,9 @@ Settings (``configure_store("https", ...)``, and the same for ``"http"``):
   shard URLs (never past a redirect to another origin). Without it, the Hugging Face
   Hub's hosts (``huggingface.co``, ``hf.co`` and their subdomains) get ``HF_TOKEN`` (or
   ``HUGGING_FACE_HUB_TOKEN``, or the token file ``huggingface-cli login`` wrote).
-* ``headers``: extra request headers, sent on every request (those that carry
-  credentials, ``Authorization`` and ``Cookie``, only to the shard URLs' own origins).
+* ``headers``: extra request headers, sent to the shard URLs' own origins (never past a
+  redirect to another origin: a header may carry a key, ``X-Api-Key``, as well as
+  ``Authorization`` and ``Cookie`` do).
 * ``ca_bundle``: a PEM file of the certificate authorities to trust (default: the
   system's, or ``SSL_CERT_FILE``); ``verify=False`` turns verification off (test
   servers only).
@@ -17,6 +18,10 @@ Settings (``configure_store("https", ...)``, and the same for ``"http"``):
 * ``withhold``: origins (``scheme://host:port``) that get none of the above credentials
   and headers, nor the Hugging Face token: those that only an index named (the opened
   dataset's, put here by the registry, :func:`~._registry.store_settings`).
+* ``max_open_bytes``: the largest body read whole at open (an index file, a manifest;
+  default 64 MiB): a larger one is refused, never read (:mod:`._limits`).
+* ``open_deadline``: seconds one request at open (a ``HEAD``, an index ``GET``) may
+  take, from connect to last byte, its redirects and retries included (default 60).
 
 An object's version tag (:attr:`Shard.etag <asyncstream.Shard.etag>`) is its ``ETag``
 or, from a server that sends none, ``last-modified:`` and its ``Last-Modified`` date.
@@ -40,8 +45,10 @@ from .._exceptions import (
     NotFoundError,
     PermanentFetchError,
     ShardURLError,
+    redact_url,
 )
 from ._errors import HTTPErrorResponse
+from ._limits import MAX_OPEN_BYTES, OPEN_DEADLINE
 from ._origin import Origin
 
 __all__ = [
@@ -51,6 +58,7 @@ __all__ = [
     "error_for",
     "is_redirect",
     "next_url",
+    "refuse_userinfo",
     "retry_after",
     "same_tag",
     "version_of",
@@ -58,9 +66,22 @@ __all__ = [
 
 LAST_MODIFIED = "last-modified:"  # a version tag made of a Last-Modified date
 REDIRECTS = frozenset({301, 302, 303, 307, 308})
-_CREDENTIALS = frozenset({"authorization", "cookie", "proxy-authorization"})
+# What a request carries past a redirect to another origin: the request's own protocol
+# fields, nothing configured (a configured header may be a key: X-Api-Key) or credential.
+_CROSS_ORIGIN = frozenset(
+    {"user-agent", "accept-encoding", "range", "if-match", "if-unmodified-since"}
+)
 _HUB_HOSTS = ("huggingface.co", "hf.co")
-_KNOWN = {"token", "headers", "ca_bundle", "verify", "max_redirects", "withhold"}
+_KNOWN = {
+    "token",
+    "headers",
+    "ca_bundle",
+    "verify",
+    "max_redirects",
+    "max_open_bytes",
+    "open_deadline",
+    "withhold",
+}
 
 
 def _hub_token() -> str | None:
@@ -94,6 +115,8 @@ class WebSettings:
     max_redirects: int = 10
     hub_token: str | None = field(default=None, repr=False)
     withhold: frozenset[str] = frozenset()
+    max_open_bytes: int = MAX_OPEN_BYTES
+    open_deadline: float = OPEN_DEADLINE
 
     @classmethod
     def of(cls, scheme: str, given: Mapping[str, Any]) -> WebSettings:
@@ -118,8 +141,16 @@ class WebSettings:
         redirects = given.get("max_redirects", 10)
         if isinstance(redirects, bool) or not isinstance(redirects, int) or redirects < 0:
             raise ValueError(f"configure_store({scheme!r}): max_redirects must be an int >= 0")
+        cap = given.get("max_open_bytes", MAX_OPEN_BYTES)
+        if isinstance(cap, bool) or not isinstance(cap, int) or cap < 1:
+            raise ValueError(f"configure_store({scheme!r}): max_open_bytes must be an int >= 1")
+        deadline = given.get("open_deadline", OPEN_DEADLINE)
+        if isinstance(deadline, bool) or not isinstance(deadline, int | float) or deadline <= 0:
+            raise ValueError(f"configure_store({scheme!r}): open_deadline must be seconds > 0")
         return cls(
             scheme=scheme,
+            max_open_bytes=cap,
+            open_deadline=float(deadline),
             token=str(token) if token else None,
             headers=dict(headers),
             ca_bundle=given.get("ca_bundle"),
@@ -159,19 +190,42 @@ class WebSettings:
         return f"{'the token sent was refused' if sent else 'no token was sent'}: give {how}"
 
 
+def refuse_userinfo(url: str) -> None:
+    """Refuse a web URL that carries ``user:password@``.
+
+    Not turned into Basic auth: the URL is named in errors, checkpoints, the index cache
+    and every sample's ``__url__``, so a password in it would travel with all of them;
+    credentials are given apart (``token``, ``headers``), and sent only to the shard
+    URLs' own origins.
+
+    Raises:
+        ShardURLError: the URL has a user part (a ``ValueError``).
+    """
+    parts = urlsplit(url)
+    if "@" in parts.netloc:
+        raise ShardURLError(
+            f"{redact_url(url)!r}: a web shard URL carries no user:password@ (it would be "
+            "named in errors, checkpoints and sample keys); give credentials apart: "
+            f"configure_store({parts.scheme!r}, token=...) or headers={{'Authorization': "
+            "...}, sent only to the shards' own origins"
+        )
+
+
 def is_redirect(status: int, fields: Mapping[str, str]) -> bool:
     return status in REDIRECTS and bool(fields.get("location"))
 
 
 def next_url(url: str, location: str, headers: Mapping[str, str]) -> tuple[str, dict[str, str]]:
-    """Where a redirect from ``url`` goes, and the headers that may go with it: none that
-    carry credentials to another origin (scheme, host and port)."""
+    """Where a redirect from ``url`` goes, and the headers that may go with it: to another
+    origin (scheme, host and port), only the request's own protocol fields (``Range``,
+    its conditions, ``User-Agent``, ``Accept-Encoding``): neither credentials
+    (``Authorization``, ``Cookie``) nor any header configured for the store."""
     target = urljoin(url, location)
     if urlsplit(target).scheme not in ("http", "https"):
         raise ShardURLError(f"{url}: redirected to {target!r}, which is not an http(s) URL")
     if Origin.of(target) == Origin.of(url):
         return target, dict(headers)
-    return target, {k: v for k, v in headers.items() if k.lower() not in _CREDENTIALS}
+    return target, {k: v for k, v in headers.items() if k.lower() in _CROSS_ORIGIN}
 
 
 def version_of(fields: Mapping[str, str]) -> str | None:

@@ -11,22 +11,32 @@ a presigned shard URL's signature does not cover the index files probed beside i
 ``401``, asking for credentials, is an error). Throttling, server errors, resets
 and timeouts are retried (:func:`~._retry.retrying_sync`, a server's ``Retry-After``
 honoured); the rest is raised at once, naming the URL and the server that answered.
+
+Bounds (:mod:`._limits`): a body read whole is at most ``max_open_bytes`` (refused from
+its ``Content-Length``, or once that many bytes came: memory never holds more), and one
+call (its attempts and redirects) ends within ``open_deadline`` seconds: a watchdog shuts
+the socket of a request still running then, however slowly its server trickles bytes.
 """
 
 from __future__ import annotations
 
+import contextlib
 import http.client
 import socket
 import ssl
+import threading
+import time
 from collections.abc import Mapping
 from dataclasses import dataclass
 from urllib.parse import urlsplit
 
 from .._exceptions import PermanentFetchError
 from ..shards._urls import Shard
+from ._errors import ChunkFailure
+from ._limits import too_large
 from ._origin import Origin, tls_failure
 from ._retry import RetryPolicy, Timeouts, retrying_sync
-from ._web import WebSettings, error_for, is_redirect, next_url, version_of
+from ._web import WebSettings, error_for, is_redirect, next_url, refuse_userinfo, version_of
 
 __all__ = ["WebObjects"]
 
@@ -95,8 +105,10 @@ class WebObjects:
         body: bool = False,
         ok: tuple[int, ...] = (),
     ) -> _Answer:
+        until = time.monotonic() + self.settings.open_deadline
+
         def attempt() -> _Answer:
-            answer = self._once(method, url, extra or {}, body=body)
+            answer = self._once(method, url, extra or {}, body=body, until=until)
             if answer.status not in ok:
                 error = self._error(answer, url) if answer.status >= 300 else None
                 if error is not None and not isinstance(error, PermanentFetchError):
@@ -105,12 +117,16 @@ class WebObjects:
 
         return retrying_sync(attempt, url=url, policy=self._policy)
 
-    def _once(self, method: str, url: str, extra: Mapping[str, str], *, body: bool) -> _Answer:
-        """One request, its redirects followed (credentials kept to the first origin)."""
+    def _once(
+        self, method: str, url: str, extra: Mapping[str, str], *, body: bool, until: float
+    ) -> _Answer:
+        """One request, its redirects followed (credentials kept to the first origin),
+        ended by ``until`` (a :func:`time.monotonic` time)."""
+        refuse_userinfo(url)
         headers = {**self.settings.headers_for(url), **extra}
         current = url
         for _ in range(self.settings.max_redirects + 1):
-            status, fields, data = self._request(method, current, headers, body=body)
+            status, fields, data = self._request(method, current, headers, body=body, until=until)
             if not is_redirect(status, fields):
                 return _Answer(status, fields, data, current)
             current, headers = next_url(current, fields["location"], headers)
@@ -122,11 +138,20 @@ class WebObjects:
         )
 
     def _request(
-        self, method: str, url: str, headers: Mapping[str, str], *, body: bool
+        self,
+        method: str,
+        url: str,
+        headers: Mapping[str, str],
+        *,
+        body: bool,
+        until: float,
     ) -> tuple[int, dict[str, str], bytes]:
         parts = urlsplit(url)
         origin = Origin.of(url)
-        timeout = max(self.timeouts.connect, self.timeouts.first_byte)
+        left = until - time.monotonic()
+        if left <= 0:
+            raise self._expired()
+        timeout = min(max(self.timeouts.connect, self.timeouts.first_byte), left)
         conn: http.client.HTTPConnection
         if origin.tls:
             if self._ssl is None:
@@ -137,6 +162,18 @@ class WebObjects:
         else:
             conn = http.client.HTTPConnection(origin.host, origin.port, timeout=timeout)
         target = (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
+        expired = threading.Event()
+
+        def expire() -> None:  # the deadline: end the request however far it got
+            expired.set()
+            sock = conn.sock
+            if sock is not None:
+                with contextlib.suppress(OSError):
+                    socket.socket.shutdown(sock, socket.SHUT_RDWR)  # under TLS too
+
+        watchdog = threading.Timer(left, expire)
+        watchdog.daemon = True
+        watchdog.start()
         try:
             conn.request(method, target, headers=dict(headers))
             response = conn.getresponse()
@@ -145,14 +182,44 @@ class WebObjects:
             if method == "GET" and response.status >= 300:
                 data = response.read(64 << 10)  # an error document
             elif body:
-                data = response.read()
+                data = self._body(url, response, fields)
+            if expired.is_set():
+                raise self._expired()
             return response.status, fields, data
-        except ssl.SSLError as exc:
-            if isinstance(exc, ssl.SSLCertVerificationError) or "WRONG_VERSION" in str(exc):
-                message = str(tls_failure(origin, exc))
-                raise PermanentFetchError(f"{url}: {message}", url=url) from exc
-            raise ConnectionError(f"{origin}: TLS failed: {exc}") from exc
-        except (http.client.HTTPException, socket.gaierror) as exc:
-            raise ConnectionError(f"{origin}: {type(exc).__name__}: {exc}") from exc
+        except (OSError, http.client.HTTPException) as exc:
+            if expired.is_set():
+                raise self._expired() from exc
+            if isinstance(exc, ssl.SSLError):
+                raise self._tls(url, origin, exc) from exc
+            if isinstance(exc, http.client.HTTPException | socket.gaierror):
+                raise ConnectionError(f"{origin}: {type(exc).__name__}: {exc}") from exc
+            raise
         finally:
+            watchdog.cancel()
             conn.close()
+
+    def _body(
+        self, url: str, response: http.client.HTTPResponse, fields: Mapping[str, str]
+    ) -> bytes:
+        """A success's body, at most ``max_open_bytes`` of it held at any time."""
+        cap = self.settings.max_open_bytes
+        declared = fields.get("content-length", "")
+        if declared.isdigit() and int(declared) > cap:
+            raise too_large(url, cap, int(declared))
+        data = response.read(cap + 1)
+        if len(data) > cap:
+            raise too_large(url, cap)
+        return data
+
+    def _expired(self) -> ChunkFailure:
+        return ChunkFailure(
+            "open_deadline",
+            f"no complete answer within {self.settings.open_deadline:g} s, retries and "
+            "redirects included (the web store's setting open_deadline)",
+        )
+
+    def _tls(self, url: str, origin: Origin, exc: ssl.SSLError) -> Exception:
+        if isinstance(exc, ssl.SSLCertVerificationError) or "WRONG_VERSION" in str(exc):
+            message = str(tls_failure(origin, exc))
+            return PermanentFetchError(f"{url}: {message}", url=url)
+        return ConnectionError(f"{origin}: TLS failed: {exc}")

@@ -13,7 +13,9 @@ ranged GET on the project's own HTTP/1.1 client (:mod:`._http`: kept-alive conne
 TLS, the body received straight into the ring slot), under the engine's retries,
 timeouts, adaptive concurrency, hedging and disk cache, as for S3.
 
-Checks, on every response: it is ``206`` for exactly the range asked (a ``200`` with the
+Checks, on every response: it is ``206`` for exactly the range asked (its
+``Content-Range`` names the start and end asked for, else a permanent ``range`` error:
+:func:`._errors.check_range`, shared by every store; a ``200`` with the
 whole object from a server that ignores ``Range`` is a permanent ``no_ranges`` error,
 naming the server, unless the range was the whole object); the object is the version
 that was listed: every request carries ``If-Match`` (a strong ETag) or
@@ -22,11 +24,13 @@ its ``Content-Range`` total are compared with the listing whether or not the ser
 honoured the condition: another is a permanent ``changed`` error.
 
 Redirects are followed (at most ``max_redirects``), credentials (``Authorization``,
-``Cookie``) never carried to another origin. Where a shard's URL redirected, the final
-URL is reused for its later chunks (for ten minutes at most: the Hub's CDN URLs expire);
-a ``401``, ``403``, ``404`` or ``410`` from it is met by asking the shard's own URL
-again, once. ``429`` and ``503`` are throttling (``Retry-After`` honoured), ``5xx``
-server errors: both retried. Settings (token, headers, CA bundle) are in :mod:`._web`.
+``Cookie``) and the headers configured for the store never carried to another origin. A
+URL with ``user:password@`` is refused (give credentials with ``token`` or ``headers``).
+Where a shard's URL redirected, the final URL is reused for its later chunks (for ten
+minutes at most: the Hub's CDN URLs expire); a ``401``, ``403``, ``404`` or ``410``
+from it is met by asking the shard's own URL again, once. ``429`` and ``503`` are
+throttling (``Retry-After`` honoured), ``5xx`` server errors: both retried. Settings
+(token, headers, CA bundle) are in :mod:`._web`.
 """
 
 from __future__ import annotations
@@ -40,13 +44,21 @@ from urllib.parse import urlsplit
 
 from .._exceptions import FetchError, PermanentFetchError, ShardURLError
 from ..shards._urls import Shard
-from ._errors import ChunkFailure
+from ._errors import ChunkFailure, check_range
 from ._httpconn import Reply, Scatter
 from ._httpstore import HTTPStore
 from ._origin import Origin, TLSMismatch
 from ._retry import Timeouts
 from ._store import ChunkRequest, StoreSetup
-from ._web import LAST_MODIFIED, WebSettings, error_for, is_redirect, next_url, same_tag
+from ._web import (
+    LAST_MODIFIED,
+    WebSettings,
+    error_for,
+    is_redirect,
+    next_url,
+    refuse_userinfo,
+    same_tag,
+)
 from ._webobjects import WebObjects
 
 __all__ = ["WebStore"]
@@ -107,6 +119,7 @@ class WebStore(HTTPStore):
             raise ShardURLError(f"{url!r}: a web shard URL is http(s)://HOST/PATH")
         if parts.fragment:
             raise ShardURLError(f"{url!r}: a shard URL has no #fragment")
+        refuse_userinfo(url)
         try:
             parts.port  # noqa: B018 - a malformed port raises here
         except ValueError as exc:
@@ -253,16 +266,8 @@ class WebStore(HTTPStore):
             length = fields.get("content-length", "")
             if request.size is not None and length != str(request.size):
                 raise ChunkFailure("changed", f"its size is {length}, it was {request.size}")
-            return
-        first, _, total = fields.get("content-range", "").removeprefix("bytes ").partition("/")
-        if request.size is not None and total.isdigit() and int(total) != request.size:
-            raise ChunkFailure("changed", f"its size is {total}, it was {request.size}")
-        if first.partition("-")[0] != str(request.offset):
-            raise ChunkFailure(
-                "length",
-                f"asked for bytes from {request.offset}, the response has "
-                f"{fields.get('content-range')!r}",
-            )
+        content_range = fields.get("content-range")
+        check_range(reply.status, content_range, request.offset, request.length, request.size)
 
 
 class HttpStore(WebStore):
