@@ -318,14 +318,14 @@ def test_a_stream_taken_natively_is_iter_s_order(
 
 
 @pytest.mark.parametrize("kind", ["samples", "shards", "off", "mixed"])
-@pytest.mark.parametrize("after", [1, 9, 33])
+@pytest.mark.parametrize("after", [1, 33])
 def test_a_state_saved_while_taking_resumes_exactly_either_way(
     data: dict[str, ForeignShards], kind: Kind, after: int
 ) -> None:
     with native(False), make(data, kind, **options(kind)) as s:
         s.set_epoch(1)
         expected = [key(sample) for sample in s]
-    for first, then in ((True, False), (False, True), (True, True)):
+    for first, then in ((True, False), (False, True)):
         with native(first), make(data, kind, **options(kind)) as s:
             s.set_epoch(1)
             head = taken(s, random.Random(after), limit=after)
