@@ -20,6 +20,7 @@ $(BIN)/asyncstream: pyproject.toml
 # The native extension, rebuilt in place (where `pip install -e` put it) when its source
 # changes after the install.
 NATIVE := asyncstream/shards/_tarwalk.c
+NATIVE += asyncstream/order/_drawc.c
 NATIVE_SO := asyncstream/shards/.native-built
 $(NATIVE_SO): $(BIN)/asyncstream $(NATIVE) setup.py
 	$(BIN)/python setup.py --quiet build_ext --inplace
@@ -60,7 +61,7 @@ check: lint test
 # hide a read past its end) and leak detection is off (the interpreter keeps its objects at
 # exit by design). Any report ends the run with an error. CI runs it after `make check`.
 SANITIZE_DIR := build/sanitize
-SANITIZE_TESTS ?= tests/test_native_tar.py tests/test_tarfast.py tests/test_tar.py
+SANITIZE_TESTS ?= tests/test_native_tar.py tests/test_tarfast.py tests/test_tar.py tests/test_native_draw.py
 SANITIZE_EXAMPLES ?= 100
 SANITIZE_FLAGS := -fsanitize=address,undefined -fno-sanitize-recover=all -fno-omit-frame-pointer -g -O1
 sanitize: install

@@ -39,10 +39,11 @@ class _StrictBuild(build_ext):
 
 setup(
     ext_modules=[
+        Extension("asyncstream.order._drawc", sources=["asyncstream/order/_drawc.c"]),
         Extension(
             "asyncstream.shards._tarwalk",
             sources=["asyncstream/shards/_tarwalk.c"],
-        )
+        ),
     ],
     cmdclass={"build_ext": _StrictBuild},
 )

@@ -19,12 +19,20 @@ Every random number is a pure function of ``(key, draw number)`` (splitmix64), s
 order depends on the seed, the epoch, the topology and the data alone, never on when
 chunks arrive, and the whole state is a few integers and lists (saved by the stream as
 its ``state_dict``).
+
+Native: :meth:`WindowShuffle.draw_many` makes a run of draws in one call of the extension
+:mod:`._drawc` where it is built (every install builds it), with the shuffle on and no
+blend; with the shuffle off it slices the lane. :meth:`WindowShuffle.draw` stays the
+reference, in Python: ``ASYNCSTREAM_NATIVE=0`` in the environment (read once, at import)
+or :data:`NATIVE` set to ``False`` makes ``draw_many`` a loop of ``draw``; the tests drive
+both side by side.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
+import os
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Generic, Literal, TypeVar
 
@@ -34,6 +42,7 @@ if TYPE_CHECKING:
     from ._mix import Blend
 
 __all__ = [
+    "NATIVE",
     "Outlook",
     "ShuffleQuality",
     "WindowShuffle",
@@ -80,6 +89,26 @@ def _splitmix_batch(key: int, n: int) -> list[int]:
     x = (x ^ (x >> np.uint64(27))) * _MUL2
     out: list[int] = (x ^ (x >> np.uint64(31))).tolist()
     return out
+
+
+# The native draw: (lanes' lists, key, draws, n, shards) -> (lane indices, samples).
+_Draw = Callable[[list[list[Any]], int, int, int, bool], tuple[list[int], list[Any]]]
+
+
+def _native_draw() -> _Draw | None:
+    """The extension's draw, or None where it was not built (a source tree never installed:
+    the Python draw then makes every draw, as exactly and more slowly)."""
+    try:
+        # Not `from ._drawc import draw`: with no .py to find, grimp reads it as `asyncstream`.
+        from . import _drawc
+    except ImportError:
+        return None
+    return _drawc.draw
+
+
+_NATIVE_DRAW = _native_draw()
+# Whether WindowShuffle.draw_many draws natively; tests set it to compare the two.
+NATIVE = _NATIVE_DRAW is not None and os.environ.get("ASYNCSTREAM_NATIVE", "1") != "0"
 
 
 @dataclass
@@ -256,6 +285,67 @@ class WindowShuffle(Generic[T]):
         if not items:
             self._empty.append(lanes[index])
         return index, item
+
+    def draw_many(self, n: int) -> tuple[list[int], list[T]]:
+        """Up to ``n`` draws in a row, as many calls of :meth:`draw` make them while
+        :meth:`need` asks for nothing else: none where it asks for something now, and the
+        run ends after the draw that empties a lane, or before the draw that a lane must
+        open for. Returns each draw's lane index and sample, in order."""
+        if n <= 0 or self.need() is not _DRAW:
+            return [], []
+        lanes = self.lanes
+        open_ = len(lanes)
+        if open_ < self.window and self.next_piece < self.n_pieces:
+            n = min(n, open_ - self.draws)  # a lane opens before draw number open_
+        native = _NATIVE_DRAW if NATIVE and self.blend is None else None
+        if native is None:
+            indices: list[int] = []
+            samples: list[T] = []
+            while len(indices) < n and not self._empty:
+                index, sample = self.draw()
+                indices.append(index)
+                samples.append(sample)
+            return indices, samples
+        if not self.shuffle:  # lanes[0] in order, up to its end
+            lane = lanes[0]
+            samples = lane.items[lane.cursor : lane.cursor + n]
+            lane.cursor += len(samples)
+            self.draws += len(samples)
+            if lane.cursor == len(lane.items):
+                self._empty.append(lane)
+            return [0] * len(samples), samples
+        indices, samples = native(
+            [lane.items for lane in lanes], self.key, self.draws, n, self.mode == "shards"
+        )
+        self.draws += len(indices)
+        self._items -= len(indices)
+        if indices and not lanes[indices[-1]].items:
+            self._empty.append(lanes[indices[-1]])
+        return indices, samples
+
+    def undraw(self, indices: Sequence[int], samples: Sequence[T]) -> None:
+        """Put back the last draws, as :meth:`draw_many` returned them (or the tail of what
+        it returned): the state is then exactly as before them. Not with a blend.
+
+        Raises:
+            ValueError: with a blend (its choices are not undone).
+        """
+        if self.blend is not None:
+            raise ValueError("draws of a blended shuffle cannot be put back")
+        if not self.shuffle:
+            self.lanes[0].cursor -= len(indices)
+            self.draws -= len(indices)
+            return
+        for index, sample in zip(reversed(indices), reversed(samples), strict=True):
+            self.draws -= 1
+            items = self.lanes[index].items
+            pick = _below(self.key, 2 * self.draws + 1, len(items) + 1)  # as draw() picked
+            if pick < len(items):  # undo the swap-remove: the last sample back at the end
+                items.append(items[pick])
+                items[pick] = sample
+            else:
+                items.append(sample)
+            self._items += 1
 
     def _blended(self, blend: Blend, n: int) -> int:
         """The lane of draw ``n``: the blend's source, then one of its lanes."""

@@ -241,6 +241,47 @@ class EpochRun(Iterator[dict[str, Any]]):
         """
         if self.closed:
             return 0
+        if self.blend is not None:  # a blend's draws are made one by one
+            return self._take_each(n, sink)
+        taken = 0
+        emit = self.emit
+        shuffle = self.shuffle
+        try:
+            if not self.primed:
+                self._prime()
+            while taken < n:
+                need = shuffle.need()
+                if need.kind != "draw":
+                    self._serve(need)
+                    continue
+                indices, samples = shuffle.draw_many(n - taken)
+                # Each lane's ring view, url, records and first sample, looked up once a run.
+                lanes = [
+                    (reader.view, reader.shard.url, reader.records, reader.first)
+                    for reader in (lane.meta["reader"] for lane in shuffle.lanes)
+                ]
+                for at, (index, sample) in enumerate(zip(indices, samples, strict=True), 1):
+                    view, url, records, first = lanes[index]
+                    emit.emitted += 1
+                    taken += 1
+                    try:
+                        going = sink(view, url, records[sample - first])
+                    except BaseException:
+                        shuffle.undraw(indices[at:], samples[at:])  # drawn, not emitted
+                        raise
+                    if not going:
+                        shuffle.undraw(indices[at:], samples[at:])
+                        return taken
+            return taken
+        except StopIteration:
+            self.closed = True  # the engine is idle again: finish() hands it back
+            return taken
+        except BaseException as exc:
+            self._fail(exc)
+            raise
+
+    def _take_each(self, n: int, sink: RecordSink) -> int:
+        """:meth:`take` a draw at a time (a blended stream's)."""
         taken = 0
         emit = self.emit
         try:

@@ -1,0 +1,351 @@
+"""The native window draw (``asyncstream/order/_drawc.c``) against its Python reference.
+
+:meth:`WindowShuffle.draw` in Python is the specification. Two shuffles are driven side by
+side over the same pieces and chunks, one drawing with ``draw_many`` natively, the other
+with the reference (``_shuffle.NATIVE`` off: a loop of ``draw``): every run of draws must
+give the same lanes and samples, and the two states (``state()``, what ``need()`` asks
+for next, the resident count) must be equal after every step; a tail of a run put back
+with ``undraw`` must leave the state the reference reaches by drawing only the head. Seeds,
+windows, modes, shuffle on and off, piece sizes, chunk sizes and run lengths are drawn by
+hypothesis (``ASYNCSTREAM_FUZZ_EXAMPLES``, 150 by default, derandomized).
+
+Whole streams over local shards (``tarfile`` and ``webdataset.TarWriter``) read with
+``take`` (which draws in runs) give exactly the samples of plain ``iter`` with the
+reference draw, for every mode, ranks x workers, mixed sources, a sink that stops early,
+and after resumes from states saved mid-epoch either way. ``tests/data/state_pre_native.json``
+holds states saved by asyncstream at fd7389c, before the native draw, with the samples that
+run read after each; they must resume exactly.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any, Literal
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from asyncstream import ShardStream, Source
+from asyncstream.order import _shuffle
+from asyncstream.order._plan import Topology
+from asyncstream.order._shuffle import WindowShuffle, _below
+from asyncstream.stream import _stream
+from tests._foreign import ForeignShards, write_foreign_shards
+
+pytestmark = pytest.mark.timeout(600)
+
+FUZZ = settings(
+    max_examples=int(os.environ.get("ASYNCSTREAM_FUZZ_EXAMPLES", "150")),
+    derandomize=True,
+    database=None,
+    deadline=None,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
+)
+U64 = st.integers(0, (1 << 64) - 1)
+
+
+@contextmanager
+def native(on: bool) -> Iterator[None]:
+    saved = _shuffle.NATIVE
+    _shuffle.NATIVE = on
+    try:
+        yield
+    finally:
+        _shuffle.NATIVE = saved
+
+
+def test_the_extension_is_built() -> None:
+    """Every install builds it: a source tree without it would test the reference twice."""
+    assert _shuffle._NATIVE_DRAW is not None
+    assert _shuffle.NATIVE  # ASYNCSTREAM_NATIVE is not set to 0 in the tests
+
+
+# -- the random numbers --------------------------------------------------------------------
+
+
+@FUZZ
+@given(key=U64, n=U64, bound=U64)
+def test_the_native_random_numbers_are_the_python_ones(key: int, n: int, bound: int) -> None:
+    from asyncstream.order import _drawc
+
+    assert _drawc.below(key, n, bound) == _below(key, n, bound)
+
+
+def test_malformed_arguments_are_exceptions() -> None:
+    from asyncstream.order import _drawc
+
+    with pytest.raises(ValueError, match="empty"):
+        _drawc.draw([[1], []], 1, 0, 5, False)
+    with pytest.raises(TypeError, match="list"):
+        _drawc.draw([[1], (2,)], 1, 0, 5, False)  # type: ignore[list-item]
+    with pytest.raises(ValueError, match="no lane"):
+        _drawc.draw([], 1, 0, 5, True)
+    with pytest.raises(ValueError, match="key"):
+        _drawc.draw([[1]], -1, 0, 5, True)
+    with pytest.raises(ValueError, match="draws"):
+        _drawc.draw([[1]], 1, 1 << 64, 5, True)
+    with pytest.raises(ValueError, match="n must"):
+        _drawc.draw([[1]], 1, 0, -1, True)
+    assert _drawc.draw([], 1, 0, 0, True) == ([], [])
+    lists = [[7]]
+    assert _drawc.draw(lists, 1, 0, 10, False) == ([0], [7])
+    assert lists == [[]]
+
+
+# -- two shuffles side by side ---------------------------------------------------------------
+
+
+class Driven:
+    """A shuffle driven as ``simulate_window_order`` drives it: pieces of ``sizes[p]``
+    samples (numbered apart per piece), in chunks of ``chunk`` samples."""
+
+    def __init__(
+        self, sizes: list[int], chunk: int, *, window: int, key: int, mode: str, shuffle: bool
+    ) -> None:
+        self.sizes, self.chunk = sizes, chunk
+        self.shuffle: WindowShuffle[int] = WindowShuffle(
+            len(sizes),
+            window=window,
+            key=key,
+            mode=mode,  # type: ignore[arg-type]
+            shuffle=shuffle,
+        )
+        self.next_start: dict[int, int] = {}
+
+    def _chunk(self, piece: int, start: int) -> list[int]:
+        stop = min(start + self.chunk, self.sizes[piece])
+        self.next_start[piece] = start + self.chunk
+        return [piece * 10_000 + i for i in range(start, stop)]
+
+    def serve(self) -> bool:
+        """Serve what the shuffle needs until it can draw; False at the end."""
+        s = self.shuffle
+        while True:
+            need = s.need()
+            if need.kind == "draw":
+                return True
+            if need.kind == "done":
+                return False
+            if need.kind == "open":
+                s.open(self._chunk(need.piece, 0))
+            else:
+                piece = s.lanes[need.lane].piece
+                if self.next_start[piece] < self.sizes[piece]:
+                    s.refill(need.lane, self._chunk(piece, self.next_start[piece]))
+                else:
+                    s.close(need.lane)
+
+    def snapshot(self) -> Any:
+        s = self.shuffle
+        return (s.state(), s.need(), s.resident(), s._items, s.draws)
+
+
+@FUZZ
+@given(
+    data=st.data(),
+    key=U64,
+    window=st.integers(1, 9),
+    mode=st.sampled_from(["samples", "shards"]),
+    shuffle=st.booleans(),
+    sizes=st.lists(st.integers(0, 40), min_size=0, max_size=12),
+    chunk=st.integers(1, 50),
+)
+def test_native_runs_of_draws_are_the_reference_s(
+    data: st.DataObject,
+    key: int,
+    window: int,
+    mode: str,
+    shuffle: bool,
+    sizes: list[int],
+    chunk: int,
+) -> None:
+    made = dict(window=window, key=key, mode=mode, shuffle=shuffle)
+    fast, slow = Driven(sizes, chunk, **made), Driven(sizes, chunk, **made)  # type: ignore[arg-type]
+    emitted: list[int] = []
+    while True:
+        going = fast.serve()
+        assert slow.serve() == going
+        assert fast.snapshot() == slow.snapshot()
+        if not going:
+            break
+        n = data.draw(st.integers(0, 60), label="n")
+        with native(True):
+            indices, samples = fast.shuffle.draw_many(n)
+        if data.draw(st.booleans(), label="put back a tail"):
+            keep = data.draw(st.integers(0, len(indices)), label="keep")
+            fast.shuffle.undraw(indices[keep:], samples[keep:])
+            indices, samples = indices[:keep], samples[:keep]
+            n = keep
+        with native(False):
+            assert slow.shuffle.draw_many(n) == (indices, samples)
+        assert fast.snapshot() == slow.snapshot()
+        emitted += samples
+    everything = [p * 10_000 + i for p, size in enumerate(sizes) for i in range(size)]
+    assert sorted(emitted) == everything  # each sample once
+
+
+@FUZZ
+@given(
+    key=U64,
+    window=st.integers(1, 9),
+    mode=st.sampled_from(["samples", "shards"]),
+    shuffle=st.booleans(),
+    sizes=st.lists(st.integers(0, 40), min_size=1, max_size=12),
+    chunk=st.integers(1, 50),
+)
+def test_runs_of_draws_are_single_draws_of_the_reference(
+    key: int, window: int, mode: str, shuffle: bool, sizes: list[int], chunk: int
+) -> None:
+    """The native runs, as long as they go, against ``draw`` one at a time."""
+    made = dict(window=window, key=key, mode=mode, shuffle=shuffle)
+    fast, slow = Driven(sizes, chunk, **made), Driven(sizes, chunk, **made)  # type: ignore[arg-type]
+    runs: list[tuple[int, int]] = []
+    while fast.serve():
+        with native(True):
+            runs += zip(*fast.shuffle.draw_many(1 << 30), strict=True)
+    singles = []
+    while slow.serve():
+        singles.append(slow.shuffle.draw())
+    assert runs == singles
+
+
+# -- whole streams ---------------------------------------------------------------------------
+
+STREAM: dict[str, Any] = {"window": 4, "inflight": 2, "chunk_bytes": 16 << 10, "seed": 13}
+Kind = Literal["samples", "shards", "off", "mixed"]
+
+
+@pytest.fixture(scope="module")
+def data(tmp_path_factory: pytest.TempPathFactory) -> dict[str, ForeignShards]:
+    """The fixture's shards (``state_pre_native.json``'s seeds), written again."""
+    root = tmp_path_factory.mktemp("native-draw")
+    seeds = FIXTURE["seeds"]
+    return {
+        "plain": write_foreign_shards(root / "plain", 7, seed=seeds["plain"]),
+        "a": write_foreign_shards(root / "a", 4, seed=seeds["a"], prefix="a"),
+        "b": write_foreign_shards(root / "b", 3, seed=seeds["b"], prefix="b"),
+    }
+
+
+FIXTURE = json.loads((Path(__file__).parent / "data" / "state_pre_native.json").read_text())
+
+
+def make(data: dict[str, ForeignShards], kind: str, **options: Any) -> ShardStream:
+    if kind == "mixed":
+        sources = [
+            Source(str(data["a"].folder), weight=2, name="a", samples_per_shard=data["a"].counts),
+            Source(str(data["b"].folder), samples=40, name="b", samples_per_shard=data["b"].counts),
+        ]
+        return ShardStream(sources, **STREAM, **options)
+    plain = data["plain"]
+    return ShardStream(str(plain.folder), samples_per_shard=plain.counts, **STREAM, **options)
+
+
+def options(kind: Kind) -> dict[str, Any]:
+    if kind == "off":
+        return {"shuffle": False}
+    return {"shuffle_mode": "shards" if kind == "shards" else "samples"}
+
+
+def key(sample: dict[str, Any]) -> str:
+    return f"{sample['__key__']}|{sample['__url__'].rsplit('/', 1)[-1]}"
+
+
+def record_key(_view: memoryview, url: str, record: tuple[Any, ...]) -> str:
+    return f"{record[0]}|{url.rsplit('/', 1)[-1]}"
+
+
+def taken(stream: ShardStream, rng: random.Random, limit: int | None = None) -> list[str]:
+    """The stream read with ``take`` in runs of random lengths, its sink stopping at random
+    now and then; up to ``limit`` samples."""
+    got: list[str] = []
+    views = stream.iter_views()
+    while limit is None or len(got) < limit:
+        n = rng.randint(1, 40) if limit is None else min(rng.randint(1, 40), limit - len(got))
+        stop = rng.randint(1, n) if rng.random() < 0.3 else None
+        stop_at = len(got) + stop if stop is not None else -1
+
+        def sink(view: memoryview, url: str, record: tuple[Any, ...], at: int = stop_at) -> bool:
+            got.append(record_key(view, url, record))
+            return len(got) != at
+
+        count = views.take(n, sink)
+        if count == 0:
+            break
+        assert count <= (stop or n)  # fewer only where the sink stopped or the epoch ended
+    return got
+
+
+@contextmanager
+def topology(rank: int, world: int, worker: int, workers: int) -> Iterator[None]:
+    """The stream's reader as DataLoader worker ``worker`` of ``workers`` (0 of 1: none)."""
+    real = _stream.worker_topology
+    _stream.worker_topology = lambda r, w: Topology(r, w, worker, workers)  # type: ignore[assignment]
+    try:
+        yield
+    finally:
+        _stream.worker_topology = real
+
+
+@pytest.mark.parametrize("kind", ["samples", "shards", "off", "mixed"])
+@pytest.mark.parametrize("where", [(0, 1, 0, 1), (1, 2, 0, 1), (0, 2, 1, 3), (2, 3, 1, 2)])
+def test_a_stream_taken_natively_is_iter_s_order(
+    data: dict[str, ForeignShards], kind: Kind, where: tuple[int, int, int, int]
+) -> None:
+    rank, world = where[:2]
+    with (
+        topology(*where),
+        native(False),
+        make(data, kind, rank=rank, world_size=world, **options(kind)) as s,
+    ):
+        s.set_epoch(2)
+        expected = [key(sample) for sample in s]
+    assert expected
+    for on in (True, False):
+        with (
+            topology(*where),
+            native(on),
+            make(data, kind, rank=rank, world_size=world, **options(kind)) as s,
+        ):
+            s.set_epoch(2)
+            assert taken(s, random.Random(f"{kind}{where}{on}")) == expected, on
+
+
+@pytest.mark.parametrize("kind", ["samples", "shards", "off", "mixed"])
+@pytest.mark.parametrize("after", [1, 33])
+def test_a_state_saved_while_taking_resumes_exactly_either_way(
+    data: dict[str, ForeignShards], kind: Kind, after: int
+) -> None:
+    with native(False), make(data, kind, **options(kind)) as s:
+        s.set_epoch(1)
+        expected = [key(sample) for sample in s]
+    for first, then in ((True, False), (False, True)):
+        with native(first), make(data, kind, **options(kind)) as s:
+            s.set_epoch(1)
+            head = taken(s, random.Random(after), limit=after)
+            state = json.loads(json.dumps(s.state_dict()))
+        assert head == expected[:after]
+        with native(then), make(data, kind, **options(kind)) as s:
+            s.load_state_dict(state)
+            assert taken(s, random.Random(after + 1)) == expected[after:], (first, then)
+        with native(then), make(data, kind, **options(kind)) as s:
+            s.load_state_dict(state)
+            assert [key(sample) for sample in s] == expected[after:], (first, then)
+
+
+@pytest.mark.parametrize("case", range(len(FIXTURE["cases"])))
+@pytest.mark.parametrize("reading", ["take", "iter"])
+def test_a_state_saved_before_the_native_draw_resumes_exactly(
+    data: dict[str, ForeignShards], case: int, reading: str
+) -> None:
+    saved = FIXTURE["cases"][case]
+    with native(True), make(data, saved["kind"], **saved["options"]) as s:
+        s.load_state_dict({**saved["state"], "dataset": s.state_dict()["dataset"]})
+        got = taken(s, random.Random(case)) if reading == "take" else list(map(key, s))
+    assert got == saved["rest"]
