@@ -74,8 +74,8 @@ sanitize: install
 		PYTHONMALLOC=malloc ASAN_OPTIONS=detect_leaks=0:abort_on_error=1 \
 		UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1 \
 		ASYNCSTREAM_FUZZ_EXAMPLES=$(SANITIZE_EXAMPLES) PYTHONPATH=$(abspath $(SANITIZE_DIR)) \
-		timeout 600 $(abspath $(BIN))/python -m pytest -p no:cacheprovider -q \
-		$(SANITIZE_TESTS)
+		timeout 900 $(abspath $(BIN))/python -m pytest -p no:cacheprovider -q \
+		-n $(PYTEST_WORKERS) --dist loadfile $(SANITIZE_TESTS)
 
 clean:
-	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache *.egg-info site build asyncstream/shards/*.so $(NATIVE_SO)
+	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache *.egg-info site build asyncstream/*/*.so dali_ops/*.so $(NATIVE_SO)
