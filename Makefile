@@ -20,7 +20,7 @@ $(BIN)/asyncstream: pyproject.toml
 # The native extension, rebuilt in place (where `pip install -e` put it) when its source
 # changes after the install.
 NATIVE := asyncstream/shards/_tarwalk.c
-NATIVE += asyncstream/order/_drawc.c
+NATIVE += asyncstream/order/_drawc.c dali_ops/_batchc.c
 NATIVE_SO := asyncstream/shards/.native-built
 $(NATIVE_SO): $(BIN)/asyncstream $(NATIVE) setup.py
 	$(BIN)/python setup.py --quiet build_ext --inplace
@@ -61,13 +61,14 @@ check: lint test
 # hide a read past its end) and leak detection is off (the interpreter keeps its objects at
 # exit by design). Any report ends the run with an error. CI runs it after `make check`.
 SANITIZE_DIR := build/sanitize
-SANITIZE_TESTS ?= tests/test_native_tar.py tests/test_tarfast.py tests/test_tar.py tests/test_native_draw.py
+SANITIZE_TESTS ?= tests/test_native_tar.py tests/test_tarfast.py tests/test_tar.py tests/test_native_draw.py \
+	tests/test_native_batch.py
 SANITIZE_EXAMPLES ?= 100
 SANITIZE_FLAGS := -fsanitize=address,undefined -fno-sanitize-recover=all -fno-omit-frame-pointer -g -O1
 sanitize: install
 	rm -rf $(SANITIZE_DIR)
 	mkdir -p $(SANITIZE_DIR)
-	cp -r asyncstream tests setup.py pyproject.toml README.md $(SANITIZE_DIR)/
+	cp -r asyncstream dali_ops tests setup.py pyproject.toml README.md $(SANITIZE_DIR)/
 	cd $(SANITIZE_DIR) && CFLAGS="$(SANITIZE_FLAGS)" LDFLAGS="$(SANITIZE_FLAGS)" \
 		$(abspath $(BIN))/python setup.py --quiet build_ext --inplace --force
 	cd $(SANITIZE_DIR) && LD_PRELOAD="$$(gcc -print-file-name=libasan.so)" \

@@ -44,6 +44,7 @@ setup(
             "asyncstream.shards._tarwalk",
             sources=["asyncstream/shards/_tarwalk.c"],
         ),
+        Extension("dali_ops._batchc", sources=["dali_ops/_batchc.c"]),
     ],
     cmdclass={"build_ext": _StrictBuild},
 )

@@ -14,11 +14,20 @@ and recorded (``on_error="skip"``: the batch is filled from the next samples) or
 batch with its error (``"raise"``). An error of the stream itself (a fetch that failed, a
 corrupt tar) always ends the batch with that error. A batch with an error is never fed to
 DALI: the loader raises the error when that batch's turn comes, after every earlier batch.
+
+Native. The records path's common sample (an image found, a label of digits, an image that
+passes the check) is added by a C sink, ``_batchc.Sink``, that ``Iteration.take`` calls
+directly: no Python frame per sample; any other sample goes to :meth:`BatchBuilder.
+_add_record`, the Python sink, which stays the reference for all of them.
+``ASYNCSTREAM_NATIVE=0`` in the environment (read once, at import) or :data:`NATIVE` set
+to ``False`` selects the Python sink for every sample; the tests build every batch both
+ways.
 """
 
 from __future__ import annotations
 
 import functools
+import os
 import time
 import traceback
 from collections.abc import Callable, Generator, Iterator
@@ -34,9 +43,31 @@ from ._checks import Precheck, check_image, describe_sample, source_of
 from ._shm import BatchBuffer, BufferPool, BufferViews
 
 if TYPE_CHECKING:
+    from types import ModuleType
+
     from asyncstream import ShardStream
 
-__all__ = ["BatchBuilder", "EncodedBatch", "Skipped", "read_batches"]
+__all__ = ["NATIVE", "BatchBuilder", "EncodedBatch", "Skipped", "read_batches"]
+
+
+def _native() -> ModuleType | None:
+    """The extension, or None where it was not built (a source tree never installed: the
+    Python sink then takes every sample, as exactly and more slowly)."""
+    try:
+        # Not `from ._batchc import Sink`: with no .py to find, grimp misreads it.
+        from . import _batchc
+    except ImportError:
+        return None
+    return _batchc
+
+
+_NATIVE = _native()
+# Whether BatchBuilder.build hands records to the native sink; tests set it to compare.
+NATIVE = _NATIVE is not None and os.environ.get("ASYNCSTREAM_NATIVE", "1") != "0"
+
+_LEVELS = {"none": 0, "markers": 1, "header": 2}  # the native sink's precheck levels
+_FROMBUFFER = functools.partial(np.frombuffer, dtype=np.uint8)
+_HEADER_CHECK = functools.partial(check_image, level="header")
 
 STATS_INTERVAL = 1.0  # seconds between snapshots of the stream's statistics
 
@@ -216,7 +247,7 @@ class BatchBuilder:
         take = getattr(samples, "take", None)
         try:
             if take is not None:
-                sink = functools.partial(self._add_record, batch)
+                sink = self._sink(batch)
                 while len(batch.keys) < self.batch_size and batch.error is None:
                     if not take(self.batch_size - len(batch.keys), sink):
                         return True
@@ -230,6 +261,31 @@ class BatchBuilder:
             batch.error = exc
             return True
         return False
+
+    def _sink(self, batch: EncodedBatch) -> Callable[[memoryview, str, Any], bool]:
+        """What ``take`` hands each record to for ``batch``: the native sink, which hands
+        any sample but the common one to :meth:`_add_record`, or that alone."""
+        fallback = functools.partial(self._add_record, batch)
+        if not NATIVE or _NATIVE is None:
+            return fallback
+        placed = batch.placed
+        sink: Callable[[memoryview, str, Any], bool] = _NATIVE.Sink(
+            batch.keys,
+            batch.urls,
+            batch.labels,
+            batch.metas,
+            batch.arrays,
+            batch.spans,
+            placed,
+            _FROMBUFFER,
+            self.image_keys,
+            self.label_key,
+            _META_KEY,
+            _LEVELS[self.precheck],
+            _HEADER_CHECK,
+            fallback,
+        )
+        return sink
 
     def _add(self, batch: EncodedBatch, sample: dict[str, Any]) -> None:
         """Members are ``bytes``, or views valid until the next sample: what is kept is

@@ -1,12 +1,15 @@
 """The batch builder reads samples two ways: records handed over in bulk by the stream
 (``iter_views().take``, the loader's way) and sample dicts one at a time (any iterator).
 Both must build the same batches: images, labels, keys, source files, and the same skips
-and errors, on a tar written by ``tarfile`` (not ``pack``) with every kind of bad sample."""
+and errors, on a tar written by ``tarfile`` (not ``pack``) with every kind of bad sample.
+The records go to the native sink (``_batchc``) or the Python one (``NATIVE = False``),
+into the feed thread's arrays or a worker's shared buffer: all four build the same."""
 
 from __future__ import annotations
 
 import io
 import json
+import re
 import tarfile
 from collections.abc import Iterator
 from pathlib import Path
@@ -17,7 +20,12 @@ import pytest
 from PIL import Image
 
 from asyncstream import DataError, DecodeError, ShardStream
+from dali_ops import _batch
 from dali_ops._batch import BatchBuilder, EncodedBatch
+from dali_ops._shm import BatchBuffer, BufferPool
+
+# How the records path is taken: native sink or Python, feed thread or worker buffer.
+WAYS = [(True, False), (False, False), (True, True), (False, True)]
 
 
 def jpeg(seed: int) -> bytes:
@@ -78,41 +86,79 @@ def label_folder(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return write(tmp_path_factory.mktemp("dali-batch-labels"), labels=True)
 
 
+def unaddressed(text: str) -> str:
+    """A message without the object addresses Pillow's name (``<_io.BytesIO object at
+    0x7f...>``), which differ from one call to the next."""
+    return re.sub(r" at 0x[0-9a-f]+>", " at 0x...>", text)
+
+
 def one_at_a_time(samples: Iterator[dict[str, Any]]) -> Iterator[dict[str, Any]]:
     """The stream's samples as a plain iterator (no ``take``): the builder's dict path."""
     yield from samples
 
 
-def batches(folder: Path, bulk: bool, on_error: Any) -> list[dict[str, Any]]:
+def batches(
+    folder: Path,
+    bulk: bool,
+    on_error: Any,
+    native: bool = True,
+    placed: bool = False,
+    precheck: Any = "markers",
+) -> list[dict[str, Any]]:
+    assert _batch._NATIVE is not None, "run `make install` (or setup.py build_ext)"
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(_batch, "NATIVE", native)
+        return _batches(folder, bulk, on_error, placed, precheck)
+
+
+def _batches(
+    folder: Path, bulk: bool, on_error: Any, placed: bool, precheck: Any
+) -> list[dict[str, Any]]:
     builder = BatchBuilder(
         8,
         on_error=on_error,
-        precheck="markers",
+        precheck=precheck,
         image_keys=("jpg", "jpeg", "png"),
         label_key="cls",
     )
     out = []
+    pool = BufferPool() if placed else None
     with ShardStream(str(folder), window=2, inflight=2, chunk_bytes=4 << 10, seed=3) as stream:
         samples = stream.iter_views() if bulk else one_at_a_time(iter(stream))
         while True:
-            batch = EncodedBatch(state=None)
+            buffer = None if pool is None else BatchBuffer(pool)
+            batch = EncodedBatch(state=None, placed=buffer)
             ended = builder.build(samples, batch)
+            error = batch.error
+            if buffer is not None:
+                assert not batch.arrays
+                data = buffer.data if batch.spans else None
+                images = [bytes(data[a:b]) for a, b in batch.spans] if data else []
+                assert len(images) == len(batch.keys)
+                buffer.free()
+            else:
+                images = [a.tobytes() for a in batch.arrays]
             out.append(
                 {
                     "keys": batch.keys,
+                    "urls": batch.urls,
                     "labels": batch.labels,
-                    "images": [a.tobytes() for a in batch.arrays],
+                    "images": images,
                     "metas": batch.metas,
-                    "skipped": batch.skipped,
-                    "error": None if batch.error is None else (type(batch.error), str(batch.error)),
+                    "skipped": [(u, k, unaddressed(w), s) for u, k, w, s in batch.skipped],
+                    "error": None if error is None else (type(error), unaddressed(str(error))),
                 }
             )
             if ended:
                 return out
 
 
-def test_records_and_dicts_build_the_same_batches_skipping(folder: Path) -> None:
-    bulk, dicts = batches(folder, True, "skip"), batches(folder, False, "skip")
+@pytest.mark.parametrize(("native", "placed"), WAYS)
+def test_records_and_dicts_build_the_same_batches_skipping(
+    folder: Path, native: bool, placed: bool
+) -> None:
+    bulk = batches(folder, True, "skip", native, placed)
+    dicts = batches(folder, False, "skip")
     assert bulk == dicts
     kept = [k for b in bulk for k in b["keys"]]
     skipped = {s[1]: s[2] for b in bulk for s in b["skipped"]}
@@ -133,8 +179,12 @@ def test_records_and_dicts_build_the_same_batches_skipping(folder: Path) -> None
     assert all(b["error"] is None for b in bulk)
 
 
-def test_records_and_dicts_raise_the_same_first_error(folder: Path) -> None:
-    bulk, dicts = batches(folder, True, "raise"), batches(folder, False, "raise")
+@pytest.mark.parametrize(("native", "placed"), WAYS)
+def test_records_and_dicts_raise_the_same_first_error(
+    folder: Path, native: bool, placed: bool
+) -> None:
+    bulk = batches(folder, True, "raise", native, placed)
+    dicts = batches(folder, False, "raise")
     assert bulk == dicts
     kind, message = bulk[-1]["error"]
     assert kind is DecodeError
@@ -144,10 +194,26 @@ def test_records_and_dicts_raise_the_same_first_error(folder: Path) -> None:
 
 
 @pytest.mark.parametrize("on_error", ["skip", "raise"])
-def test_a_bad_label_ends_the_epoch_on_both_paths(label_folder: Path, on_error: str) -> None:
-    bulk, dicts = batches(label_folder, True, on_error), batches(label_folder, False, on_error)
+@pytest.mark.parametrize(("native", "placed"), WAYS)
+def test_a_bad_label_ends_the_epoch_on_both_paths(
+    label_folder: Path, on_error: str, native: bool, placed: bool
+) -> None:
+    bulk = batches(label_folder, True, on_error, native, placed)
+    dicts = batches(label_folder, False, on_error)
     assert bulk == dicts
     kind, message = bulk[-1]["error"]
     assert kind is DataError
     assert "no integer label in 'cls'" in message
     assert all(b["error"] is None for b in bulk[:-1])
+
+
+@pytest.mark.parametrize("precheck", ["none", "header"])
+@pytest.mark.parametrize("on_error", ["skip", "raise"])
+@pytest.mark.parametrize("placed", [False, True])
+def test_every_precheck_level_builds_the_same_batches_both_ways(
+    folder: Path, precheck: str, on_error: str, placed: bool
+) -> None:
+    native = batches(folder, True, on_error, True, placed, precheck)
+    python = batches(folder, True, on_error, False, placed, precheck)
+    assert native == python
+    assert native == batches(folder, False, on_error, precheck=precheck)

@@ -22,7 +22,7 @@ import pytest
 
 from asyncstream import DecodeError, ShardStream, pack
 from asyncstream.testing import generate_imagefolder
-from dali_ops import DALIImageLoader, PipelineSettings, build_pipeline
+from dali_ops import DALIImageLoader, PipelineSettings, _batch, build_pipeline
 from dali_ops._stages import stage_limit
 
 # This machine may have fewer cores than a test's workers: torch's advice, not an error.
@@ -221,9 +221,21 @@ def bad_folder(folder: Path, tmp_path_factory: pytest.TempPathFactory) -> tuple[
     return out, bad_key
 
 
+@pytest.fixture(params=[True, False], ids=["native", "python"])
+def native(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> bool:
+    """The batch builder's native sink, or the Python one it is compared with (in this
+    process, in forked workers, and through the environment in spawned ones)."""
+    assert _batch._NATIVE is not None, "run `make install` (or setup.py build_ext)"
+    monkeypatch.setattr(_batch, "NATIVE", request.param)
+    monkeypatch.setenv("ASYNCSTREAM_NATIVE", "1" if request.param else "0")
+    return bool(request.param)
+
+
 @pytest.mark.parametrize("precheck", ["markers", "none"])
 @pytest.mark.parametrize("workers", [0, 2])
-def test_skip_on_every_path(bad_folder: tuple[Path, str], workers: int, precheck: str) -> None:
+def test_skip_on_every_path(
+    bad_folder: tuple[Path, str], workers: int, precheck: str, native: bool
+) -> None:
     folder, bad = bad_folder
     with make(
         folder,
@@ -245,7 +257,7 @@ def test_skip_on_every_path(bad_folder: tuple[Path, str], workers: int, precheck
 @pytest.mark.parametrize("precheck", ["markers", "none"])
 @pytest.mark.parametrize("workers", [0, 2])
 def test_raise_on_every_path_loses_nothing(
-    bad_folder: tuple[Path, str], workers: int, precheck: str
+    bad_folder: tuple[Path, str], workers: int, precheck: str, native: bool
 ) -> None:
     folder, bad = bad_folder
     options = {"batch_size": 4, "precheck": precheck, "stream": {"samples_per_shard": 10}}
@@ -333,7 +345,9 @@ def test_after_a_resumed_pass_the_next_pass_is_the_next_epoch(
 
 
 @pytest.mark.parametrize("workers", [0, 2])
-def test_the_loader_s_images_are_dali_s_own_over_the_same_bytes(folder: Path, workers: int) -> None:
+def test_the_loader_s_images_are_dali_s_own_over_the_same_bytes(
+    folder: Path, workers: int, native: bool
+) -> None:
     """Each batch the loader hands out (its images given to DALI as one tensor list of
     views into the batch's memory, in a thread or from workers' shared buffers) is what
     the same pipeline makes of the same encoded bytes given as a plain list, pixel for

@@ -1,0 +1,689 @@
+/* The native batch builder's common path: one sample's record (as the stream's
+ * Iteration.take hands it over) checked and added to a batch in one C call.
+ *
+ * The C twin of dali_ops/_batch.py (BatchBuilder._add_record and _append) and of
+ * dali_ops/_checks.py (check_image), which stay in the tree as the reference:
+ * tests/test_dali_batch.py builds every batch both ways, and tests/test_native_batch.py
+ * fuzzes this sink against the Python one, requiring the same batches, skips and errors.
+ *
+ * A Sink is what Iteration.take calls for each sample: sink(view, url, record). The common
+ * sample (its image member found by image_keys' rank, a label of fewer than 19 ASCII
+ * digits, an image that passes the precheck) is added here: its image copied into the
+ * batch (the DataLoader worker's shared buffer at its next offset, or a new bytes object
+ * for the feed thread), its label parsed, its key, URL and json member recorded. Anything
+ * else (no image or label, a label that is not plain digits, an image the check refuses,
+ * a record not spelled as the stream spells it, offsets outside the view, a shared buffer
+ * that must grow) is handed, untouched, to the Python sink (`fallback`), which decides it
+ * as before, with the same messages. Nothing is added before that decision, so the Python
+ * sink sees the batch exactly as it would have.
+ *
+ * The "header" precheck (Pillow's Image.open) stays in Python: the sink calls `header`
+ * (check_image at that level) once the markers pass, on the same object the Python sink
+ * checks (the bytes copy for the feed thread, a view of the ring for a worker).
+ *
+ * The GIL is released for an image's copy when the copy is long enough to pay for the
+ * hand-over (RELEASE_AT bytes); a smaller one is copied with the GIL held.
+ *
+ * Memory safety: a member's offsets are checked against the view's length before a byte
+ * is read; the shared buffer's free room is checked before a byte is written.
+ */
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+
+#include <stddef.h>
+#include <stdint.h>
+#include <string.h>
+
+#define EOI_WINDOW 64               /* trailing bytes searched for a JPEG's end marker */
+#define LABEL_DIGITS_MAX 18         /* fewer than 19 digits: an int64 always holds them */
+#define RELEASE_AT ((Py_ssize_t)1 << 16) /* copies this long run with the GIL released */
+
+enum { LEVEL_NONE = 0, LEVEL_MARKERS = 1, LEVEL_HEADER = 2 };
+
+/* What a sample's add came to. */
+enum { ADD_ERROR = -1, ADD_FALLBACK = 0, ADD_DONE = 1 };
+
+/* A member's bytes: `owned` (borrowed bytes) if not NULL, else data[0:size] of the view. */
+typedef struct {
+    const unsigned char *data;
+    Py_ssize_t size;
+    Py_ssize_t start; /* in the view (owned == NULL) */
+    Py_ssize_t stop;
+    PyObject *owned;
+} Member;
+
+typedef struct {
+    PyObject_HEAD
+    vectorcallfunc vectorcall;
+    PyObject *keys;       /* the batch's lists, appended to */
+    PyObject *urls;
+    PyObject *labels;
+    PyObject *metas;
+    PyObject *arrays;     /* the feed thread's (placed is None) */
+    PyObject *spans;      /* a worker's (placed is not None) */
+    PyObject *placed;     /* the worker's BatchBuffer, or None */
+    PyObject *frombuffer; /* bytes -> 1-D uint8 array */
+    PyObject *image_keys; /* tuple of str */
+    PyObject *label_key;  /* str */
+    PyObject *meta_key;   /* str */
+    PyObject *header;     /* check_image(data, "header"), or None */
+    PyObject *fallback;   /* the Python sink: fallback(view, url, record) -> bool */
+    int level;
+} Sink;
+
+/* The signatures DALI's decoders.image reads, after the JPEG's (checked first). */
+static const struct {
+    const char *bytes;
+    Py_ssize_t size;
+} SIGNATURES[] = {
+    {"\x89PNG\r\n\x1a\n", 8},
+    {"II*\x00", 4},
+    {"MM\x00*", 4},
+    {"BM", 2},
+    {"\x00\x00\x00\x0cjP  \r\n\x87\n", 12},
+    {"\xff\x4f\xff\x51", 4},
+    {"P1", 2},
+    {"P2", 2},
+    {"P3", 2},
+    {"P4", 2},
+    {"P5", 2},
+    {"P6", 2},
+};
+
+/* Whether data[0:size] passes check_image's "markers" level (its problem is None). */
+static int
+markers_pass(const unsigned char *data, Py_ssize_t size)
+{
+    if (size == 0) {
+        return 0;
+    }
+    if (size >= 3 && data[0] == 0xff && data[1] == 0xd8 && data[2] == 0xff) {
+        Py_ssize_t from = size > EOI_WINDOW ? size - EOI_WINDOW : 0;
+        for (Py_ssize_t i = size - 2; i >= from; i--) {
+            if (data[i] == 0xff && data[i + 1] == 0xd9) {
+                return 1;
+            }
+        }
+        return 0;
+    }
+    if (size >= 12 && memcmp(data, "RIFF", 4) == 0 && memcmp(data + 8, "WEBP", 4) == 0) {
+        return 1;
+    }
+    for (size_t i = 0; i < sizeof(SIGNATURES) / sizeof(SIGNATURES[0]); i++) {
+        if (size >= SIGNATURES[i].size &&
+            memcmp(data, SIGNATURES[i].bytes, (size_t)SIGNATURES[i].size) == 0) {
+            return 1;
+        }
+    }
+    return 0;
+}
+
+/* Whether two exact str are equal: 1, 0, or -1 with an exception set. */
+static int
+same_str(PyObject *a, PyObject *b)
+{
+    if (a == b) {
+        return 1;
+    }
+    if (PyUnicode_GET_LENGTH(a) != PyUnicode_GET_LENGTH(b)) {
+        return 0;
+    }
+    int compared = PyUnicode_Compare(a, b);
+    if (compared == -1 && PyErr_Occurred()) {
+        return -1;
+    }
+    return compared == 0;
+}
+
+/* A view offset: an exact int in [0, limit]; 0 (no exception) where it is not one. */
+static int
+offset(PyObject *value, Py_ssize_t limit, Py_ssize_t *out)
+{
+    if (!PyLong_CheckExact(value)) {
+        return 0;
+    }
+    Py_ssize_t at = PyLong_AsSsize_t(value);
+    if (at == -1 && PyErr_Occurred()) {
+        PyErr_Clear(); /* too large for the view: the fallback decides */
+        return 0;
+    }
+    if (at < 0 || at > limit) {
+        return 0;
+    }
+    *out = at;
+    return 1;
+}
+
+/* The field's member, read from the record's field `field`; ADD_FALLBACK where it is not
+ * spelled as the stream spells it (ext, start, stop, owned). */
+static int
+read_field(PyObject *field, const Py_buffer *view, PyObject **ext, Member *member)
+{
+    if (!PyTuple_CheckExact(field) || PyTuple_GET_SIZE(field) != 4) {
+        return ADD_FALLBACK;
+    }
+    *ext = PyTuple_GET_ITEM(field, 0);
+    if (!PyUnicode_CheckExact(*ext)) {
+        return ADD_FALLBACK;
+    }
+    PyObject *owned = PyTuple_GET_ITEM(field, 3);
+    if (owned != Py_None) {
+        if (!PyBytes_CheckExact(owned)) {
+            return ADD_FALLBACK;
+        }
+        member->owned = owned;
+        member->data = (const unsigned char *)PyBytes_AS_STRING(owned);
+        member->size = PyBytes_GET_SIZE(owned);
+        member->start = member->stop = 0;
+        return ADD_DONE;
+    }
+    Py_ssize_t start, stop;
+    if (view->buf == NULL || !offset(PyTuple_GET_ITEM(field, 1), view->len, &start) ||
+        !offset(PyTuple_GET_ITEM(field, 2), view->len, &stop) || stop < start) {
+        return ADD_FALLBACK;
+    }
+    member->owned = NULL;
+    member->data = (const unsigned char *)view->buf + start;
+    member->size = stop - start;
+    member->start = start;
+    member->stop = stop;
+    return ADD_DONE;
+}
+
+/* The image's rank among image_keys (the last key equal to ext wins, as the Python
+ * builder's dict does), or `none` where it is none of them; -1 on an error. */
+static Py_ssize_t
+image_rank(Sink *self, PyObject *ext, Py_ssize_t none)
+{
+    Py_ssize_t rank = none;
+    Py_ssize_t count = PyTuple_GET_SIZE(self->image_keys);
+    for (Py_ssize_t i = 0; i < count; i++) {
+        int same = same_str(ext, PyTuple_GET_ITEM(self->image_keys, i));
+        if (same < 0) {
+            return -1;
+        }
+        if (same) {
+            rank = i;
+        }
+    }
+    return rank;
+}
+
+/* A member as a Python object: its owned bytes (a new reference), or a view of it. */
+static PyObject *
+member_view(PyObject *view, const Member *member)
+{
+    if (member->owned != NULL) {
+        Py_INCREF(member->owned);
+        return member->owned;
+    }
+    PyObject *start = PyLong_FromSsize_t(member->start);
+    PyObject *stop = start == NULL ? NULL : PyLong_FromSsize_t(member->stop);
+    PyObject *slice = stop == NULL ? NULL : PySlice_New(start, stop, NULL);
+    Py_XDECREF(start);
+    Py_XDECREF(stop);
+    if (slice == NULL) {
+        return NULL;
+    }
+    PyObject *out = PyObject_GetItem(view, slice);
+    Py_DECREF(slice);
+    return out;
+}
+
+/* The header check of `image`: ADD_DONE where it passes, ADD_FALLBACK where it does not
+ * (the fallback says why), ADD_ERROR on an exception. */
+static int
+header_passes(Sink *self, PyObject *image)
+{
+    PyObject *problem = PyObject_CallOneArg(self->header, image);
+    if (problem == NULL) {
+        return ADD_ERROR;
+    }
+    int passes = problem == Py_None;
+    Py_DECREF(problem);
+    return passes ? ADD_DONE : ADD_FALLBACK;
+}
+
+static void
+copy_bytes(unsigned char *to, const unsigned char *from, Py_ssize_t size)
+{
+    if (size >= RELEASE_AT) {
+        Py_BEGIN_ALLOW_THREADS
+        memcpy(to, from, (size_t)size);
+        Py_END_ALLOW_THREADS
+    }
+    else if (size > 0) {
+        memcpy(to, from, (size_t)size);
+    }
+}
+
+/* BatchBuffer.put(image): where the buffer has no room yet (put takes or grows one). */
+static PyObject *
+put(Sink *self, PyObject *view, const Member *image)
+{
+    PyObject *seen = member_view(view, image);
+    if (seen == NULL) {
+        return NULL;
+    }
+    PyObject *span = PyObject_CallMethod(self->placed, "put", "O", seen);
+    Py_DECREF(seen);
+    return span;
+}
+
+/* Where a worker's image goes: its span (start, stop) in the shared buffer, written there
+ * where it has room, else by BatchBuffer.put. */
+static PyObject *
+place(Sink *self, PyObject *view, const Member *image)
+{
+    PyObject *used_obj = PyObject_GetAttrString(self->placed, "used");
+    if (used_obj == NULL) {
+        return NULL;
+    }
+    Py_ssize_t used = PyLong_AsSsize_t(used_obj);
+    Py_DECREF(used_obj);
+    if (used == -1 && PyErr_Occurred()) {
+        return NULL;
+    }
+    PyObject *data = PyObject_GetAttrString(self->placed, "data");
+    if (data == NULL) {
+        return NULL;
+    }
+    if (data == Py_None) {
+        Py_DECREF(data);
+        return put(self, view, image);
+    }
+    Py_buffer out;
+    if (PyObject_GetBuffer(data, &out, PyBUF_WRITABLE | PyBUF_C_CONTIGUOUS) < 0) {
+        Py_DECREF(data);
+        return NULL;
+    }
+    if (used < 0 || used > out.len || image->size > out.len - used) {
+        PyBuffer_Release(&out);
+        Py_DECREF(data);
+        return put(self, view, image);
+    }
+    copy_bytes((unsigned char *)out.buf + used, image->data, image->size);
+    PyBuffer_Release(&out);
+    Py_DECREF(data);
+    PyObject *stop = PyLong_FromSsize_t(used + image->size);
+    if (stop == NULL) {
+        return NULL;
+    }
+    if (PyObject_SetAttrString(self->placed, "used", stop) < 0) {
+        Py_DECREF(stop);
+        return NULL;
+    }
+    return Py_BuildValue("(nN)", used, stop);
+}
+
+static int
+append_new(PyObject *list, PyObject *item)
+{
+    if (item == NULL) {
+        return -1;
+    }
+    int failed = PyList_Append(list, item);
+    Py_DECREF(item);
+    return failed;
+}
+
+/* Add the sample in one go where it is a common one (ADD_DONE); ADD_FALLBACK, with the
+ * batch untouched, where the Python sink must decide it. */
+static int
+add(Sink *self, PyObject *view, PyObject *url, PyObject *record, const Py_buffer *buffer)
+{
+    if (!PyTuple_CheckExact(record) || PyTuple_GET_SIZE(record) < 2) {
+        return ADD_FALLBACK;
+    }
+    Py_ssize_t none = PyTuple_GET_SIZE(self->image_keys);
+    Py_ssize_t rank = none;
+    Member image = {0}, label = {0}, meta = {0};
+    int has_label = 0, has_meta = 0;
+    for (Py_ssize_t i = 2; i < PyTuple_GET_SIZE(record); i++) {
+        PyObject *ext = NULL;
+        Member member;
+        if (read_field(PyTuple_GET_ITEM(record, i), buffer, &ext, &member) != ADD_DONE) {
+            return ADD_FALLBACK;
+        }
+        int same = same_str(ext, self->label_key);
+        if (same < 0) {
+            return ADD_ERROR;
+        }
+        if (same) {
+            label = member;
+            has_label = 1;
+        }
+        else {
+            same = same_str(ext, self->meta_key);
+            if (same < 0) {
+                return ADD_ERROR;
+            }
+            if (same) {
+                meta = member;
+                has_meta = 1;
+            }
+        }
+        Py_ssize_t at = image_rank(self, ext, rank);
+        if (at < 0) {
+            return ADD_ERROR;
+        }
+        if (at < rank) {
+            rank = at;
+            image = member;
+        }
+    }
+    if (rank == none || !has_label || label.size == 0 || label.size > LABEL_DIGITS_MAX) {
+        return ADD_FALLBACK;
+    }
+    long long value = 0;
+    for (Py_ssize_t i = 0; i < label.size; i++) {
+        unsigned char c = label.data[i];
+        if (c < '0' || c > '9') {
+            return ADD_FALLBACK;
+        }
+        value = value * 10 + (c - '0');
+    }
+    if (self->level != LEVEL_NONE && !markers_pass(image.data, image.size)) {
+        return ADD_FALLBACK;
+    }
+
+    /* The image as the batch keeps it (feed thread) or its span (worker): checked at the
+     * header level on the object the Python sink checks. */
+    PyObject *kept = NULL; /* the feed thread's bytes */
+    if (self->placed == Py_None) {
+        if (image.owned != NULL) {
+            Py_INCREF(image.owned);
+            kept = image.owned;
+        }
+        else {
+            kept = PyBytes_FromStringAndSize(NULL, image.size);
+            if (kept == NULL) {
+                return ADD_ERROR;
+            }
+            copy_bytes((unsigned char *)PyBytes_AS_STRING(kept), image.data, image.size);
+        }
+        if (self->level == LEVEL_HEADER) {
+            int passes = header_passes(self, kept);
+            if (passes != ADD_DONE) {
+                Py_DECREF(kept);
+                return passes;
+            }
+        }
+    }
+    else if (self->level == LEVEL_HEADER) {
+        PyObject *seen = member_view(view, &image);
+        if (seen == NULL) {
+            return ADD_ERROR;
+        }
+        int passes = header_passes(self, seen);
+        Py_DECREF(seen);
+        if (passes != ADD_DONE) {
+            return passes;
+        }
+    }
+
+    PyObject *meta_obj = Py_None;
+    Py_INCREF(meta_obj);
+    if (has_meta) {
+        Py_DECREF(meta_obj);
+        meta_obj = meta.owned != NULL
+                       ? Py_NewRef(meta.owned)
+                       : PyBytes_FromStringAndSize((const char *)meta.data, meta.size);
+        if (meta_obj == NULL) {
+            Py_XDECREF(kept);
+            return ADD_ERROR;
+        }
+    }
+    /* in _append's order: key, URL, image, label, json member */
+    int failed = PyList_Append(self->keys, PyTuple_GET_ITEM(record, 0)) < 0 ||
+                 PyList_Append(self->urls, url) < 0;
+    if (!failed) {
+        if (kept != NULL) {
+            failed = append_new(self->arrays, PyObject_CallOneArg(self->frombuffer, kept)) < 0;
+        }
+        else {
+            failed = append_new(self->spans, place(self, view, &image)) < 0;
+        }
+    }
+    failed = failed || append_new(self->labels, PyLong_FromLongLong(value)) < 0 ||
+             PyList_Append(self->metas, meta_obj) < 0;
+    Py_XDECREF(kept);
+    Py_DECREF(meta_obj);
+    return failed ? ADD_ERROR : ADD_DONE;
+}
+
+static PyObject *
+sink_vectorcall(PyObject *callable, PyObject *const *args, size_t nargsf, PyObject *kwnames)
+{
+    Sink *self = (Sink *)callable;
+    Py_ssize_t nargs = PyVectorcall_NARGS(nargsf);
+    if (nargs != 3 || (kwnames != NULL && PyTuple_GET_SIZE(kwnames) != 0)) {
+        PyErr_SetString(PyExc_TypeError, "a Sink takes (view, url, record)");
+        return NULL;
+    }
+    Py_buffer buffer = {0};
+    int viewed = PyObject_GetBuffer(args[0], &buffer, PyBUF_SIMPLE) == 0;
+    if (!viewed) {
+        PyErr_Clear(); /* not a buffer: only owned members are read here */
+        buffer.buf = NULL;
+        buffer.len = 0;
+    }
+    int done = add(self, args[0], args[1], args[2], &buffer);
+    if (viewed) {
+        PyBuffer_Release(&buffer);
+    }
+    if (done == ADD_ERROR) {
+        return NULL;
+    }
+    if (done == ADD_FALLBACK) {
+        return PyObject_Vectorcall(self->fallback, args, 3, NULL);
+    }
+    Py_RETURN_TRUE;
+}
+
+static int
+sink_init(PyObject *op, PyObject *args, PyObject *kwargs)
+{
+    Sink *self = (Sink *)op;
+    static char *names[] = {
+        "keys", "urls", "labels", "metas", "arrays", "spans", "placed", "frombuffer",
+        "image_keys", "label_key", "meta_key", "level", "header", "fallback", NULL,
+    };
+    PyObject *keys, *urls, *labels, *metas, *arrays, *spans, *placed, *frombuffer;
+    PyObject *image_keys, *label_key, *meta_key, *header, *fallback;
+    int level;
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "O!O!O!O!O!O!OOO!UUiOO:Sink", names,
+                                     &PyList_Type, &keys, &PyList_Type, &urls, &PyList_Type,
+                                     &labels, &PyList_Type, &metas, &PyList_Type, &arrays,
+                                     &PyList_Type, &spans, &placed, &frombuffer,
+                                     &PyTuple_Type, &image_keys, &label_key, &meta_key,
+                                     &level, &header, &fallback)) {
+        return -1;
+    }
+    if (!PyUnicode_CheckExact(label_key) || !PyUnicode_CheckExact(meta_key)) {
+        PyErr_SetString(PyExc_TypeError, "label_key and meta_key must be str");
+        return -1;
+    }
+    for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(image_keys); i++) {
+        if (!PyUnicode_CheckExact(PyTuple_GET_ITEM(image_keys, i))) {
+            PyErr_SetString(PyExc_TypeError, "image_keys must be a tuple of str");
+            return -1;
+        }
+    }
+    if (level < LEVEL_NONE || level > LEVEL_HEADER) {
+        PyErr_SetString(PyExc_ValueError, "level must be 0 (none), 1 (markers) or 2 (header)");
+        return -1;
+    }
+    if (!PyCallable_Check(frombuffer) || !PyCallable_Check(fallback) ||
+        (level == LEVEL_HEADER && !PyCallable_Check(header))) {
+        PyErr_SetString(PyExc_TypeError, "frombuffer, fallback and header must be callable");
+        return -1;
+    }
+    Py_XSETREF(self->keys, Py_NewRef(keys));
+    Py_XSETREF(self->urls, Py_NewRef(urls));
+    Py_XSETREF(self->labels, Py_NewRef(labels));
+    Py_XSETREF(self->metas, Py_NewRef(metas));
+    Py_XSETREF(self->arrays, Py_NewRef(arrays));
+    Py_XSETREF(self->spans, Py_NewRef(spans));
+    Py_XSETREF(self->placed, Py_NewRef(placed));
+    Py_XSETREF(self->frombuffer, Py_NewRef(frombuffer));
+    Py_XSETREF(self->image_keys, Py_NewRef(image_keys));
+    Py_XSETREF(self->label_key, Py_NewRef(label_key));
+    Py_XSETREF(self->meta_key, Py_NewRef(meta_key));
+    Py_XSETREF(self->header, Py_NewRef(header));
+    Py_XSETREF(self->fallback, Py_NewRef(fallback));
+    self->level = level;
+    self->vectorcall = sink_vectorcall;
+    return 0;
+}
+
+static int
+sink_traverse(PyObject *op, visitproc visit, void *arg)
+{
+    Sink *self = (Sink *)op;
+    Py_VISIT(self->keys);
+    Py_VISIT(self->urls);
+    Py_VISIT(self->labels);
+    Py_VISIT(self->metas);
+    Py_VISIT(self->arrays);
+    Py_VISIT(self->spans);
+    Py_VISIT(self->placed);
+    Py_VISIT(self->frombuffer);
+    Py_VISIT(self->image_keys);
+    Py_VISIT(self->label_key);
+    Py_VISIT(self->meta_key);
+    Py_VISIT(self->header);
+    Py_VISIT(self->fallback);
+    return 0;
+}
+
+static int
+sink_clear(PyObject *op)
+{
+    Sink *self = (Sink *)op;
+    Py_CLEAR(self->keys);
+    Py_CLEAR(self->urls);
+    Py_CLEAR(self->labels);
+    Py_CLEAR(self->metas);
+    Py_CLEAR(self->arrays);
+    Py_CLEAR(self->spans);
+    Py_CLEAR(self->placed);
+    Py_CLEAR(self->frombuffer);
+    Py_CLEAR(self->image_keys);
+    Py_CLEAR(self->label_key);
+    Py_CLEAR(self->meta_key);
+    Py_CLEAR(self->header);
+    Py_CLEAR(self->fallback);
+    return 0;
+}
+
+static void
+sink_dealloc(PyObject *op)
+{
+    PyObject_GC_UnTrack(op);
+    sink_clear(op);
+    Py_TYPE(op)->tp_free(op);
+}
+
+static PyObject *
+sink_new(PyTypeObject *type, PyObject *args, PyObject *kwargs)
+{
+    (void)args;
+    (void)kwargs;
+    Sink *self = (Sink *)type->tp_alloc(type, 0);
+    if (self != NULL) {
+        self->vectorcall = NULL; /* set by __init__: a Sink never initialized refuses calls */
+    }
+    return (PyObject *)self;
+}
+
+static PyObject *
+sink_call(PyObject *op, PyObject *args, PyObject *kwargs)
+{
+    Sink *self = (Sink *)op;
+    if (self->vectorcall == NULL) {
+        PyErr_SetString(PyExc_TypeError, "a Sink must be initialized before it is called");
+        return NULL;
+    }
+    return PyVectorcall_Call(op, args, kwargs);
+}
+
+PyDoc_STRVAR(sink_doc,
+             "Sink(keys, urls, labels, metas, arrays, spans, placed, frombuffer, image_keys,\n"
+             "     label_key, meta_key, level, header, fallback)\n"
+             "--\n\n"
+             "Iteration.take's sink for one batch: sink(view, url, record) adds a common\n"
+             "sample to the batch's lists, and hands any other to fallback(view, url, record).");
+
+static PyTypeObject SinkType = {
+    PyVarObject_HEAD_INIT(NULL, 0)
+    .tp_name = "dali_ops._batchc.Sink",
+    .tp_basicsize = sizeof(Sink),
+    .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC | Py_TPFLAGS_HAVE_VECTORCALL,
+    .tp_doc = sink_doc,
+    .tp_new = sink_new,
+    .tp_init = sink_init,
+    .tp_dealloc = sink_dealloc,
+    .tp_traverse = sink_traverse,
+    .tp_clear = sink_clear,
+    .tp_call = sink_call,
+    .tp_vectorcall_offset = offsetof(Sink, vectorcall),
+};
+
+PyDoc_STRVAR(markers_doc,
+             "markers(data, /)\n--\n\n"
+             "Whether bytes-like data passes check_image's \"markers\" level.");
+
+static PyObject *
+markers(PyObject *module, PyObject *data)
+{
+    (void)module;
+    Py_buffer buffer;
+    if (PyObject_GetBuffer(data, &buffer, PyBUF_SIMPLE) < 0) {
+        return NULL;
+    }
+    int passes = markers_pass((const unsigned char *)buffer.buf, buffer.len);
+    PyBuffer_Release(&buffer);
+    return PyBool_FromLong(passes);
+}
+
+static PyMethodDef methods[] = {
+    {"markers", markers, METH_O, markers_doc},
+    {NULL, NULL, 0, NULL},
+};
+
+static int
+module_exec(PyObject *module)
+{
+    if (PyType_Ready(&SinkType) < 0) {
+        return -1;
+    }
+    Py_INCREF(&SinkType);
+    if (PyModule_AddObject(module, "Sink", (PyObject *)&SinkType) < 0) {
+        Py_DECREF(&SinkType);
+        return -1;
+    }
+    return 0;
+}
+
+static PyModuleDef_Slot slots[] = {
+    {Py_mod_exec, (void *)module_exec},
+    {0, NULL},
+};
+
+static struct PyModuleDef module_def = {
+    PyModuleDef_HEAD_INIT,
+    .m_name = "dali_ops._batchc",
+    .m_doc = "The native batch builder: a sample's record checked and added in one call.",
+    .m_size = 0,
+    .m_methods = methods,
+    .m_slots = slots,
+};
+
+PyMODINIT_FUNC PyInit__batchc(void); /* the one symbol exported */
+
+PyMODINIT_FUNC
+PyInit__batchc(void)
+{
+    return PyModuleDef_Init(&module_def);
+}

@@ -1,0 +1,30 @@
+"""Types of the native batch sink (``_batchc.c``), for mypy: see :mod:`._batch`."""
+
+from collections.abc import Callable
+from typing import Any
+
+class Sink:
+    """``Iteration.take``'s sink for one batch: adds a common sample to the batch's lists
+    and hands any other to ``fallback`` (``BatchBuilder._add_record``)."""
+
+    def __init__(
+        self,
+        keys: list[str],
+        urls: list[str],
+        labels: list[int],
+        metas: list[bytes | None],
+        arrays: list[Any],
+        spans: list[tuple[int, int]],
+        placed: Any,
+        frombuffer: Callable[[bytes], Any],
+        image_keys: tuple[str, ...],
+        label_key: str,
+        meta_key: str,
+        level: int,
+        header: Callable[[Any], str | None],
+        fallback: Callable[[memoryview, str, Any], bool],
+    ) -> None: ...
+    def __call__(self, view: memoryview, url: str, record: Any, /) -> bool: ...
+
+def markers(data: bytes | memoryview, /) -> bool:
+    """Whether ``data`` passes ``check_image``'s ``"markers"`` level."""
