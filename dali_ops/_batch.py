@@ -27,6 +27,7 @@ ways.
 from __future__ import annotations
 
 import functools
+import importlib
 import os
 import time
 import traceback
@@ -54,11 +55,11 @@ def _native() -> ModuleType | None:
     """The extension, or None where it was not built (a source tree never installed: the
     Python sink then takes every sample, as exactly and more slowly)."""
     try:
-        # Not `from ._batchc import Sink`: with no .py to find, grimp misreads it.
-        from . import _batchc
+        # By name: grimp finds no .py for an extension and reads `from . import _batchc` as
+        # an import of the package `dali_ops`, which imports this module (a false cycle).
+        return importlib.import_module("dali_ops._batchc")
     except ImportError:
         return None
-    return _batchc
 
 
 _NATIVE = _native()
