@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import io
 import json
-import os
 import re
 from collections.abc import Callable, Iterator
 from functools import partial
@@ -24,7 +23,7 @@ from typing import Any
 
 import numpy as np
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import given
 from hypothesis import strategies as st
 from PIL import Image
 
@@ -32,16 +31,9 @@ from dali_ops import _batch, _shm
 from dali_ops._batch import BatchBuilder, EncodedBatch
 from dali_ops._checks import check_image
 from dali_ops._shm import BatchBuffer, BufferPool
+from tests._fuzz import FUZZ
 
 pytestmark = pytest.mark.timeout(600)
-
-FUZZ = settings(
-    max_examples=int(os.environ.get("ASYNCSTREAM_FUZZ_EXAMPLES", "150")),
-    derandomize=True,
-    database=None,
-    deadline=None,
-    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
-)
 
 
 def native() -> Any:

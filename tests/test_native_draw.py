@@ -20,7 +20,6 @@ run read after each; they must resume exactly.
 from __future__ import annotations
 
 import json
-import os
 import random
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -28,7 +27,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import given
 from hypothesis import strategies as st
 
 from asyncstream import ShardStream, Source
@@ -37,16 +36,10 @@ from asyncstream.order._plan import Topology
 from asyncstream.order._shuffle import WindowShuffle, _below
 from asyncstream.stream import _stream
 from tests._foreign import ForeignShards, write_foreign_shards
+from tests._fuzz import FUZZ
 
 pytestmark = pytest.mark.timeout(600)
 
-FUZZ = settings(
-    max_examples=int(os.environ.get("ASYNCSTREAM_FUZZ_EXAMPLES", "150")),
-    derandomize=True,
-    database=None,
-    deadline=None,
-    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
-)
 U64 = st.integers(0, (1 << 64) - 1)
 
 

@@ -28,22 +28,16 @@ from tempfile import TemporaryDirectory
 from typing import Any
 
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import given
 from hypothesis import strategies as st
 
 from asyncstream.shards import _tarfast
 from tests._foreign import gnu_tar, tarfile_shard, webdataset_shard
+from tests._fuzz import FUZZ
 from tests.test_tarfast import MIXED, end, fix_checksum, member, mode, outcome, plain_run
 
 pytestmark = pytest.mark.timeout(600)
 
-FUZZ = settings(
-    max_examples=int(os.environ.get("ASYNCSTREAM_FUZZ_EXAMPLES", "150")),
-    derandomize=True,
-    database=None,
-    deadline=None,
-    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
-)
 REFERENCES = ("general", "scan")  # the general parser alone; the Python walk by headers
 
 
