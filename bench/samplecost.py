@@ -8,6 +8,10 @@ apart), samples/s, and the time the garbage collector took. The default dataset 
 proxy's (``python -m bench.feed --parts proxy`` makes it: 20,000 samples of a 32 x 32 JPEG,
 a class and a JSON line, in 8 MiB shards), where what the stream adds per sample shows.
 
+Two paths (``--paths``): ``iter``, plain iteration (a dict of ``bytes`` per sample), and
+``take``, ``iter_views().take(256, sink)`` with a sink that keeps nothing (the records
+handed out of the ring in bulk, as the DALI loader's producer takes them).
+
 ``--s3`` reads the same shards from the embedded S3 server too (moto in a child process,
 over loopback). ``--baseline REV`` runs git revision ``REV``'s ``asyncstream`` (``git
 archive`` into a temporary folder) in the same rounds, alternately with today's: each side
@@ -34,7 +38,21 @@ DEFAULT = Path(os.environ.get("ASYNCSTREAM_BENCH_DATA", Path.home() / ".cache/as
 SETTINGS = {"window": 16, "inflight": 8, "chunk_bytes": 8 << 20, "seed": 0}
 
 
-def measure(url: str, endpoint: str | None, epochs: int) -> dict[str, Any]:
+def _drain(stream: Any, path: str) -> int:
+    """One epoch of ``stream`` by ``path``; the samples read."""
+    if path == "iter":
+        return sum(1 for _ in stream)
+
+    def sink(_view: memoryview, _url: str, _record: Any) -> bool:
+        return True
+
+    samples, views = 0, stream.iter_views()
+    while taken := views.take(256, sink):
+        samples += taken
+    return samples
+
+
+def measure(url: str, endpoint: str | None, epochs: int, path: str = "iter") -> dict[str, Any]:
     """Run in the child: the stream's figures over ``epochs`` epochs, first one apart."""
     import gc
 
@@ -61,7 +79,7 @@ def measure(url: str, endpoint: str | None, epochs: int) -> dict[str, Any]:
             engine0 = stream.stats().get("fetch", {}).get("cpu_s", 0.0)
             collecting[1] = 0.0
             cpu0, wall0 = time.process_time(), time.perf_counter()
-            samples = sum(1 for _ in stream)
+            samples = _drain(stream, path)
             cpu, wall = time.process_time() - cpu0, time.perf_counter() - wall0
             engine = stream.stats()["fetch"]["cpu_s"] - engine0
             rows.append(
@@ -96,9 +114,10 @@ def run_child(
     return result
 
 
-def _side(source: Path, url: str, endpoint: str | None, epochs: int) -> dict[str, Any]:
+def _side(source: Path, url: str, endpoint: str | None, epochs: int, path: str) -> dict[str, Any]:
     """One fresh process reading with the ``asyncstream`` found in ``source``."""
-    return run_child(HERE, {"url": url, "endpoint": endpoint, "epochs": epochs}, source)
+    config = {"url": url, "endpoint": endpoint, "epochs": epochs, "path": path}
+    return run_child(HERE, config, source)
 
 
 def baseline_tree(rev: str, folder: Path) -> Path:
@@ -117,12 +136,14 @@ def main() -> None:
     parser.add_argument("--baseline", help="a git revision to compare with, in the same rounds")
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--epochs", type=int, default=3)
+    parser.add_argument("--paths", default="iter,take", help="iter, take or both")
     parser.add_argument("--json", help="write the figures to this file")
     parser.add_argument("--child", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
         config = json.loads(args.child)
-        print(json.dumps(measure(config["url"], config["endpoint"], config["epochs"])))
+        figures = measure(config["url"], config["endpoint"], config["epochs"], config["path"])
+        print(json.dumps(figures))
         return
     out: dict[str, Any] = {
         "date": time.strftime("%Y-%m-%d"),
@@ -139,16 +160,18 @@ def main() -> None:
         if server is not None:
             sources.append(("S3, loopback", _upload(server, Path(args.url)), server.endpoint_url))
         for name, url, endpoint in sources:
-            runs: dict[str, list[dict[str, Any]]] = {side: [] for side in sides}
-            for round_ in range(args.rounds):
-                order = list(sides) if round_ % 2 == 0 else list(reversed(sides))
-                for side in order:
-                    runs[side].append(_side(sides[side], url, endpoint, args.epochs))
-                    print(f"{name}, round {round_}, {side}: {runs[side][-1]}", flush=True)
-            out[name] = {
-                side: {key: statistics.median(r[key] for r in rows) for key in rows[0]}
-                for side, rows in runs.items()
-            }
+            out[name] = {}
+            for path in args.paths.split(","):
+                runs: dict[str, list[dict[str, Any]]] = {side: [] for side in sides}
+                for round_ in range(args.rounds):
+                    order = list(sides) if round_ % 2 == 0 else list(reversed(sides))
+                    for side in order:
+                        runs[side].append(_side(sides[side], url, endpoint, args.epochs, path))
+                        print(f"{name}, {path}, round {round_}, {side}: {runs[side][-1]}")
+                out[name][path] = {
+                    side: {key: statistics.median(r[key] for r in rows) for key in rows[0]}
+                    for side, rows in runs.items()
+                }
     print(render(out))
     if args.json:
         Path(args.json).write_text(json.dumps(out, indent=1))
@@ -186,16 +209,17 @@ def render(out: dict[str, Any]) -> str:
     lines = [
         f"{out['machine']}; {out['url']}; {out['date']}.",
         "",
-        "| from | side | consumer µs/sample | of it, GC | engine µs/sample | samples/s |",
-        "|---|---|---:|---:|---:|---:|",
+        "| from | path | side | consumer µs/sample | of it, GC | engine µs/sample | samples/s |",
+        "|---|---|---|---:|---:|---:|---:|",
     ]
     for name in ("local files", "S3, loopback"):
-        for side, r in out.get(name, {}).items():
-            lines.append(
-                f"| {name} | {side} | {r['consumer_us_per_sample']:.1f} | "
-                f"{r['gc_us_per_sample']:.1f} | {r['engine_us_per_sample']:.1f} | "
-                f"{r['samples/s']:,.0f} |"
-            )
+        for path, sides in out.get(name, {}).items():
+            for side, r in sides.items():
+                lines.append(
+                    f"| {name} | {path} | {side} | {r['consumer_us_per_sample']:.1f} | "
+                    f"{r['gc_us_per_sample']:.1f} | {r['engine_us_per_sample']:.1f} | "
+                    f"{r['samples/s']:,.0f} |"
+                )
     return "\n".join(lines)
 
 

@@ -277,11 +277,13 @@ def test_samplecost_benchmark_measures_both_revisions_in_rounds(tmp_path: Path) 
     assert proc.returncode == 0, proc.stderr[-4000:]
     data = json.loads(out.read_text())
     for source in ("local files", "S3, loopback"):
-        assert list(data[source]) == sides
-        for side in data[source].values():
-            assert side["samples"] == 40
-            assert all(math.isfinite(n) and n >= 0 for n in _numbers(side))
-    assert "| S3, loopback | after |" in proc.stdout
+        assert list(data[source]) == ["iter", "take"]
+        for path in data[source].values():
+            assert list(path) == sides
+            for side in path.values():
+                assert side["samples"] == 40
+                assert all(math.isfinite(n) and n >= 0 for n in _numbers(side))
+    assert "| S3, loopback | take | after |" in proc.stdout
 
 
 def test_bombs_benchmark_reads_each_bomb_in_a_capped_child(tmp_path: Path) -> None:
@@ -305,3 +307,31 @@ def test_bombs_benchmark_reads_each_bomb_in_a_capped_child(tmp_path: Path) -> No
     assert all(r["outcome"] == "CorruptTarError" for r in rows), rows
     assert all(r["shard"] < 1 << 20 and r["claims"] >= 512 << 20 for r in rows)
     assert all(math.isfinite(r["peak_mib"]) for r in rows), rows
+
+
+@pytest.mark.timeout(600)
+def test_endtoend_benchmark_reads_local_files_and_https_both_ways(tmp_path: Path) -> None:
+    """``bench.endtoend`` feeds every image from local files and over HTTPS, and reports
+    finite costs per image."""
+    out = tmp_path / "endtoend.json"
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "bench.endtoend",
+            *("--images", "24", "--data", str(tmp_path), "--rounds", "1", "--epochs", "1"),
+            *("--sides", "after", "--json", str(out)),
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=500,
+    )
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    data = json.loads(out.read_text())
+    for source in ("local files", "HTTPS, loopback"):
+        assert list(data[source]) == ["after"]
+        for side in data[source].values():
+            assert side["images"] == 24
+            assert all(math.isfinite(n) and n > 0 for n in _numbers(side))
+    assert "| HTTPS, loopback | after |" in proc.stdout
