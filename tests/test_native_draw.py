@@ -86,6 +86,13 @@ def test_malformed_arguments_are_exceptions() -> None:
         _drawc.draw([[1]], 1, 1 << 64, 5, True)
     with pytest.raises(ValueError, match="n must"):
         _drawc.draw([[1]], 1, 0, -1, True)
+    shared = [1, 2, 3, 4]
+    with pytest.raises(ValueError, match="another lane"):  # never a read past its end
+        _drawc.draw([shared, shared], 1, 0, 8, False)
+    lanes: list[Any] = [[1, 2, 3]]
+    lanes.append(lanes)
+    with pytest.raises(ValueError, match="list of lanes"):
+        _drawc.draw(lanes, 1, 0, 8, False)
     assert _drawc.draw([], 1, 0, 0, True) == ([], [])
     lists = [[7]]
     assert _drawc.draw(lists, 1, 0, 10, False) == ([0], [7])
@@ -437,6 +444,13 @@ def test_malformed_blended_arguments_are_exceptions() -> None:
         draw_blend(n=-1)
     with pytest.raises(ValueError, match="draws"):
         draw_blend(draws=-1)
+    shared = [1, 2, 3, 4]
+    with pytest.raises(ValueError, match="another lane"):
+        draw_blend(lists=[shared, shared], groups=[0, 0], n=8)
+    lanes: list[Any] = [[1, 2, 3], [4]]
+    lanes.append(lanes)
+    with pytest.raises(ValueError, match="list of lanes"):
+        draw_blend(lists=lanes, groups=[0, 1, 1], n=8)
     assert draw_blend(lists=[], groups=[], n=0) == ([], [])
     lists, drawn, credit = [[7], [8, 9]], [0, 0], [0, 0]
     indices, samples = draw_blend(lists=lists, drawn=drawn, credit=credit, n=10)

@@ -102,6 +102,10 @@ lane_sizes(PyObject *lists, Py_ssize_t lanes, Py_ssize_t *sizes, uint64_t *total
             PyErr_Format(PyExc_TypeError, "lane %zd's samples must be a list", i);
             return -1;
         }
+        if (items == lists) {
+            PyErr_Format(PyExc_ValueError, "lane %zd's samples are the list of lanes", i);
+            return -1;
+        }
         sizes[i] = PyList_GET_SIZE(items);
         if (sizes[i] == 0) {
             PyErr_Format(PyExc_ValueError, "lane %zd is empty: it needs a refill first", i);
@@ -193,6 +197,10 @@ draw(PyObject *self, PyObject *args)
         }
         PyObject *items = PyList_GET_ITEM(lists, index);
         Py_ssize_t size = sizes[index];
+        if (PyList_GET_SIZE(items) != size) { /* one list given as two lanes */
+            PyErr_Format(PyExc_ValueError, "lane %zd's list is another lane's too", index);
+            goto done;
+        }
         Py_ssize_t pick = (Py_ssize_t)mulhi(splitmix(x + 1), (uint64_t)size);
         PyObject *lane = PyLong_FromSsize_t(index);
         if (lane == NULL) {
@@ -311,7 +319,9 @@ store64(PyObject *list, const int64_t *values)
         if (obj == NULL) {
             return -1;
         }
-        PyList_SetItem(list, i, obj); /* steals obj; the old int has no finalizer */
+        if (PyList_SetItem(list, i, obj) < 0) { /* steals obj; the old int: no finalizer */
+            return -1;
+        }
     }
     return 0;
 }
@@ -441,6 +451,10 @@ draw_blend(PyObject *self, PyObject *args)
         }
         PyObject *items = PyList_GET_ITEM(lists, index);
         Py_ssize_t size = sizes[index];
+        if (PyList_GET_SIZE(items) != size) { /* one list given as two lanes */
+            PyErr_Format(PyExc_ValueError, "lane %zd's list is another lane's too", index);
+            goto done;
+        }
         Py_ssize_t pick = (Py_ssize_t)mulhi(splitmix(x + 1), (uint64_t)size);
         PyObject *lane = PyLong_FromSsize_t(index);
         if (lane == NULL) {
