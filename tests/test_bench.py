@@ -335,3 +335,41 @@ def test_endtoend_benchmark_reads_local_files_and_https_both_ways(tmp_path: Path
             assert side["images"] == 24
             assert all(math.isfinite(n) and n > 0 for n in _numbers(side))
     assert "| HTTPS, loopback | after |" in proc.stdout
+
+
+@pytest.mark.timeout(300)
+def test_blenddraw_benchmark_drains_the_blended_window_and_takes_a_mixed_stream(
+    tmp_path: Path,
+) -> None:
+    from asyncstream import pack
+    from asyncstream.testing import generate_imagefolder
+
+    generate_imagefolder(tmp_path / "images", 20, 2, seed=0, workers=1)
+    pack(tmp_path / "images", str(tmp_path / "shards"), shard_samples=10, shard_bytes=None)
+    out = tmp_path / "blenddraw.json"
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "bench.blenddraw",
+            "--url",
+            str(tmp_path / "shards"),
+            *("--rounds", "2", "--epochs", "2", "--pieces", "12", "--piece", "30"),
+            *("--chunk", "7", "--window", "3"),
+            "--json",
+            str(out),
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=280,
+    )
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    data = json.loads(out.read_text())
+    for side in ("before", "after"):
+        alone = data["draw alone"][side]
+        assert alone["samples"] == 12 * 30  # every sample of the pieces, drawn once
+        assert 0 < alone["draw_many_us_per_sample"] <= alone["us_per_sample"]
+    assert list(data["take"]) == ["after"]  # no --baseline: this tree alone
+    assert data["take"]["after"]["samples"] == 2 * 20  # the folder twice, weight 1 each
+    assert data["take"]["after"]["consumer_us_per_sample"] > 0

@@ -340,3 +340,26 @@ def test_the_blend_saved_at_midpoints_continues_exactly() -> None:
     assert fresh.state() == {"drawn": [0, 0, 0], "credit": [0, 0, 0]}
     with pytest.raises(ValueError, match="one entry per source"):
         fresh.reset({"drawn": [1], "credit": [0]})
+
+
+@settings(max_examples=200, derandomize=True, database=None, deadline=None)
+@given(
+    totals=st.lists(st.integers(-5, 60), min_size=1, max_size=5),
+    data=st.data(),
+)
+def test_unchoose_undoes_choose_exactly(totals: list[int], data: st.DataObject) -> None:
+    """Choices undone from the last back leave each earlier state exactly (what a run of
+    draws put back needs), over counts past the totals (all weights spent) too."""
+    n = len(totals)
+    blend = Blend(totals)
+    states, choices = [blend.state()], []
+    for _ in range(data.draw(st.integers(0, 80), label="draws")):
+        available = sorted(data.draw(st.sets(st.integers(0, n - 1), min_size=1), label="available"))
+        choices.append((blend.choose(available), available))
+        states.append(blend.state())
+    while choices:
+        pick, available = choices.pop()
+        states.pop()
+        blend.unchoose(pick, available)
+        assert blend.state() == states[-1]
+    assert blend.state() == {"drawn": [0] * n, "credit": [0] * n}

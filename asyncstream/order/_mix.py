@@ -229,6 +229,21 @@ class Blend:
         drawn[pick] += 1
         return pick
 
+    def unchoose(self, pick: int, available: Sequence[int]) -> None:
+        """Undo the last :meth:`choose`, which returned ``pick`` among ``available``: the
+        state is then exactly as before it."""
+        totals, drawn, credit = self.totals, self.drawn, self.credit
+        drawn[pick] -= 1
+        weights = [(i, totals[i] - drawn[i]) for i in available]  # as choose() saw them
+        if all(w <= 0 for _, w in weights):
+            weights = [(i, 1) for i in available]
+        total = 0
+        for i, w in weights:
+            if w > 0:
+                total += w
+                credit[i] -= w
+        credit[pick] += total
+
     def state(self) -> dict[str, list[int]]:
         """The blend's state as plain data: ``drawn`` and ``credit``, per source."""
         return {"drawn": list(self.drawn), "credit": list(self.credit)}

@@ -21,8 +21,9 @@ chunks arrive, and the whole state is a few integers and lists (saved by the str
 its ``state_dict``).
 
 Native: :meth:`WindowShuffle.draw_many` makes a run of draws in one call of the extension
-:mod:`._drawc` where it is built (every install builds it), with the shuffle on and no
-blend; with the shuffle off it slices the lane. :meth:`WindowShuffle.draw` stays the
+:mod:`._drawc` where it is built (every install builds it), with the shuffle on, with or
+without a blend (the blend's choices made there too, on its ``drawn`` and ``credit`` lists
+in place); with the shuffle off it slices the lane. :meth:`WindowShuffle.draw` stays the
 reference, in Python: ``ASYNCSTREAM_NATIVE=0`` in the environment (read once, at import)
 or :data:`NATIVE` set to ``False`` makes ``draw_many`` a loop of ``draw``; the tests drive
 both side by side.
@@ -93,20 +94,25 @@ def _splitmix_batch(key: int, n: int) -> list[int]:
 
 # The native draw: (lanes' lists, key, draws, n, shards) -> (lane indices, samples).
 _Draw = Callable[[list[list[Any]], int, int, int, bool], tuple[list[int], list[Any]]]
+# With a blend: (lists, lane groups, totals, drawn, credit, key, draws, n, shards).
+_DrawBlend = Callable[
+    [list[list[Any]], list[int], list[int], list[int], list[int], int, int, int, bool],
+    tuple[list[int], list[Any]],
+]
 
 
-def _native_draw() -> _Draw | None:
-    """The extension's draw, or None where it was not built (a source tree never installed:
-    the Python draw then makes every draw, as exactly and more slowly)."""
+def _native_draw() -> tuple[_Draw, _DrawBlend] | tuple[None, None]:
+    """The extension's draws, or None where it was not built (a source tree never
+    installed: the Python draw then makes every draw, as exactly and more slowly)."""
     try:
         # Not `from ._drawc import draw`: with no .py to find, grimp reads it as `asyncstream`.
         from . import _drawc
     except ImportError:
-        return None
-    return _drawc.draw
+        return None, None
+    return _drawc.draw, _drawc.draw_blend
 
 
-_NATIVE_DRAW = _native_draw()
+_NATIVE_DRAW, _NATIVE_BLEND = _native_draw()
 # Whether WindowShuffle.draw_many draws natively; tests set it to compare the two.
 NATIVE = _NATIVE_DRAW is not None and os.environ.get("ASYNCSTREAM_NATIVE", "1") != "0"
 
@@ -297,46 +303,71 @@ class WindowShuffle(Generic[T]):
         open_ = len(lanes)
         if open_ < self.window and self.next_piece < self.n_pieces:
             n = min(n, open_ - self.draws)  # a lane opens before draw number open_
-        native = _NATIVE_DRAW if NATIVE and self.blend is None else None
-        if native is None:
-            indices: list[int] = []
-            samples: list[T] = []
-            while len(indices) < n and not self._empty:
-                index, sample = self.draw()
-                indices.append(index)
-                samples.append(sample)
-            return indices, samples
+        blend = self.blend
+        if not NATIVE or _NATIVE_DRAW is None or _NATIVE_BLEND is None:
+            return self._draw_each(n)
         if not self.shuffle:  # lanes[0] in order, up to its end
             lane = lanes[0]
             samples = lane.items[lane.cursor : lane.cursor + n]
             lane.cursor += len(samples)
             self.draws += len(samples)
+            if blend is not None:  # choose((group,)) each time: credit unchanged
+                blend.drawn[lane.group] += len(samples)
             if lane.cursor == len(lane.items):
                 self._empty.append(lane)
             return [0] * len(samples), samples
-        indices, samples = native(
-            [lane.items for lane in lanes], self.key, self.draws, n, self.mode == "shards"
-        )
+        lists = [lane.items for lane in lanes]
+        if blend is None:
+            indices, samples = _NATIVE_DRAW(lists, self.key, self.draws, n, self.mode == "shards")
+        else:
+            try:
+                indices, samples = _NATIVE_BLEND(
+                    lists,
+                    self._lane_groups,
+                    blend.totals,
+                    blend.drawn,
+                    blend.credit,
+                    self.key,
+                    self.draws,
+                    n,
+                    self.mode == "shards",
+                )
+            except OverflowError:  # the blend's numbers beyond 64 bits: Python's ints
+                return self._draw_each(n)
         self.draws += len(indices)
         self._items -= len(indices)
         if indices and not lanes[indices[-1]].items:
             self._empty.append(lanes[indices[-1]])
         return indices, samples
 
+    def _draw_each(self, n: int) -> tuple[list[int], list[T]]:
+        """:meth:`draw_many` a :meth:`draw` at a time (the reference)."""
+        indices: list[int] = []
+        samples: list[T] = []
+        while len(indices) < n and not self._empty:
+            index, sample = self.draw()
+            indices.append(index)
+            samples.append(sample)
+        return indices, samples
+
     def undraw(self, indices: Sequence[int], samples: Sequence[T]) -> None:
         """Put back the last draws, as :meth:`draw_many` returned them (or the tail of what
-        it returned): the state is then exactly as before them. Not with a blend.
-
-        Raises:
-            ValueError: with a blend (its choices are not undone).
-        """
-        if self.blend is not None:
-            raise ValueError("draws of a blended shuffle cannot be put back")
+        it returned), before any lane opens, refills or closes: the state, the blend's
+        included, is then exactly as before them."""
+        if len(indices) != len(samples):
+            raise ValueError("undraw needs one sample per lane index")
+        blend = self.blend
         if not self.shuffle:
-            self.lanes[0].cursor -= len(indices)
+            lane = self.lanes[0]
+            lane.cursor -= len(indices)
             self.draws -= len(indices)
+            if blend is not None:
+                blend.drawn[lane.group] -= len(indices)
             return
+        available = [g for g, lanes in enumerate(self._open) if lanes] if blend else []
         for index, sample in zip(reversed(indices), reversed(samples), strict=True):
+            if blend is not None:
+                blend.unchoose(self._lane_groups[index], available)
             self.draws -= 1
             items = self.lanes[index].items
             pick = _below(self.key, 2 * self.draws + 1, len(items) + 1)  # as draw() picked

@@ -241,8 +241,6 @@ class EpochRun(Iterator[dict[str, Any]]):
         """
         if self.closed:
             return 0
-        if self.blend is not None:  # a blend's draws are made one by one
-            return self._take_each(n, sink)
         taken = 0
         emit = self.emit
         shuffle = self.shuffle
@@ -272,26 +270,6 @@ class EpochRun(Iterator[dict[str, Any]]):
                     if not going:
                         shuffle.undraw(indices[at:], samples[at:])
                         return taken
-            return taken
-        except StopIteration:
-            self.closed = True  # the engine is idle again: finish() hands it back
-            return taken
-        except BaseException as exc:
-            self._fail(exc)
-            raise
-
-    def _take_each(self, n: int, sink: RecordSink) -> int:
-        """:meth:`take` a draw at a time (a blended stream's)."""
-        taken = 0
-        emit = self.emit
-        try:
-            while taken < n:
-                drawn, sample = self._draw()
-                lane = drawn.meta["reader"]
-                emit.emitted += 1
-                taken += 1
-                if not sink(lane.view, lane.shard.url, lane.records[sample - lane.first]):
-                    break
             return taken
         except StopIteration:
             self.closed = True  # the engine is idle again: finish() hands it back
