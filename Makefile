@@ -48,7 +48,7 @@ docs: install
 # takes 22. PYTEST_WORKERS=0 runs in one process.
 PYTEST_WORKERS ?= 2
 test: install
-	$(BIN)/python -m pytest -n $(PYTEST_WORKERS) --dist loadfile
+	$(BIN)/python -m pytest -n $(PYTEST_WORKERS) --dist loadfile --durations=25
 
 check: lint test
 
