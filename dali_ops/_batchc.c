@@ -6,7 +6,11 @@
  * tests/test_dali_batch.py builds every batch both ways, and tests/test_native_batch.py
  * fuzzes this sink against the Python one, requiring the same batches, skips and errors.
  *
- * A Sink is what Iteration.take calls for each sample: sink(view, url, record). The common
+ * A Sink is what Iteration.take hands each sample to: called as sink(view, url, record),
+ * or, where the chunk's records are the walk's table (asyncstream/shards/_records.h),
+ * through the C sink protocol: its `__records_sink__` capsule's sink_row reads the row's
+ * fields in place (no Python call, no tuple) and does exactly what the call does, the
+ * record tuple built only to hand an uncommon sample to `fallback`. The common
  * sample (its image member found by image_keys' rank, a label of fewer than 19 ASCII
  * digits, an image that passes the precheck) is added here: its image copied into the
  * batch (the DataLoader worker's shared buffer at its next offset, or a new bytes object

@@ -29,7 +29,9 @@ extension are the general parser's.
 
 Native: where the extension :mod:`._tarwalk` is built (every install builds it),
 :meth:`RangeWalker.walk` is its ``walk``, the same find, check and group in C with the GIL
-released for the loop over the headers' bytes. The Python walk here stays as its
+released for the loop over the headers' bytes, its records one ``_tarwalk.Records`` table
+(no tuple per sample or field; it reads as the list, see :func:`new_records`). The Python
+walk here stays as its
 reference: ``ASYNCSTREAM_NATIVE=0`` in the environment (read once, at import) or
 :data:`NATIVE` set to ``False`` selects it; the tests read every input both ways.
 """

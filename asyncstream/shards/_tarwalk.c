@@ -16,8 +16,9 @@
  * with its own errors.
  *
  * Two phases per batch of headers: the headers are found and checked with the GIL
- * released (the loop over bytes: 512 per header), then named and grouped into Python
- * records with the GIL held. Batches double in size, so a walk that stops early (a name
+ * released (the loop over bytes: 512 per header), then named and grouped into samples
+ * with the GIL held, each added to a Records table (_records.c): a key str per sample, no
+ * Python object per field. Batches double in size, so a walk that stops early (a name
  * the general parser must read) costs a bounded amount of wasted scanning.
  *
  * Memory safety: every read is bounded by `limit`, which is checked against the buffer's

@@ -234,7 +234,10 @@ class EpochRun(Iterator[dict[str, Any]]):
         owned)``, the member's bytes being ``owned`` if not ``None``, else
         ``view[start:stop]`` (valid only until ``sink`` returns). The samples are counted
         as emitted before ``sink`` sees them, so the state is the same as after as many
-        ``next()``. ``sink`` returns whether to go on; it must not raise.
+        ``next()``. ``sink`` returns whether to go on; it must not raise. Natively the
+        loop runs in C (``_tarwalk.deliver``), and a sink that exposes the C sink
+        protocol (``__records_sink__``, see ``asyncstream/shards/_records.h``) is handed
+        each record of a records table with no Python call.
 
         Returns:
             The samples drawn: fewer than ``n`` only where ``sink`` stopped or the epoch
