@@ -466,8 +466,11 @@ def test_deliver_adds_a_tables_common_sample_with_no_python_call() -> None:
 
     def fallback(view: memoryview, url: str, record: Any) -> bool:
         handed.append((url, record))
+        table = grow if record[0] == "grow" else None
         if record[0] == "boom":
             raise RuntimeError("boom")
+        if table is not None:  # the table is being read: it may not move
+            table.append(("more", 0))
         return record[0] != "stop"
 
     add = sink(fallback, keys=keys, labels=labels)
@@ -490,6 +493,10 @@ def test_deliver_adds_a_tables_common_sample_with_no_python_call() -> None:
     assert (taken, going, type(error), keys) == (2, False, RuntimeError, ["k", "k"])
     taken, going, error = deliver(lanes, [0], [16], add)  # past the table
     assert (taken, going, type(error)) == (1, False, IndexError)
+    grow = tarwalk().Records()
+    grow.append(("grow", 0))
+    taken, going, error = deliver([(grow, view, "u", 0)], [0], [0], add)
+    assert (taken, going, type(error), len(grow)) == (1, False, BufferError, 1)
     unset = native().Sink.__new__(native().Sink)
     taken, going, error = deliver(lanes, [0], [10], unset)
     assert (taken, going, type(error)) == (1, False, TypeError)

@@ -474,3 +474,30 @@ def test_deliver_refuses_wrong_arguments() -> None:
     assert (taken, going, type(error)) == (0, False, IndexError)
     taken, going, error = deliver([("not a lane",)], [0], [0], print)
     assert (taken, going, type(error)) == (0, False, TypeError)
+
+
+def test_a_table_refuses_to_grow_while_it_is_read() -> None:
+    """Python code run in the middle of a read (a sink's fallback, an extension's hash)
+    cannot move the table's arrays under the C code reading them: BufferError."""
+    grown: list[Any] = []
+
+    class Ext(str):
+        def __hash__(self) -> int:
+            try:
+                t.extend([("b", 0)] * 1000)
+            except BufferError as exc:
+                grown.append(exc)
+            return str.__hash__(self)
+
+    t = tarwalk().Records()
+    t.append(("a", 0, (Ext("jpg"), 0, 1, None)))  # its hash runs while the row is added
+    assert grown
+    assert len(t) == 1
+    grown.clear()
+    assert t.sample(0, memoryview(b"xy"), "u") == {"__key__": "a", "__url__": "u", "jpg": b"x"}
+    assert grown
+    other = tarwalk().Records()
+    other.extend(t)  # the look-up in `other` runs the hash: neither table may grow
+    assert (len(t), len(other)) == (1, 1)
+    t.append(("b", 0))  # once read, it grows again
+    assert len(t) == 2

@@ -21,7 +21,9 @@
  *
  * Memory safety: every index is checked (a row against nrows, a field's ext against
  * nexts when it is added); a member's bytes are read only after its [start, stop) is
- * clamped to the view's length as Python's slicing clamps it. The table holds no
+ * clamped to the view's length as Python's slicing clamps it. While C code holds
+ * pointers into the arrays and may run Python code (a sink's fallback, a hash), the table
+ * counts a reader and refuses to grow (BufferError), so the arrays never move under it. The table holds no
  * container (str, bytes), so it cannot be part of a reference cycle and is not tracked by
  * the garbage collector.
  */
@@ -55,6 +57,7 @@ typedef struct {
     Py_ssize_t nexts;
     Py_ssize_t exts_cap;
     PyObject *ext_index; /* dict: ext -> its index; NULL until the first extension */
+    Py_ssize_t readers;  /* C code holding pointers into rows/fields: no row added then */
 } Records;
 
 static PyTypeObject RecordsType;
@@ -132,10 +135,26 @@ ext_index(Records *self, PyObject *ext)
     return at;
 }
 
+/* Whether rows may be added now (0), or not while C code reads the table (-1, with
+ * BufferError): code that Python runs in the middle of a read (a sink, a hash) could
+ * otherwise move the arrays under it. */
+static int
+writable(const Records *self)
+{
+    if (self->readers > 0) {
+        PyErr_SetString(PyExc_BufferError, "records cannot grow while they are being read");
+        return -1;
+    }
+    return 0;
+}
+
 /* Room for a row of `count` fields (0, or -1). */
 static int
 reserve(Records *self, Py_ssize_t count)
 {
+    if (writable(self) < 0) {
+        return -1;
+    }
     if (count < 0 || count > PY_SSIZE_T_MAX - self->nfields) {
         PyErr_NoMemory();
         return -1;
@@ -156,13 +175,18 @@ table_add(PyObject *table, PyObject *key, int64_t offset, const TableField *fiel
         return -1;
     }
     AsRecordsField *out = self->fields + self->nfields;
+    /* An extension's look-up may run Python code (a str subclass's hash): the table is
+     * read-only meanwhile, so `out` stays where it is. */
+    self->readers++;
     for (Py_ssize_t i = 0; i < count; i++) { /* nothing kept before every ext is found */
         Py_ssize_t ext = ext_index(self, fields[i].ext);
         if (ext < 0) {
+            self->readers--;
             return -1;
         }
         out[i].ext = ext;
     }
+    self->readers--;
     for (Py_ssize_t i = 0; i < count; i++) {
         out[i].start = fields[i].start;
         out[i].stop = fields[i].stop;
@@ -263,13 +287,19 @@ records_item(PyObject *op, Py_ssize_t i)
         return NULL;
     }
     AsRecordsRow row = row_view(self, i);
-    return as_records_row_tuple(&row);
+    self->readers++;
+    PyObject *record = as_records_row_tuple(&row);
+    self->readers--;
+    return record;
 }
 
 /* Add the record `record`, a tuple (key, offset, *(ext, start, stop, owned)). */
 static int
 append_tuple(Records *self, PyObject *record)
 {
+    if (writable(self) < 0) {
+        return -1;
+    }
     if (!PyTuple_Check(record) || PyTuple_GET_SIZE(record) < 2) {
         PyErr_SetString(PyExc_TypeError, "a record must be a tuple (key, offset, *fields)");
         return -1;
@@ -318,13 +348,31 @@ append_tuple(Records *self, PyObject *record)
     return failed ? -1 : 0;
 }
 
+static int extend_rows(Records *self, Records *other);
+
 /* Add every row of another table (its extensions mapped to this one's). */
 static int
 extend_table(Records *self, Records *other)
 {
+    if (writable(self) < 0) {
+        return -1;
+    }
     if (other->nrows == 0) {
         return 0;
     }
+    /* Both read-only while the extensions are looked up (Python code may run). */
+    self->readers++;
+    other->readers++;
+    int failed = extend_rows(self, other);
+    self->readers--;
+    other->readers--;
+    return failed;
+}
+
+/* extend_table's work, with both tables marked read (their arrays grow only here). */
+static int
+extend_rows(Records *self, Records *other)
+{
     Py_ssize_t *map = PyMem_Calloc(other->nexts > 0 ? (size_t)other->nexts : 1,
                                    sizeof(Py_ssize_t));
     if (map == NULL) {
@@ -419,7 +467,7 @@ records_inplace_concat(PyObject *op, PyObject *items)
 
 /* The dict of row i: {"__key__": key, "__url__": url, ext: bytes or view slice...}. */
 static PyObject *
-sample_dict(const Records *self, Py_ssize_t i, PyObject *view, PyObject *url, int views)
+sample_dict(Records *self, Py_ssize_t i, PyObject *view, PyObject *url, int views)
 {
     const Row *row = &self->rows[i];
     const AsRecordsField *fields = self->fields + row->first;
@@ -504,7 +552,10 @@ records_sample(PyObject *op, PyObject *const *args, Py_ssize_t nargs)
             return NULL;
         }
     }
-    return sample_dict(self, i, args[1], args[2], views);
+    self->readers++;
+    PyObject *out = sample_dict(self, i, args[1], args[2], views);
+    self->readers--;
+    return out;
 }
 
 static PyMethodDef records_methods[] = {
@@ -640,7 +691,10 @@ hand(Lane *lane, Py_ssize_t row, PyObject *sink, const AsRecordsSink *api)
             }
         }
         AsRecordsRow view = row_view(records, row);
-        return api->row(sink, lane->view, &lane->buffer, lane->url, &view);
+        records->readers++;
+        int going = api->row(sink, lane->view, &lane->buffer, lane->url, &view);
+        records->readers--;
+        return going;
     }
     PyObject *record = PySequence_GetItem(lane->records, row);
     if (record == NULL) {
