@@ -19,7 +19,8 @@ $(BIN)/asyncstream: pyproject.toml
 
 # The native extension, rebuilt in place (where `pip install -e` put it) when its source
 # changes after the install.
-NATIVE := asyncstream/shards/_tarwalk.c
+NATIVE := asyncstream/shards/_tarwalk.c asyncstream/shards/_records.c asyncstream/shards/_records.h
+NATIVE += asyncstream/shards/_table.h
 NATIVE += asyncstream/order/_drawc.c dali_ops/_batchc.c
 NATIVE_SO := asyncstream/shards/.native-built
 $(NATIVE_SO): $(BIN)/asyncstream $(NATIVE) setup.py

@@ -27,6 +27,9 @@ _STRICT = [
 ]
 
 
+_HEADERS = ["asyncstream/shards/_records.h", "asyncstream/shards/_table.h"]
+
+
 class _StrictBuild(build_ext):
     """build_ext with warnings as errors where the compiler takes the flags."""
 
@@ -42,9 +45,16 @@ setup(
         Extension("asyncstream.order._drawc", sources=["asyncstream/order/_drawc.c"]),
         Extension(
             "asyncstream.shards._tarwalk",
-            sources=["asyncstream/shards/_tarwalk.c"],
+            sources=["asyncstream/shards/_tarwalk.c", "asyncstream/shards/_records.c"],
+            depends=_HEADERS,
         ),
-        Extension("dali_ops._batchc", sources=["dali_ops/_batchc.c"]),
+        # The batch sink reads a chunk's records through _records.h's C sink protocol.
+        Extension(
+            "dali_ops._batchc",
+            sources=["dali_ops/_batchc.c"],
+            include_dirs=["asyncstream/shards"],
+            depends=_HEADERS,
+        ),
     ],
     cmdclass={"build_ext": _StrictBuild},
 )

@@ -17,7 +17,9 @@ DALI: the loader raises the error when that batch's turn comes, after every earl
 
 Native. The records path's common sample (an image found, a label of digits, an image that
 passes the check) is added by a C sink, ``_batchc.Sink``, that ``Iteration.take`` calls
-directly: no Python frame per sample; any other sample goes to :meth:`BatchBuilder.
+directly, through the C sink protocol of ``asyncstream/shards/_records.h`` where the
+chunk's records are the native walk's table: no Python call and no record tuple per
+sample; any other sample goes to :meth:`BatchBuilder.
 _add_record`, the Python sink, which stays the reference for all of them.
 ``ASYNCSTREAM_NATIVE=0`` in the environment (read once, at import) or :data:`NATIVE` set
 to ``False`` selects the Python sink for every sample; the tests build every batch both

@@ -6,7 +6,11 @@
  * tests/test_dali_batch.py builds every batch both ways, and tests/test_native_batch.py
  * fuzzes this sink against the Python one, requiring the same batches, skips and errors.
  *
- * A Sink is what Iteration.take calls for each sample: sink(view, url, record). The common
+ * A Sink is what Iteration.take hands each sample to: called as sink(view, url, record),
+ * or, where the chunk's records are the walk's table (asyncstream/shards/_records.h),
+ * through the C sink protocol: its `__records_sink__` capsule's sink_row reads the row's
+ * fields in place (no Python call, no tuple) and does exactly what the call does, the
+ * record tuple built only to hand an uncommon sample to `fallback`. The common
  * sample (its image member found by image_keys' rank, a label of fewer than 19 ASCII
  * digits, an image that passes the precheck) is added here: its image copied into the
  * batch (the DataLoader worker's shared buffer at its next offset, or a new bytes object
@@ -33,6 +37,8 @@
 #include <stddef.h>
 #include <stdint.h>
 #include <string.h>
+
+#include "_records.h" /* asyncstream/shards: the records table's C sink protocol */
 
 #define EOI_WINDOW 64               /* trailing bytes searched for a JPEG's end marker */
 #define LABEL_DIGITS_MAX 18         /* fewer than 19 digits: an int64 always holds them */
@@ -70,6 +76,8 @@ typedef struct {
     PyObject *fallback;   /* the Python sink: fallback(view, url, record) -> bool */
     int level;
 } Sink;
+
+static PyTypeObject SinkType;
 
 /* The signatures DALI's decoders.image reads, after the JPEG's (checked first). */
 static const struct {
@@ -188,6 +196,66 @@ read_field(PyObject *field, const Py_buffer *view, PyObject **ext, Member *membe
     member->start = start;
     member->stop = stop;
     return ADD_DONE;
+}
+
+/* A field of a row of the records table, read as read_field reads a tuple's field. */
+static int
+row_field(const AsRecordsRow *row, Py_ssize_t i, const Py_buffer *view, PyObject **ext,
+          Member *member)
+{
+    const AsRecordsField *field = &row->fields[i];
+    if (field->ext < 0 || field->ext >= row->nexts) {
+        return ADD_FALLBACK;
+    }
+    *ext = row->exts[field->ext];
+    if (!PyUnicode_CheckExact(*ext)) {
+        return ADD_FALLBACK;
+    }
+    if (field->owned != NULL) {
+        if (!PyBytes_CheckExact(field->owned)) {
+            return ADD_FALLBACK;
+        }
+        member->owned = field->owned;
+        member->data = (const unsigned char *)PyBytes_AS_STRING(field->owned);
+        member->size = PyBytes_GET_SIZE(field->owned);
+        member->start = member->stop = 0;
+        return ADD_DONE;
+    }
+    Py_ssize_t start = field->start;
+    Py_ssize_t stop = field->stop;
+    if (view->buf == NULL || start < 0 || start > view->len || stop < 0 || stop > view->len ||
+        stop < start) {
+        return ADD_FALLBACK;
+    }
+    member->owned = NULL;
+    member->data = (const unsigned char *)view->buf + start;
+    member->size = stop - start;
+    member->start = start;
+    member->stop = stop;
+    return ADD_DONE;
+}
+
+/* A sample's record as add reads it: a tuple (the sink called from Python), or a row of
+ * the records table (the C sink protocol). */
+typedef struct {
+    PyObject *tuple;          /* (key, offset, *fields), or NULL */
+    const AsRecordsRow *row;  /* where tuple is NULL */
+} Record;
+
+static Py_ssize_t
+record_fields(const Record *record)
+{
+    return record->tuple != NULL ? PyTuple_GET_SIZE(record->tuple) - 2 : record->row->nfields;
+}
+
+static int
+record_field(const Record *record, Py_ssize_t i, const Py_buffer *view, PyObject **ext,
+             Member *member)
+{
+    if (record->tuple != NULL) {
+        return read_field(PyTuple_GET_ITEM(record->tuple, 2 + i), view, ext, member);
+    }
+    return row_field(record->row, i, view, ext, member);
 }
 
 /* The image's rank among image_keys (the last key equal to ext wins, as the Python
@@ -330,19 +398,17 @@ append_new(PyObject *list, PyObject *item)
 /* Add the sample in one go where it is a common one (ADD_DONE); ADD_FALLBACK, with the
  * batch untouched, where the Python sink must decide it. */
 static int
-add(Sink *self, PyObject *view, PyObject *url, PyObject *record, const Py_buffer *buffer)
+add(Sink *self, PyObject *view, PyObject *url, const Record *record, const Py_buffer *buffer)
 {
-    if (!PyTuple_CheckExact(record) || PyTuple_GET_SIZE(record) < 2) {
-        return ADD_FALLBACK;
-    }
     Py_ssize_t none = PyTuple_GET_SIZE(self->image_keys);
     Py_ssize_t rank = none;
     Member image = {0}, label = {0}, meta = {0};
     int has_label = 0, has_meta = 0;
-    for (Py_ssize_t i = 2; i < PyTuple_GET_SIZE(record); i++) {
+    Py_ssize_t count = record_fields(record);
+    for (Py_ssize_t i = 0; i < count; i++) {
         PyObject *ext = NULL;
         Member member;
-        if (read_field(PyTuple_GET_ITEM(record, i), buffer, &ext, &member) != ADD_DONE) {
+        if (record_field(record, i, buffer, &ext, &member) != ADD_DONE) {
             return ADD_FALLBACK;
         }
         int same = same_str(ext, self->label_key);
@@ -435,7 +501,8 @@ add(Sink *self, PyObject *view, PyObject *url, PyObject *record, const Py_buffer
         }
     }
     /* in _append's order: key, URL, image, label, json member */
-    int failed = PyList_Append(self->keys, PyTuple_GET_ITEM(record, 0)) < 0 ||
+    PyObject *key = record->tuple != NULL ? PyTuple_GET_ITEM(record->tuple, 0) : record->row->key;
+    int failed = PyList_Append(self->keys, key) < 0 ||
                  PyList_Append(self->urls, url) < 0;
     if (!failed) {
         if (kept != NULL) {
@@ -468,7 +535,11 @@ sink_vectorcall(PyObject *callable, PyObject *const *args, size_t nargsf, PyObje
         buffer.buf = NULL;
         buffer.len = 0;
     }
-    int done = add(self, args[0], args[1], args[2], &buffer);
+    int done = ADD_FALLBACK;
+    if (PyTuple_CheckExact(args[2]) && PyTuple_GET_SIZE(args[2]) >= 2) {
+        Record record = {.tuple = args[2], .row = NULL};
+        done = add(self, args[0], args[1], &record, &buffer);
+    }
     if (viewed) {
         PyBuffer_Release(&buffer);
     }
@@ -480,6 +551,56 @@ sink_vectorcall(PyObject *callable, PyObject *const *args, size_t nargsf, PyObje
     }
     Py_RETURN_TRUE;
 }
+
+/* The C sink protocol's entry (see _records.h): exactly what the call does for the record
+ * of `row`, the record built as a tuple only for the fallback. */
+static int
+sink_row(PyObject *op, PyObject *view, const Py_buffer *buffer, PyObject *url,
+         const AsRecordsRow *row)
+{
+    Sink *self = (Sink *)op;
+    if (!PyObject_TypeCheck(op, &SinkType) || self->vectorcall == NULL) {
+        PyErr_SetString(PyExc_TypeError, "a Sink must be initialized before it is called");
+        return -1;
+    }
+    Record record = {.tuple = NULL, .row = row};
+    int done = add(self, view, url, &record, buffer);
+    if (done == ADD_ERROR) {
+        return -1;
+    }
+    if (done == ADD_DONE) {
+        return 1;
+    }
+    PyObject *tuple = as_records_row_tuple(row);
+    if (tuple == NULL) {
+        return -1;
+    }
+    PyObject *args[3] = {view, url, tuple};
+    PyObject *going = PyObject_Vectorcall(self->fallback, args, 3, NULL);
+    Py_DECREF(tuple);
+    if (going == NULL) {
+        return -1;
+    }
+    int on = PyObject_IsTrue(going);
+    Py_DECREF(going);
+    return on;
+}
+
+static AsRecordsSink SINK_API = {.row = sink_row};
+
+static PyObject *
+sink_records_sink(PyObject *op, void *closure)
+{
+    (void)op;
+    (void)closure;
+    return PyCapsule_New(&SINK_API, AS_RECORDS_SINK_CAPSULE, NULL);
+}
+
+static PyGetSetDef sink_getset[] = {
+    {"__records_sink__", sink_records_sink, NULL,
+     "The C sink protocol's capsule (asyncstream/shards/_records.h).", NULL},
+    {NULL, NULL, NULL, NULL, NULL},
+};
 
 static int
 sink_init(PyObject *op, PyObject *args, PyObject *kwargs)
@@ -627,6 +748,7 @@ static PyTypeObject SinkType = {
     .tp_traverse = sink_traverse,
     .tp_clear = sink_clear,
     .tp_call = sink_call,
+    .tp_getset = sink_getset,
     .tp_vectorcall_offset = offsetof(Sink, vectorcall),
 };
 

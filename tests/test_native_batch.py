@@ -27,6 +27,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 from PIL import Image
 
+from asyncstream.shards import _tarfast
 from dali_ops import _batch, _shm
 from dali_ops._batch import BatchBuilder, EncodedBatch
 from dali_ops._checks import check_image
@@ -186,28 +187,78 @@ def build(
             calls.append(outcome(lambda: sink(memoryview(view), url, record)))  # noqa: B023
             if calls[-1] != ("returned", True):
                 break
+        return collect(batch, calls)
+    finally:
         if batch.placed is not None:
-            data = batch.placed.data
-            images = [bytes(data[a:b]) for a, b in batch.spans] if data is not None else []
-            used = batch.placed.used
-        else:
-            images = [a.tobytes() for a in batch.arrays]
-            assert all(a.dtype == np.uint8 and a.ndim == 1 for a in batch.arrays)
-            used = None
-        error = batch.error
-        return {
-            "calls": calls,
-            "keys": batch.keys,
-            "urls": batch.urls,
-            "labels": batch.labels,
-            "label_types": [type(v) for v in batch.labels],
-            "images": images,
-            "spans": batch.spans,
-            "used": used,
-            "metas": batch.metas,
-            "skipped": [(u, k, unaddressed(why), s) for u, k, why, s in batch.skipped],
-            "error": None if error is None else (type(error), unaddressed(str(error))),
-        }
+            batch.placed.free()
+
+
+def collect(batch: EncodedBatch, calls: list[Any]) -> dict[str, Any]:
+    """What the sink's calls made of ``batch``."""
+    if batch.placed is not None:
+        data = batch.placed.data
+        images = [bytes(data[a:b]) for a, b in batch.spans] if data is not None else []
+        used = batch.placed.used
+    else:
+        images = [a.tobytes() for a in batch.arrays]
+        assert all(a.dtype == np.uint8 and a.ndim == 1 for a in batch.arrays)
+        used = None
+    error = batch.error
+    return {
+        "calls": calls,
+        "keys": batch.keys,
+        "urls": batch.urls,
+        "labels": batch.labels,
+        "label_types": [type(v) for v in batch.labels],
+        "images": images,
+        "spans": batch.spans,
+        "used": used,
+        "metas": batch.metas,
+        "skipped": [(u, k, unaddressed(why), s) for u, k, why, s in batch.skipped],
+        "error": None if error is None else (type(error), unaddressed(str(error))),
+    }
+
+
+def tarwalk() -> Any:
+    assert _tarfast._TARWALK is not None, "run `make install` (or setup.py build_ext)"
+    return _tarfast._TARWALK
+
+
+def as_table(record: Any) -> Any:
+    """``record`` in a records table (the walk's), or None where the table refuses it."""
+    table = tarwalk().Records()
+    try:
+        table.append(record)
+    except (TypeError, OverflowError):
+        return None
+    return table
+
+
+def build_delivered(
+    builder: BatchBuilder, view: bytes, records: list[tuple[str, Any]], pool: BufferPool | None
+) -> dict[str, Any]:
+    """:func:`build` as ``take`` does it natively: every record handed to the native sink
+    by ``deliver``, through the C sink protocol where the record is in a table (any other
+    through the sink's Python call); the calls as :func:`build` records them."""
+    batch = EncodedBatch(placed=None if pool is None else BatchBuffer(pool))
+    try:
+        with pytest.MonkeyPatch.context() as patch:
+            patch.setattr(_batch, "NATIVE", True)
+            sink = builder._sink(batch)
+        assert isinstance(sink, native().Sink)
+        ring = memoryview(view)
+        lanes: list[Any] = []
+        for url, record in records:
+            table = as_table(record)  # else a one-record list: the sink's Python call
+            lanes.append(([record] if table is None else table, ring, url, 0))
+        n = len(lanes)
+        taken, going, error = tarwalk().deliver(lanes, list(range(n)), [0] * n, sink)
+        calls: list[Any] = [("returned", True)] * taken
+        if error is not None:
+            calls[-1] = ("raised", type(error), unaddressed(str(error)))
+        elif not going:
+            calls[-1] = ("returned", False)
+        return collect(batch, calls)
     finally:
         if batch.placed is not None:
             batch.placed.free()
@@ -239,6 +290,7 @@ def test_the_native_sink_builds_what_the_python_sink_builds(
     )
     python = build(builder, view, records, False, pools[0] if placed else None)
     assert build(builder, view, records, True, pools[1] if placed else None) == python
+    assert build_delivered(builder, view, records, pools[1] if placed else None) == python
 
 
 def owned(ext: str, data: bytes) -> tuple[str, int, int, bytes]:
@@ -299,6 +351,7 @@ def test_edge_samples_build_alike(
         )
         python = build(builder, view, records, False, pools[0] if placed else None)
         assert build(builder, view, records, True, pools[1] if placed else None) == python
+        assert build_delivered(builder, view, records, pools[1] if placed else None) == python
 
 
 @pytest.mark.parametrize("extra", [-1, 0, 1])
@@ -401,3 +454,49 @@ def test_a_sink_refuses_wrong_arguments() -> None:
         add(memoryview(b""), "u", ("k", 0), extra=1)
     with pytest.raises(TypeError):
         native().Sink.__new__(native().Sink)(memoryview(b""), "u", ("k", 0))
+
+
+def test_deliver_adds_a_tables_common_sample_with_no_python_call() -> None:
+    """Through the C sink protocol: a common sample is added from the table's row; any
+    other reaches the Python sink as the very tuple the table reads as; an error of the
+    Python sink comes back with the count of samples handed over."""
+    handed: list[Any] = []
+    keys: list[str] = []
+    labels: list[int] = []
+
+    def fallback(view: memoryview, url: str, record: Any) -> bool:
+        handed.append((url, record))
+        table = grow if record[0] == "grow" else None
+        if record[0] == "boom":
+            raise RuntimeError("boom")
+        if table is not None:  # the table is being read: it may not move
+            table.append(("more", 0))
+        return record[0] != "stop"
+
+    add = sink(fallback, keys=keys, labels=labels)
+    assert type(add.__records_sink__).__name__ == "PyCapsule"
+    view = memoryview(b"x" + JPEG + b"042")
+    cls = (len(JPEG) + 1, len(JPEG) + 4)
+    common = ("k", 0, ("jpg", 1, 1 + len(JPEG), None), ("cls", *cls, None))
+    odd = ("k3", 512, ("jpg", 1, 1 + len(JPEG), None), ("cls", 0, 0, b" 1"))
+    past = ("k4", 1024, ("jpg", 1, 1 + len(JPEG), None), ("cls", cls[0], 10**6, None))
+    records = [common, odd, past, ("stop", 0), common, ("boom", 0)]
+    table = tarwalk().Records()
+    table.extend(records)
+    lanes = [(table, view, "u", 10)]
+    deliver = tarwalk().deliver
+    assert deliver(lanes, [0, 0, 0, 0, 0], [10, 11, 12, 13, 14], add) == (4, False, None)
+    assert keys == ["k"]
+    assert labels == [42]
+    assert handed == [("u", odd), ("u", past), ("u", ("stop", 0))]
+    taken, going, error = deliver(lanes, [0, 0, 0], [14, 15, 14], add)
+    assert (taken, going, type(error), keys) == (2, False, RuntimeError, ["k", "k"])
+    taken, going, error = deliver(lanes, [0], [16], add)  # past the table
+    assert (taken, going, type(error)) == (1, False, IndexError)
+    grow = tarwalk().Records()
+    grow.append(("grow", 0))
+    taken, going, error = deliver([(grow, view, "u", 0)], [0], [0], add)
+    assert (taken, going, type(error), len(grow)) == (1, False, BufferError, 1)
+    unset = native().Sink.__new__(native().Sink)
+    taken, going, error = deliver(lanes, [0], [10], unset)
+    assert (taken, going, type(error)) == (1, False, TypeError)

@@ -302,3 +302,202 @@ def test_headers_built_field_by_field_read_alike(
 def test_random_bytes_read_alike(data: bytes, chunk: int | None) -> None:
     cuts = list(range(chunk, len(data), chunk)) if chunk else []
     read_alike(data, cuts)
+
+
+# --------------------------------------------------------------------------- the records table
+
+
+def tarwalk() -> Any:
+    assert _tarfast._TARWALK is not None, "run `make install` (or setup.py build_ext)"
+    return _tarfast._TARWALK
+
+
+EXTS = ["jpg", "cls", "json", "JPG", "tar.gz", "x\udcff"]
+
+fields_st = st.tuples(
+    st.sampled_from(EXTS),
+    st.integers(-3, 40),
+    st.integers(-3, 40),
+    st.one_of(st.none(), st.binary(max_size=5)),
+)
+records_st = st.lists(
+    st.builds(
+        lambda key, offset, fields: (key, offset, *fields),
+        st.text(max_size=4),
+        st.integers(0, 1 << 40),
+        st.lists(fields_st, max_size=4),
+    ),
+    max_size=8,
+)
+
+
+def table(records: list[Any]) -> Any:
+    out = tarwalk().Records()
+    out.extend(records)
+    return out
+
+
+@FUZZ
+@given(first=records_st, second=records_st)
+def test_the_table_reads_as_the_list_it_replaces(first: list[Any], second: list[Any]) -> None:
+    t = table(first)
+    assert list(t) == first
+    assert len(t) == len(first)
+    for i in range(-len(first), len(first)):
+        assert t[i] == first[i]
+    for i in (len(first), -len(first) - 1, 1 << 70):
+        with pytest.raises(IndexError):
+            t[i]
+    other = table(list(reversed(second)))  # its extensions in another order
+    t += other
+    for record in second:
+        t.append(record)
+    t.extend(t)  # itself: read before it grows
+    whole = first + list(reversed(second)) + second
+    assert list(t) == whole + whole
+    owned = [f[3] for r in list(t) for f in r[2:] if f[3] is not None]
+    assert all(type(b) is bytes for b in owned)
+
+
+@pytest.mark.parametrize(
+    "record",
+    [
+        ("k",),
+        ["k", 0],
+        (b"k", 0),
+        ("k", 0.0),
+        ("k", 0, ("jpg", 0, 1)),
+        ("k", 0, ("jpg", 0, 1, "owned")),
+        ("k", 0, ("jpg", 0, 1, bytearray(b"x"))),
+        ("k", 0, (b"jpg", 0, 1, None)),
+        ("k", 0, ("jpg", 0.0, 1, None)),
+        ("k", 0, ("jpg", 0, 1 << 70, None)),
+        ("k", 1 << 70),
+        ("k", 0, ["jpg", 0, 1, None]),
+    ],
+)
+def test_a_record_spelled_otherwise_is_refused(record: Any) -> None:
+    t = table([("a", 0, ("jpg", 0, 1, None))])
+    with pytest.raises((TypeError, OverflowError)):
+        t.append(record)
+    with pytest.raises((TypeError, OverflowError)):
+        t.extend([("b", 0), record])
+    assert [r[0] for r in t] == ["a", "b"]  # what came before the refused one is kept
+    with pytest.raises(TypeError):
+        tarwalk().Records([])
+
+
+@FUZZ
+@given(records=records_st, data=st.binary(max_size=30), views=st.booleans())
+def test_a_sample_is_the_dict_emit_builds(records: list[Any], data: bytes, views: bool) -> None:
+    from asyncstream.stream._emit import sample_dict
+
+    base = bytearray(data)
+    view = memoryview(base)
+    t = table(records)
+    for i in range(-len(records), len(records)):
+        native = t.sample(i, view, "s3://b/k.tar", views)
+        python = sample_dict(records, i, view, "s3://b/k.tar", views)
+        assert native == python
+        assert list(native) == list(python)  # the same keys in the same order
+        assert [type(v) for v in native.values()] == [type(v) for v in python.values()]
+        assert all(v.obj is base for v in native.values() if isinstance(v, memoryview))
+    with pytest.raises(IndexError):
+        t.sample(len(records), view, "u")
+    with pytest.raises(TypeError):
+        t.sample(0, view)
+
+
+def python_deliver(lanes: list[Any], indices: list[int], samples: list[int], sink: Any) -> Any:
+    """``EpochRun.take``'s Python loop, as ``deliver``'s answer."""
+    taken = 0
+    for index, sample in zip(indices, samples, strict=True):
+        records, view, url, first = lanes[index]
+        taken += 1
+        try:
+            if not sink(view, url, records[sample - first]):
+                return taken, False, None
+        except Exception as exc:
+            return taken, False, exc
+    return taken, True, None
+
+
+@FUZZ
+@given(
+    lanes=st.lists(st.tuples(records_st, st.integers(-2, 5)), min_size=1, max_size=4),
+    draws=st.lists(st.tuples(st.integers(0, 3), st.integers(-12, 12)), max_size=20),
+    stop_at=st.integers(0, 25),
+    raise_at=st.integers(0, 25),
+    as_tables=st.booleans(),
+)
+def test_deliver_hands_records_as_the_python_loop(
+    lanes: list[Any],
+    draws: list[tuple[int, int]],
+    stop_at: int,
+    raise_at: int,
+    as_tables: bool,
+) -> None:
+    """Records or lists, a sink that stops or raises, draws out of range: the same calls,
+    the same count and the same outcome (an index out of range is an IndexError)."""
+    view = memoryview(b"0123456789")
+
+    def run(deliver: Any, tables: bool) -> Any:
+        calls: list[Any] = []
+
+        def sink(v: memoryview, url: str, record: Any) -> bool:
+            calls.append((v is view, url, record))
+            if len(calls) == raise_at:
+                raise KeyError("sink")
+            return len(calls) != stop_at
+
+        built = [
+            (table(r) if tables else r, view, f"u{i}", first) for i, (r, first) in enumerate(lanes)
+        ]
+        indices = [i % len(lanes) for i, _ in draws]
+        samples = [s for _, s in draws]
+        taken, going, error = deliver(built, indices, samples, sink)
+        if error is None or isinstance(error, IndexError):  # (the table's words differ)
+            return calls, taken, going, error and IndexError
+        return calls, taken, going, (type(error), str(error))
+
+    expected = run(python_deliver, False)
+    assert run(tarwalk().deliver, as_tables) == expected
+
+
+def test_deliver_refuses_wrong_arguments() -> None:
+    deliver = tarwalk().deliver
+    with pytest.raises(TypeError):
+        deliver((), [], [], print)
+    with pytest.raises(ValueError, match="differ in length"):
+        deliver([], [0], [], print)
+    taken, going, error = deliver([], [0], [0], print)
+    assert (taken, going, type(error)) == (0, False, IndexError)
+    taken, going, error = deliver([("not a lane",)], [0], [0], print)
+    assert (taken, going, type(error)) == (0, False, TypeError)
+
+
+def test_a_table_refuses_to_grow_while_it_is_read() -> None:
+    """Python code run in the middle of a read (a sink's fallback, an extension's hash)
+    cannot move the table's arrays under the C code reading them: BufferError."""
+    grown: list[Any] = []
+
+    class Ext(str):
+        def __hash__(self) -> int:
+            try:
+                t.extend([("b", 0)] * 1000)
+            except BufferError as exc:
+                grown.append(exc)
+            return str.__hash__(self)
+
+    t = tarwalk().Records()
+    t.append(("a", 0, (Ext("jpg"), 0, 1, None)))  # its hash runs while the row is added
+    assert grown
+    assert len(t) == 1
+    grown.clear()
+    assert t.sample(0, memoryview(b"xy"), "u") == {"__key__": "a", "__url__": "u", "jpg": b"x"}
+    assert grown
+    other = tarwalk().Records()
+    other.extend(t)  # the look-up in `other` runs the hash: neither table may grow
+    assert (len(t), len(other)) == (1, 1)
+    t.append(("b", 0))  # once read, it grows again
+    assert len(t) == 2

@@ -35,7 +35,7 @@ from hypothesis import strategies as st
 
 from asyncstream._exceptions import CorruptTarError
 from asyncstream.shards import _tarbulk, _tarfast, _targroup
-from asyncstream.shards._tar import ShardReader
+from asyncstream.shards._tar import ShardReader, samples
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -76,14 +76,23 @@ def mode(name: str) -> Iterator[None]:
 
 
 def outcome(data: bytes, cuts: Sequence[int] = (), start: int = 0) -> list[Any]:
-    """Everything a reader gives for ``data[start:]`` fed in ranges split at ``cuts``."""
+    """Everything a reader gives for ``data[start:]`` fed in ranges split at ``cuts``: the
+    records of each range, as a list (the native walk's table read through its sequence
+    protocol, which must give the very tuples of the Python walk), and the samples they
+    make (what ``feed`` returns)."""
     reader = ShardReader(URL, len(data), start)
     bounds = [start, *sorted({c for c in cuts if start < c < len(data)}), len(data)]
     seen: list[Any] = []
     try:
         for a, b in pairwise(bounds):
             slot = bytearray(data[a:b])
-            samples = reader.feed(memoryview(slot), a, final=b == len(data))
+            view = memoryview(slot)
+            records = reader.records(view, a, final=b == len(data))
+            if _tarfast.NATIVE:  # the table, read as the list it stands for
+                assert type(records).__name__ == "Records"
+                assert len(records) == len(list(records))
+            else:
+                assert type(records) is list
             seen.append(
                 (
                     a,
@@ -98,8 +107,9 @@ def outcome(data: bytes, cuts: Sequence[int] = (), start: int = 0) -> list[Any]:
                                 for ext, v in s.fields.items()
                             ],
                         )
-                        for s in samples
+                        for s in samples(view, records)
                     ],
+                    list(records),
                 )
             )
     except CorruptTarError as exc:

@@ -43,7 +43,7 @@ import zstandard
 
 from .._exceptions import CorruptTarError
 from ._limits import ReadLimits
-from ._tar import Record, Sample, ShardReader, byte_view, check_not_empty, samples
+from ._tar import Record, Records, Sample, ShardReader, byte_view, check_not_empty, samples
 from ._zstdblocks import ZstdCuts
 
 __all__ = [
@@ -266,7 +266,7 @@ class CompressedReader:
 
     def _parts(
         self, data: memoryview | bytes | bytearray, offset: int, final: bool
-    ) -> list[tuple[memoryview, list[Record]]]:
+    ) -> list[tuple[memoryview, Records]]:
         """The records completed by ``data``, with the decompressed piece each lies in."""
         view = byte_view(data)
         end = offset + len(view)
@@ -288,10 +288,8 @@ class CompressedReader:
         del view
         raise CorruptTarError(self._error[0], url=self.url, offset=self._error[1])
 
-    def _feed(
-        self, view: memoryview, offset: int, final: bool
-    ) -> list[tuple[memoryview, list[Record]]]:
-        out: list[tuple[memoryview, list[Record]]] = []
+    def _feed(self, view: memoryview, offset: int, final: bool) -> list[tuple[memoryview, Records]]:
+        out: list[tuple[memoryview, Records]] = []
         if self._streams is None and not self._plain:
             self._head += view.tobytes()
             if len(self._head) < _MAGIC_BYTES and not final:
@@ -335,7 +333,7 @@ class CompressedReader:
 
     def _to_tar(
         self,
-        out: list[tuple[memoryview, list[Record]]],
+        out: list[tuple[memoryview, Records]],
         piece: bytes | memoryview,
         final: bool = False,
     ) -> None:

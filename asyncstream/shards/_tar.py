@@ -62,10 +62,11 @@ from dataclasses import dataclass
 from .._exceptions import CorruptTarError, TruncatedShardWarning
 from ._limits import ReadLimits
 from ._tarentry import BLOCK, EMPTY, EntryParser, looks_compressed
-from ._tarfast import Field, Names, Pending, RangeWalker, Record
+from ._tarfast import Field, Names, Pending, RangeWalker, Record, Records, new_records
 
 __all__ = [
     "Record",
+    "Records",
     "Sample",
     "ShardReader",
     "byte_view",
@@ -102,7 +103,7 @@ def byte_view(data: memoryview | bytes | bytearray) -> memoryview:
     return view
 
 
-def samples(view: memoryview, records: list[Record]) -> list[Sample]:
+def samples(view: memoryview, records: Records) -> list[Sample]:
     """The :class:`Sample` of each record of ``view`` (see :meth:`ShardReader.records`)."""
     return [
         Sample(
@@ -191,11 +192,13 @@ class ShardReader(EntryParser):
 
     def records(
         self, data: memoryview | bytes | bytearray, offset: int, *, final: bool = False
-    ) -> list[Record]:
+    ) -> Records:
         """:meth:`feed`, with each sample as a :data:`~._tarfast.Record` of its fields'
         places in ``data`` rather than a :class:`Sample` of views: what the stream keeps
         for the samples of a resident chunk, tens of thousands of them, costs neither an
-        object per field nor the garbage collector's time."""
+        object per field nor the garbage collector's time. Where the walk is native, one
+        table (``_tarwalk.Records``) that reads as the list of records, with no tuple per
+        sample until one is asked for."""
         view = byte_view(data)
         out = self._index(view, offset, final)
         if out is None:
@@ -203,7 +206,7 @@ class ShardReader(EntryParser):
             raise self._sticky_error()
         return out
 
-    def _index(self, view: memoryview, offset: int, final: bool) -> list[Record] | None:
+    def _index(self, view: memoryview, offset: int, final: bool) -> Records | None:
         """The records completed by ``view``; None once the shard is corrupt."""
         end = offset + len(view)
         if final and self._open_ended and offset == self._next:
@@ -216,7 +219,7 @@ class ShardReader(EntryParser):
         if self._error is not None:
             return None
         self._next = end
-        out: list[Record] = []
+        out = new_records()
         if self._done:
             return out
         self._data, self._doff = view, offset
@@ -235,14 +238,14 @@ class ShardReader(EntryParser):
         assert self._error is not None
         return CorruptTarError(self._error[0], url=self.url, offset=self._error[1])
 
-    def _run(self, out: list[Record], end: int, final: bool) -> None:
+    def _run(self, out: Records, end: int, final: bool) -> None:
         data, doff, pos, pending = self._data, self._doff, self._pos, self._pending
         fast = self._fast_path
         walker = RangeWalker(data, doff, end - doff, self.size - doff, self._names)
         while pos + BLOCK <= end:
             if fast and pos >= doff:
                 rel, pending, records, fast = walker.walk(pos - doff, pending)
-                out += records
+                out.extend(records)
                 pos = rel + doff
                 if pos + BLOCK > end:
                     break
@@ -284,7 +287,7 @@ class ShardReader(EntryParser):
             self._done = True
         big = end - doff > self._max  # a sample inside this range may pass the limit
         if out and (big or out[0][1] < doff):  # only the first can have been carried
-            for record in out if big else out[:1]:
+            for record in out if big else [out[0]]:
                 self._check(record[0], record[1], record[2:])
         if pending is not None and (big or pending[1] < doff):
             self._check(*pending)

@@ -29,7 +29,9 @@ extension are the general parser's.
 
 Native: where the extension :mod:`._tarwalk` is built (every install builds it),
 :meth:`RangeWalker.walk` is its ``walk``, the same find, check and group in C with the GIL
-released for the loop over the headers' bytes. The Python walk here stays as its
+released for the loop over the headers' bytes, its records one ``_tarwalk.Records`` table
+(no tuple per sample or field; it reads as the list, see :func:`new_records`). The Python
+walk here stays as its
 reference: ``ASYNCSTREAM_NATIVE=0`` in the environment (read once, at import) or
 :data:`NATIVE` set to ``False`` selects it; the tests read every input both ways.
 """
@@ -40,11 +42,25 @@ import os
 import re
 import struct
 from collections.abc import Callable, Iterable
+from types import ModuleType
+from typing import TYPE_CHECKING, TypeAlias
 
 from . import _targroup
 from ._tarbulk import HeaderTable, first_bad
 
-__all__ = ["NATIVE", "Field", "Names", "RangeWalker", "Record"]
+if TYPE_CHECKING:
+    from . import _tarwalk
+
+__all__ = [
+    "NATIVE",
+    "Field",
+    "Names",
+    "RangeWalker",
+    "Record",
+    "Records",
+    "native_deliver",
+    "new_records",
+]
 
 # A sample field: (extension, start, stop, None) for the bytes [start, stop) of the range
 # fed, or (extension, 0, 0, data) for bytes the reader owns (carried or sparse).
@@ -71,23 +87,48 @@ _PROBE = 32  # members read header by header before a range is judged
 _DENSE = 4096  # bytes per member, on average, under which a range gets a table
 _UNBOUNDED = 1 << 62
 
-Walked = tuple[int, Pending | None, list[Record], bool]
+# A chunk's records: the native walk's compact table (``_tarwalk.Records``, which reads as
+# the list of tuples it replaces), or that list where the walk is the Python one.
+Records: TypeAlias = "list[Record] | _tarwalk.Records"
+Walked = tuple[int, Pending | None, Records, bool]
 
 
-def _native_walk() -> Callable[[memoryview, int, int, int, int, Pending | None], Walked] | None:
-    """The extension's walk, or None where it was not built (a source tree never installed:
-    the Python walk then reads every range, as exactly and more slowly)."""
+def _native() -> ModuleType | None:
+    """The extension, or None where it was not built (a source tree never installed: the
+    Python walk then reads every range, as exactly and more slowly)."""
     try:
         # Not `from ._tarwalk import walk`: with no .py to find, grimp reads it as `asyncstream`.
         from . import _tarwalk
     except ImportError:
         return None
-    return _tarwalk.walk
+    return _tarwalk
 
 
-_NATIVE_WALK = _native_walk()
-# Whether RangeWalker.walk is the native one; tests set it to compare the two.
+_TARWALK = _native()
+_NATIVE_WALK: Callable[[memoryview, int, int, int, int, Pending | None], Walked] | None = (
+    None if _TARWALK is None else _TARWALK.walk
+)
+# Whether RangeWalker.walk is the native one (and a chunk's records its table); tests set
+# it to compare the two.
 NATIVE = _NATIVE_WALK is not None and os.environ.get("ASYNCSTREAM_NATIVE", "1") != "0"
+
+
+def new_records() -> Records:
+    """An empty collection of a chunk's records: the native table where the walk is native
+    (the walk's records are added to it with no tuple per sample), else a list."""
+    if NATIVE and _TARWALK is not None:
+        records: _tarwalk.Records = _TARWALK.Records()
+        return records
+    return []
+
+
+def native_deliver() -> Callable[..., tuple[int, bool, BaseException | None]] | None:
+    """``_tarwalk.deliver``, ``take``'s loop in C (see ``_records.c``), where the walk is
+    native; None where the Python loop is to run."""
+    if NATIVE and _TARWALK is not None:
+        deliver: Callable[..., tuple[int, bool, BaseException | None]] = _TARWALK.deliver
+        return deliver
+    return None
 
 
 def _extension(raw: bytes) -> str | None:

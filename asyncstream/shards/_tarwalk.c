@@ -16,8 +16,9 @@
  * with its own errors.
  *
  * Two phases per batch of headers: the headers are found and checked with the GIL
- * released (the loop over bytes: 512 per header), then named and grouped into Python
- * records with the GIL held. Batches double in size, so a walk that stops early (a name
+ * released (the loop over bytes: 512 per header), then named and grouped into samples
+ * with the GIL held, each added to a Records table (_records.c): a key str per sample, no
+ * Python object per field. Batches double in size, so a walk that stops early (a name
  * the general parser must read) costs a bounded amount of wasted scanning.
  *
  * Memory safety: every read is bounded by `limit`, which is checked against the buffer's
@@ -28,6 +29,8 @@
 
 #include <stdint.h>
 #include <string.h>
+
+#include "_table.h"
 
 #define BLOCK 512
 #define NAME_FIELD 100
@@ -92,6 +95,24 @@ summed(const unsigned char *h)
     return value == 0;
 }
 
+/* Ask for the header at `at` (when inside the range) to be brought into the cache: the
+ * walk is bound by memory, a header per member read from DRAM. No read happens here. */
+static void
+prefetch_header(const unsigned char *data, Py_ssize_t at, Py_ssize_t limit)
+{
+#if defined(__GNUC__) || defined(__clang__)
+    if (at >= 0 && at <= limit - BLOCK) {
+        for (int line = 0; line < BLOCK; line += 64) {
+            __builtin_prefetch(data + at + line);
+        }
+    }
+#else
+    (void)data;
+    (void)at;
+    (void)limit;
+#endif
+}
+
 /* Up to `most` plain headers from *rel on, into out; *rel ends at the first header not
  * taken. Runs without the GIL. */
 static int
@@ -116,16 +137,17 @@ scan(const unsigned char *data, Py_ssize_t *rel, Py_ssize_t limit, Py_ssize_t st
             ended = ENDED_PLAIN;
             break;
         }
-        if (!summed(h)) {
-            ended = ENDED_REFUSED;
-            break;
-        }
         Py_ssize_t size = 0;
         for (int i = 124; i < 135; i++) {
             size = (size << 3) | (h[i] - '0');
         }
         Py_ssize_t start = at + BLOCK;
         Py_ssize_t after = start + ((size + BLOCK - 1) & ~(Py_ssize_t)(BLOCK - 1));
+        prefetch_header(data, after, limit); /* read while this one's sum is taken */
+        if (!summed(h)) {
+            ended = ENDED_REFUSED;
+            break;
+        }
         if (size > limit - start || after > stop) {
             ended = ENDED_PLAIN;
             break;
@@ -213,30 +235,39 @@ typedef struct {
     Py_ssize_t current_len;
     char buf[JOINED_MAX];
     Py_ssize_t offset;
-    PyObject *fields;      /* list of (ext, start, stop, owned) */
+    TableField *fields;    /* nfields of them, holding references to ext and owned */
+    Py_ssize_t nfields;
+    Py_ssize_t fields_cap;
     int owned;             /* whether the fields are copies (a sample carried in) */
 } Sample;
+
+static void
+fields_clear(Sample *s)
+{
+    for (Py_ssize_t i = 0; i < s->nfields; i++) {
+        Py_DECREF(s->fields[i].ext);
+        Py_XDECREF(s->fields[i].owned);
+    }
+    s->nfields = 0;
+}
 
 static void
 sample_clear(Sample *s)
 {
     Py_CLEAR(s->key);
     Py_CLEAR(s->key_bytes);
-    Py_CLEAR(s->fields);
+    fields_clear(s);
+    PyMem_Free(s->fields);
+    s->fields = NULL;
+    s->fields_cap = 0;
 }
 
 /* Whether the sample in progress holds a field named `ext` (-1: error). */
 static int
 has_field(Sample *s, PyObject *ext)
 {
-    Py_ssize_t n = PyList_GET_SIZE(s->fields);
-    for (Py_ssize_t i = 0; i < n; i++) {
-        PyObject *field = PyList_GET_ITEM(s->fields, i);
-        if (!PyTuple_Check(field) || PyTuple_GET_SIZE(field) != 4) {
-            PyErr_SetString(PyExc_TypeError, "a pending field must be a 4-tuple");
-            return -1;
-        }
-        PyObject *have = PyTuple_GET_ITEM(field, 0);
+    for (Py_ssize_t i = 0; i < s->nfields; i++) {
+        PyObject *have = s->fields[i].ext;
         if (have == ext) {
             return 1;
         }
@@ -248,49 +279,55 @@ has_field(Sample *s, PyObject *ext)
     return 0;
 }
 
-/* The record of the sample in progress, appended to `records` (0, or -1 on error). */
+/* The sample in progress, added to the table `records` (0, or -1 on error). */
 static int
 flush(Sample *s, PyObject *records)
 {
-    Py_ssize_t n = PyList_GET_SIZE(s->fields);
-    PyObject *record = PyTuple_New(2 + n);
-    if (record == NULL) {
-        return -1;
-    }
-    PyObject *offset = PyLong_FromSsize_t(s->offset);
-    if (offset == NULL) {
-        Py_DECREF(record);
-        return -1;
-    }
-    PyTuple_SET_ITEM(record, 0, Py_NewRef(s->key));
-    PyTuple_SET_ITEM(record, 1, offset);
-    for (Py_ssize_t i = 0; i < n; i++) {
-        PyTuple_SET_ITEM(record, 2 + i, Py_NewRef(PyList_GET_ITEM(s->fields, i)));
-    }
-    int failed = PyList_Append(records, record);
-    Py_DECREF(record);
-    return failed;
+    return table_add(records, s->key, (int64_t)s->offset, s->fields, s->nfields);
 }
 
-/* A field of the sample in progress. */
+/* A field of the sample in progress; takes the reference to `owned` (NULL: none). */
+static int
+add_field(Sample *s, PyObject *ext, Py_ssize_t start, Py_ssize_t stop, PyObject *owned)
+{
+    if (s->nfields == s->fields_cap) {
+        if (s->fields_cap > PY_SSIZE_T_MAX / 2 / (Py_ssize_t)sizeof(TableField)) {
+            Py_XDECREF(owned);
+            PyErr_NoMemory();
+            return -1;
+        }
+        Py_ssize_t cap = s->fields_cap < 8 ? 8 : 2 * s->fields_cap;
+        TableField *more = PyMem_Realloc(s->fields, (size_t)cap * sizeof(TableField));
+        if (more == NULL) {
+            Py_XDECREF(owned);
+            PyErr_NoMemory();
+            return -1;
+        }
+        s->fields = more;
+        s->fields_cap = cap;
+    }
+    TableField *f = &s->fields[s->nfields++];
+    Py_INCREF(ext);
+    f->ext = ext;
+    f->start = start;
+    f->stop = stop;
+    f->owned = owned;
+    return 0;
+}
+
+/* A member of the range as a field of the sample in progress (copied if it is owned). */
 static int
 append_field(Sample *s, PyObject *ext, const unsigned char *data, Py_ssize_t start,
              Py_ssize_t stop)
 {
-    PyObject *field;
     if (s->owned) {
-        field = Py_BuildValue("(OnnN)", ext, (Py_ssize_t)0, (Py_ssize_t)0,
-                              PyBytes_FromStringAndSize((const char *)data + start,
-                                                        stop - start));
-    } else {
-        field = Py_BuildValue("(OnnO)", ext, start, stop, Py_None);
+        PyObject *owned = PyBytes_FromStringAndSize((const char *)data + start, stop - start);
+        if (owned == NULL) {
+            return -1;
+        }
+        return add_field(s, ext, 0, 0, owned);
     }
-    if (field == NULL) {
-        return -1;
-    }
-    int failed = PyList_Append(s->fields, field);
-    Py_DECREF(field);
-    return failed;
+    return add_field(s, ext, start, stop, NULL);
 }
 
 /* The name of the member whose header is at h, up to its first NUL; a ustar prefix joined
@@ -393,15 +430,12 @@ group(Sample *s, Exts *exts, const unsigned char *data, const Member *members,
                 }
                 PyObject *key = PyUnicode_DecodeUTF8((const char *)name, dot,
                                                      "surrogateescape");
-                PyObject *fields = PyList_New(0);
-                if (key == NULL || fields == NULL) {
-                    Py_XDECREF(key);
-                    Py_XDECREF(fields);
+                if (key == NULL) {
                     Py_DECREF(ext);
                     return -1;
                 }
                 Py_XSETREF(s->key, key);
-                Py_XSETREF(s->fields, fields);
+                fields_clear(s);
                 Py_CLEAR(s->key_bytes);
                 memcpy(s->buf, name, (size_t)dot);
                 s->current = s->buf;
@@ -439,12 +473,32 @@ sample_from(Sample *s, PyObject *pending, Py_ssize_t doff)
                           &s->offset, &PyList_Type, &fields)) {
         return -1;
     }
+    for (Py_ssize_t i = 0; i < PyList_GET_SIZE(fields); i++) {
+        PyObject *field = PyList_GET_ITEM(fields, i);
+        if (!PyTuple_Check(field) || PyTuple_GET_SIZE(field) != 4 ||
+            !PyUnicode_Check(PyTuple_GET_ITEM(field, 0))) {
+            PyErr_SetString(PyExc_TypeError, "a pending field must be a 4-tuple");
+            return -1;
+        }
+        PyObject *owned = PyTuple_GET_ITEM(field, 3);
+        if (owned != Py_None && !PyBytes_Check(owned)) {
+            PyErr_SetString(PyExc_TypeError, "a pending field owns bytes or None");
+            return -1;
+        }
+        Py_ssize_t start = PyLong_AsSsize_t(PyTuple_GET_ITEM(field, 1));
+        Py_ssize_t stop = start == -1 && PyErr_Occurred()
+                              ? -1
+                              : PyLong_AsSsize_t(PyTuple_GET_ITEM(field, 2));
+        if (PyErr_Occurred()) {
+            return -1;
+        }
+        if (add_field(s, PyTuple_GET_ITEM(field, 0), start, stop,
+                      owned == Py_None ? NULL : Py_NewRef(owned)) < 0) {
+            return -1;
+        }
+    }
     s->key_bytes = PyUnicode_AsEncodedString(key, "utf-8", "surrogateescape");
     if (s->key_bytes == NULL) {
-        return -1;
-    }
-    s->fields = PyList_GetSlice(fields, 0, PyList_GET_SIZE(fields)); /* kept if refused */
-    if (s->fields == NULL) {
         return -1;
     }
     s->key = Py_NewRef(key);
@@ -452,6 +506,27 @@ sample_from(Sample *s, PyObject *pending, Py_ssize_t doff)
     s->current_len = PyBytes_GET_SIZE(s->key_bytes);
     s->owned = s->offset < doff; /* a sample carried into this range keeps owning bytes */
     return 0;
+}
+
+/* The sample in progress as `pending`: (key, offset, [(ext, start, stop, owned)...]). */
+static PyObject *
+sample_tail(const Sample *s)
+{
+    PyObject *fields = PyList_New(s->nfields);
+    if (fields == NULL) {
+        return NULL;
+    }
+    for (Py_ssize_t i = 0; i < s->nfields; i++) {
+        const TableField *f = &s->fields[i];
+        PyObject *field = Py_BuildValue("(OnnO)", f->ext, f->start, f->stop,
+                                        f->owned == NULL ? Py_None : f->owned);
+        if (field == NULL) {
+            Py_DECREF(fields);
+            return NULL;
+        }
+        PyList_SET_ITEM(fields, i, field);
+    }
+    return Py_BuildValue("(OnN)", s->key, s->offset, fields);
 }
 
 PyDoc_STRVAR(walk_doc,
@@ -489,7 +564,7 @@ walk(PyObject *module, PyObject *args)
                      limit, stop, view.len);
         goto done;
     }
-    records = PyList_New(0);
+    records = table_new();
     if (records == NULL) {
         goto done;
     }
@@ -530,7 +605,7 @@ walk(PyObject *module, PyObject *args)
     if (s.key == NULL) {
         tail = Py_NewRef(Py_None);
     } else {
-        tail = Py_BuildValue("(OnO)", s.key, s.offset, s.fields);
+        tail = sample_tail(&s);
         if (tail == NULL) {
             goto done;
         }
@@ -550,12 +625,18 @@ static PyMethodDef methods[] = {
     {NULL, NULL, 0, NULL},
 };
 
+static PyModuleDef_Slot slots[] = {
+    {Py_mod_exec, (void *)table_module_exec},
+    {0, NULL},
+};
+
 static struct PyModuleDef module_def = {
     PyModuleDef_HEAD_INIT,
     .m_name = "asyncstream.shards._tarwalk",
     .m_doc = "The native tar walk: runs of plain members found, checked and grouped.",
     .m_size = 0,
     .m_methods = methods,
+    .m_slots = slots,
 };
 
 PyMODINIT_FUNC PyInit__tarwalk(void); /* the one symbol exported */

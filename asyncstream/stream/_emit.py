@@ -10,9 +10,30 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from ..shards._tar import Records
 from ._lanes import LaneReader
 
-__all__ = ["Emit"]
+__all__ = ["Emit", "sample_dict"]
+
+
+def sample_dict(
+    records: Records, index: int, view: memoryview, url: str, views: bool
+) -> dict[str, Any]:
+    """Record ``index`` of ``records`` (whose fields lie in ``view``) as the dict the API
+    hands out: ``__key__``, ``__url__`` and each member as ``bytes``, or with ``views`` as
+    a ``memoryview`` of the ring; owned bytes as they are. Built in C where the records
+    are the native table."""
+    if not isinstance(records, list):
+        return records.sample(index, view, url, views)
+    record = records[index]
+    out: dict[str, Any] = {"__key__": record[0], "__url__": url}
+    if views:
+        for ext, start, stop, owned in record[2:]:
+            out[ext] = view[start:stop] if owned is None else owned
+    else:
+        for ext, start, stop, owned in record[2:]:
+            out[ext] = view[start:stop].tobytes() if owned is None else owned
+    return out
 
 
 class Emit:
@@ -35,15 +56,7 @@ class Emit:
     def next(self, lane: LaneReader, sample: int, group: int = 0) -> dict[str, Any]:
         """The sample ``sample`` (in-shard index) of ``lane``'s resident chunk, as a dict of
         ``bytes`` with ``__key__``, ``__url__`` and, mixed, ``__source__``."""
-        record = lane.records[sample - lane.first]
-        out: dict[str, Any] = {"__key__": record[0], "__url__": lane.shard.url}
-        view = lane.view
-        if self.views:
-            for ext, start, stop, owned in record[2:]:
-                out[ext] = view[start:stop] if owned is None else owned
-        else:
-            for ext, start, stop, owned in record[2:]:
-                out[ext] = view[start:stop].tobytes() if owned is None else owned
+        out = sample_dict(lane.records, sample - lane.first, lane.view, lane.shard.url, self.views)
         if self.sources:
             out["__source__"] = self.sources[group]
         self.emitted += 1

@@ -27,7 +27,7 @@ from .._exceptions import DataError, StateError
 from ..engine._engine import Engine, Ready
 from ..order._plan import Piece
 from ..shards._compressed import CompressedReader, fetch_start, open_reader
-from ..shards._tar import Record, ShardReader
+from ..shards._tar import Records, ShardReader
 from ..shards._urls import Shard
 from ..stores._store import ChunkRequest
 
@@ -67,7 +67,7 @@ class LaneReader:
     reader_start: int = 0  # reader.pending_offset before the resident chunk was fed
     ready: Ready | None = None
     view: memoryview = _EMPTY  # the resident chunk, which the records' fields lie in
-    records: list[Record] = field(default_factory=list)  # what the resident chunk completed
+    records: Records = field(default_factory=list)  # what the resident chunk completed
     first: int = 0  # in-shard index of records[0]
 
     @property

@@ -41,6 +41,7 @@ from ..engine._launch import EngineProcess
 from ..order._mix import Blend
 from ..order._plan import Piece, Topology
 from ..order._shuffle import Lane, Need, WindowShuffle, mix_key
+from ..shards._tarfast import native_deliver
 from ._checkpoint import Checkpoint, StageStates
 from ._emit import Emit
 from ._lanes import ChunkReader, Item, LaneReader
@@ -233,7 +234,10 @@ class EpochRun(Iterator[dict[str, Any]]):
         owned)``, the member's bytes being ``owned`` if not ``None``, else
         ``view[start:stop]`` (valid only until ``sink`` returns). The samples are counted
         as emitted before ``sink`` sees them, so the state is the same as after as many
-        ``next()``. ``sink`` returns whether to go on; it must not raise.
+        ``next()``. ``sink`` returns whether to go on; it must not raise. Natively the
+        loop runs in C (``_tarwalk.deliver``), and a sink that exposes the C sink
+        protocol (``__records_sink__``, see ``asyncstream/shards/_records.h``) is handed
+        each record of a records table with no Python call.
 
         Returns:
             The samples drawn: fewer than ``n`` only where ``sink`` stopped or the epoch
@@ -244,6 +248,7 @@ class EpochRun(Iterator[dict[str, Any]]):
         taken = 0
         emit = self.emit
         shuffle = self.shuffle
+        deliver = native_deliver()
         try:
             if not self.primed:
                 self._prime()
@@ -253,6 +258,20 @@ class EpochRun(Iterator[dict[str, Any]]):
                     self._serve(need)
                     continue
                 indices, samples = shuffle.draw_many(n - taken)
+                if deliver is not None:  # the loop in C (asyncstream/shards/_records.c)
+                    lanes_c = [
+                        (reader.records, reader.view, reader.shard.url, reader.first)
+                        for reader in (lane.meta["reader"] for lane in shuffle.lanes)
+                    ]
+                    done, going, error = deliver(lanes_c, indices, samples, sink)
+                    emit.emitted += done
+                    taken += done
+                    if error is not None or not going:
+                        shuffle.undraw(indices[done:], samples[done:])  # drawn, not emitted
+                        if error is not None:
+                            raise error
+                        return taken
+                    continue
                 # Each lane's ring view, url, records and first sample, looked up once a run.
                 lanes = [
                     (reader.view, reader.shard.url, reader.records, reader.first)
