@@ -3,6 +3,9 @@
 The last stage of an epoch (:mod:`._run`): the one copy out of the shared-memory ring, into
 ``bytes``, so what user code holds never changes under it. It counts the samples it emits;
 that count is its state.
+
+One function builds a sample's dict, :func:`sample_dict`, for a sample drawn alone
+(:meth:`Emit.next`) and for a run of draws (:meth:`Emit.run`) alike.
 """
 
 from __future__ import annotations
@@ -46,6 +49,8 @@ class Emit:
     Attributes:
         views: hand members out as ``memoryview`` s of the ring, not copied, valid until
             the next sample is drawn (:meth:`ShardStream.iter_views`).
+        emitted: the samples built (by :meth:`next` and :meth:`run`), less those
+            :meth:`unemit` took back.
     """
 
     def __init__(self, sources: Sequence[str] = ()) -> None:
@@ -53,14 +58,38 @@ class Emit:
         self.emitted = 0
         self.views = False
 
-    def next(self, lane: LaneReader, sample: int, group: int = 0) -> dict[str, Any]:
+    def build(self, lane: LaneReader, sample: int, group: int = 0) -> dict[str, Any]:
         """The sample ``sample`` (in-shard index) of ``lane``'s resident chunk, as a dict of
-        ``bytes`` with ``__key__``, ``__url__`` and, mixed, ``__source__``."""
+        ``bytes`` with ``__key__``, ``__url__`` and, mixed, ``__source__``; not counted."""
         out = sample_dict(lane.records, sample - lane.first, lane.view, lane.shard.url, self.views)
         if self.sources:
             out["__source__"] = self.sources[group]
+        return out
+
+    def next(self, lane: LaneReader, sample: int, group: int = 0) -> dict[str, Any]:
+        """:meth:`build`, counted as emitted."""
+        out = self.build(lane, sample, group)
         self.emitted += 1
         return out
+
+    def run(
+        self, lanes: Sequence[LaneReader], indices: Sequence[int], samples: Sequence[int]
+    ) -> list[dict[str, Any]]:
+        """The dicts of a run of draws (each draw's lane in ``lanes`` by ``indices``, and
+        its sample), counted as emitted, **last first**: the order in which ``pop()``
+        hands them out. For a stream without sources (``__source__`` is a blend's)."""
+        views = self.views
+        places = [(lane.records, lane.first, lane.view, lane.shard.url) for lane in lanes]
+        out = []
+        for index, sample in zip(reversed(indices), reversed(samples), strict=True):
+            records, first, view, url = places[index]
+            out.append(sample_dict(records, sample - first, view, url, views))
+        self.emitted += len(out)
+        return out
+
+    def unemit(self, n: int) -> None:
+        """Take back the count of ``n`` samples built but never handed out."""
+        self.emitted -= n
 
     def state(self) -> dict[str, int]:
         """The emit stage's state as plain data: ``emitted``, the samples handed out."""

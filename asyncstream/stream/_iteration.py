@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Callable, Iterator
 from typing import Any, Protocol
 
@@ -11,6 +12,8 @@ from ._run import EpochRun, RecordSink
 from ._stall import StallMeter
 
 __all__ = ["Iteration", "Owner", "SampleViews"]
+
+_clock = time.perf_counter  # the stall meter's clock
 
 
 class Owner(Protocol):
@@ -94,14 +97,26 @@ class Iteration(Iterator[dict[str, Any]]):
         self.closed = False
         self._owner = owner  # the stream, kept alive while this iterator may run
         self._lock = threading.Lock()
+        self._acquire = self._lock.acquire
+        self._release = self._lock.release
         self._next_sample = run.__next__
+        self._ready = run.ready  # the run's samples drawn ahead, handed out by pop()
 
     def __next__(self) -> dict[str, Any]:
-        if not self._lock.acquire(blocking=False):
+        if not self._acquire(False):
             raise _two_readers()
         try:
             if self.closed or self.replaced:
                 self._refuse()
+            ready = self._ready
+            if ready and self._on_begin is None:  # drawn ahead: the run's __next__, inline
+                meter = self.meter
+                if meter is None:
+                    return ready.pop()
+                started = _clock()
+                sample = ready.pop()
+                meter.record(started, _clock())
+                return sample
             self.started = True
             try:
                 if self._on_begin is not None:
@@ -113,7 +128,7 @@ class Iteration(Iterator[dict[str, Any]]):
                 self._owner = None  # the run is over: the stream may go
                 raise
         finally:
-            self._lock.release()
+            self._release()
 
     def take(self, n: int, sink: RecordSink) -> int:
         """Up to ``n`` samples handed to ``sink`` as records (:meth:`SampleViews.take`)."""

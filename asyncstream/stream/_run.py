@@ -52,6 +52,10 @@ from ._state import BASE, Position, ReaderState, Start
 
 __all__ = ["EpochRun", "RecordSink", "default_topology", "worker_topology"]
 
+RUN = 64
+"""The most samples :meth:`EpochRun.__next__` draws and builds at once: its runs grow 1, 2,
+4 .. ``RUN``, so that a consumer that stops early has paid for few samples it never got."""
+
 RecordSink = Callable[[memoryview, str, tuple[Any, ...]], bool]
 """What :meth:`EpochRun.take` hands each sample to: ``sink(view, url, record)``."""
 
@@ -153,6 +157,13 @@ class EpochRun(Iterator[dict[str, Any]]):
         self.last_fetch: dict[str, Any] | None = None  # the engine's counters, last asked
         self.closed = False
         self.primed = False
+        # Samples drawn and built by __next__, not yet handed out, last first (pop()): not
+        # emitted as far as the state goes (_settle puts them back before it is read).
+        self.ready: list[dict[str, Any]] = []
+        self._drawn: tuple[list[int], list[Item]] = ([], [])  # the draws ready came of
+        self._run_size = 1  # the next run's draws: doubles up to _run_cap
+        self._run_cap = RUN
+        self._settled_at = 0  # emit.emitted at the last _settle
         self._restore_pending = start.position
         self._engine()  # boots while the caller sets up (a DALI pipeline, say)
 
@@ -215,17 +226,67 @@ class EpochRun(Iterator[dict[str, Any]]):
         return self
 
     def __next__(self) -> dict[str, Any]:
+        ready = self.ready
+        if ready:
+            return ready.pop()
         if self.closed:
             raise StopIteration
         try:
-            drawn, sample = self._draw()
-            return self.emit.next(drawn.meta["reader"], sample, drawn.group)
+            if self.blend is not None:  # a blend's draws are made, and emitted, one by one
+                drawn, sample = self._draw()
+                return self.emit.next(drawn.meta["reader"], sample, drawn.group)
+            return self._draw_run()
         except StopIteration:
             self.closed = True  # the engine is idle again: finish() hands it back
             raise
         except BaseException as exc:
             self._fail(exc)
             raise
+
+    def _draw_run(self) -> dict[str, Any]:
+        """Draw a run of samples (:meth:`WindowShuffle.draw_many`, after whatever the
+        shuffle needs first), build their dicts, return the first and keep the rest in
+        :attr:`ready`. Raises StopIteration at the end."""
+        if not self.primed:
+            self._prime()
+        shuffle = self.shuffle
+        need = shuffle.need()
+        while need.kind != "draw":
+            self._serve(need)
+            need = shuffle.need()
+        size = self._run_size
+        if size < self._run_cap:
+            self._run_size = min(2 * size, self._run_cap)
+        indices, samples = shuffle.draw_many(size)
+        try:
+            built = self.emit.run([lane.meta["reader"] for lane in shuffle.lanes], indices, samples)
+        except BaseException:
+            shuffle.undraw(indices, samples)  # drawn, not emitted
+            raise
+        sample = built.pop()
+        if built:
+            self.ready += built
+            self._drawn = (indices, samples)
+        return sample
+
+    def _settle(self) -> None:
+        """Put the drawn samples not yet handed out back into the shuffle, uncounted: the
+        run's state is then exactly as if they had never been drawn. The next runs are
+        no longer than the samples handed out since the last settle (a consumer that
+        saves its state every batch then draws a batch at a time)."""
+        ready = self.ready
+        if ready:
+            n = len(ready)
+            indices, samples = self._drawn
+            self.shuffle.undraw(indices[-n:], samples[-n:])
+            self.emit.unemit(n)
+            ready.clear()
+            self._drawn = ([], [])
+        gap = self.emit.emitted - self._settled_at
+        if gap > 0:
+            self._run_cap = min(RUN, gap)
+            self._run_size = min(self._run_size, self._run_cap)
+            self._settled_at = self.emit.emitted
 
     def take(self, n: int, sink: RecordSink) -> int:
         """Draw up to ``n`` samples as :meth:`__next__` would, handing each to ``sink``
@@ -245,6 +306,7 @@ class EpochRun(Iterator[dict[str, Any]]):
         """
         if self.closed:
             return 0
+        self._settle()  # the samples of a run of next() not handed out are drawn again
         taken = 0
         emit = self.emit
         shuffle = self.shuffle
@@ -365,11 +427,14 @@ class EpochRun(Iterator[dict[str, Any]]):
 
     @property
     def emitted(self) -> int:
-        """Samples emitted in this epoch by this reader (the saved ones included)."""
-        return self.emit.emitted
+        """Samples emitted in this epoch by this reader (the saved ones included); not
+        those drawn and not handed out."""
+        return self.emit.emitted - len(self.ready)
 
     def stages(self) -> StageStates:
-        """The state of each stage, as each gives it."""
+        """The state of each stage, as each gives it (the samples drawn and not handed
+        out put back first)."""
+        self._settle()
         return StageStates(
             plan=self.plan.state(),
             reader=self.reader.state(),
@@ -425,7 +490,7 @@ class EpochRun(Iterator[dict[str, Any]]):
         out: dict[str, Any] = {
             "epoch": self.epoch,
             "samples": self.emitted,
-            "shuffle_radius": self.shuffle.resident(),
+            "shuffle_radius": self.shuffle.resident() + len(self.ready),
             "open_shards": len(self.shuffle.lanes),
             "remainder_policy": self.settings.remainder,
             "remainder_samples": self.remainder_samples,
@@ -457,6 +522,7 @@ class EpochRun(Iterator[dict[str, Any]]):
 
     def finish(self) -> Engine | None:
         """End the run; return its engine if it is idle (all chunks taken, all slots free)."""
+        self._settle()
         self.closed = True
         self._close_launch()
         engine, self.engine = self.engine, None
@@ -473,6 +539,8 @@ class EpochRun(Iterator[dict[str, Any]]):
 
     def close(self) -> None:
         """Stop the engine and free the ring. Idempotent."""
+        if "ready" in self.__dict__:  # not when __init__ failed before it
+            self._settle()
         self.closed = True
         self._close_launch()
         if self.engine is not None:

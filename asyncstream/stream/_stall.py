@@ -56,6 +56,17 @@ class StallMeter:
         self._recent.append((waited, worked))
         self._left = now
 
+    def record(self, started: float, now: float) -> None:
+        """One call that asked at ``started`` and had its item at ``now`` (clock
+        readings): the figures of :meth:`timed` around a call made without it."""
+        left = self._left
+        waited, worked = now - started, 0.0 if left is None else started - left
+        self.waited += waited
+        self.worked += worked
+        self.calls += 1
+        self._recent.append((waited, worked))
+        self._left = now
+
     def timed(self, produce: Callable[[], T]) -> T:
         """``produce()``, counted as the wait between :meth:`begin` and :meth:`end` (also
         when it raises, as at the end of an epoch): the same figures as the two calls,
