@@ -154,6 +154,28 @@ def test_stats_mid_run_count_only_what_was_handed_out(data: dict[str, ForeignSha
             assert ahead > 0  # the point: samples were drawn ahead of the consumer
 
 
+def test_a_state_saved_every_few_samples_puts_nothing_back(
+    data: dict[str, ForeignShards],
+) -> None:
+    """Saved every 5 samples (as a loader saves every batch), the runs stop where the next
+    save is due: after the first save none drawn ahead is put back."""
+    expected = reference(data, "samples")
+    got: list[str] = []
+    ahead: list[int] = []
+    with stream(data, "samples") as s:
+        s.set_epoch(1)
+        it = iter(s)
+        assert isinstance(it, Iteration)
+        while len(got) + 5 <= len(expected):
+            got += [key(next(it)) for _ in range(5)]
+            ahead.append(len(it.run.ready))
+            assert saved(s)["position"]["emitted"] == len(got)
+        got += [key(sample) for sample in it]
+    assert got == expected
+    assert ahead[0] > 0  # runs of 1, 2, 4: two samples drawn ahead at the first save
+    assert not any(ahead[1:])
+
+
 @pytest.mark.parametrize("kind", KINDS)
 def test_next_and_take_mixed_keep_the_order(data: dict[str, ForeignShards], kind: Kind) -> None:
     """``take`` after ``next()`` inside a run puts the run's rest back and draws it again."""

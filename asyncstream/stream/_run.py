@@ -161,8 +161,8 @@ class EpochRun(Iterator[dict[str, Any]]):
         # emitted as far as the state goes (_settle puts them back before it is read).
         self.ready: list[dict[str, Any]] = []
         self._drawn: tuple[list[int], list[Item]] = ([], [])  # the draws ready came of
-        self._run_size = 1  # the next run's draws: doubles up to _run_cap
-        self._run_cap = RUN
+        self._run_size = 1  # the next run's draws: doubles up to RUN
+        self._save_gap: int | None = None  # samples handed out between the last two saves
         self._settled_at = 0  # emit.emitted at the last _settle
         self._restore_pending = start.position
         self._engine()  # boots while the caller sets up (a DALI pipeline, say)
@@ -255,8 +255,15 @@ class EpochRun(Iterator[dict[str, Any]]):
             self._serve(need)
             need = shuffle.need()
         size = self._run_size
-        if size < self._run_cap:
-            self._run_size = min(2 * size, self._run_cap)
+        if size < RUN:
+            self._run_size = 2 * size
+        gap = self._save_gap
+        if gap is not None:  # the state is saved every gap samples: draw up to the next save
+            since = self.emit.emitted - self._settled_at
+            if since < gap:
+                size = min(size, gap - since)
+            else:
+                self._save_gap = None  # saved no longer that often
         indices, samples = shuffle.draw_many(size)
         try:
             built = self.emit.run([lane.meta["reader"] for lane in shuffle.lanes], indices, samples)
@@ -271,9 +278,9 @@ class EpochRun(Iterator[dict[str, Any]]):
 
     def _settle(self) -> None:
         """Put the drawn samples not yet handed out back into the shuffle, uncounted: the
-        run's state is then exactly as if they had never been drawn. The next runs are
-        no longer than the samples handed out since the last settle (a consumer that
-        saves its state every batch then draws a batch at a time)."""
+        run's state is then exactly as if they had never been drawn. The next runs stop
+        where the next save is due if saves keep coming as often as the last two came
+        (a loader that saves its state every batch then draws no sample it puts back)."""
         ready = self.ready
         if ready:
             n = len(ready)
@@ -284,8 +291,7 @@ class EpochRun(Iterator[dict[str, Any]]):
             self._drawn = ([], [])
         gap = self.emit.emitted - self._settled_at
         if gap > 0:
-            self._run_cap = min(RUN, gap)
-            self._run_size = min(self._run_size, self._run_cap)
+            self._save_gap = gap
             self._settled_at = self.emit.emitted
 
     def take(self, n: int, sink: RecordSink) -> int:
