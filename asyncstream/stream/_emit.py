@@ -73,17 +73,25 @@ class Emit:
         return out
 
     def run(
-        self, lanes: Sequence[LaneReader], indices: Sequence[int], samples: Sequence[int]
+        self,
+        lanes: Sequence[LaneReader],
+        groups: Sequence[int],
+        indices: Sequence[int],
+        samples: Sequence[int],
     ) -> list[dict[str, Any]]:
-        """The dicts of a run of draws (each draw's lane in ``lanes`` by ``indices``, and
-        its sample), counted as emitted, **last first**: the order in which ``pop()``
-        hands them out. For a stream without sources (``__source__`` is a blend's)."""
+        """The dicts of a run of draws (each draw's lane in ``lanes``, of source
+        ``groups[index]``, by ``indices``, and its sample), counted as emitted, **last
+        first**: the order in which ``pop()`` hands them out."""
         views = self.views
         places = [(lane.records, lane.first, lane.view, lane.shard.url) for lane in lanes]
         out = []
         for index, sample in zip(reversed(indices), reversed(samples), strict=True):
             records, first, view, url = places[index]
             out.append(sample_dict(records, sample - first, view, url, views))
+        if self.sources:
+            sources = self.sources
+            for built, index in zip(out, reversed(indices), strict=True):
+                built["__source__"] = sources[groups[index]]
         self.emitted += len(out)
         return out
 

@@ -232,9 +232,6 @@ class EpochRun(Iterator[dict[str, Any]]):
         if self.closed:
             raise StopIteration
         try:
-            if self.blend is not None:  # a blend's draws are made, and emitted, one by one
-                drawn, sample = self._draw()
-                return self.emit.next(drawn.meta["reader"], sample, drawn.group)
             return self._draw_run()
         except StopIteration:
             self.closed = True  # the engine is idle again: finish() hands it back
@@ -245,8 +242,9 @@ class EpochRun(Iterator[dict[str, Any]]):
 
     def _draw_run(self) -> dict[str, Any]:
         """Draw a run of samples (:meth:`WindowShuffle.draw_many`, after whatever the
-        shuffle needs first), build their dicts, return the first and keep the rest in
-        :attr:`ready`. Raises StopIteration at the end."""
+        shuffle needs first, priming the run before its first draw), build their dicts,
+        return the first and keep the rest in :attr:`ready`. Raises StopIteration at the
+        end."""
         if not self.primed:
             self._prime()
         shuffle = self.shuffle
@@ -266,7 +264,9 @@ class EpochRun(Iterator[dict[str, Any]]):
                 self._save_gap = None  # saved no longer that often
         indices, samples = shuffle.draw_many(size)
         try:
-            built = self.emit.run([lane.meta["reader"] for lane in shuffle.lanes], indices, samples)
+            lanes = shuffle.lanes
+            readers = [lane.meta["reader"] for lane in lanes]
+            built = self.emit.run(readers, [lane.group for lane in lanes], indices, samples)
         except BaseException:
             shuffle.undraw(indices, samples)  # drawn, not emitted
             raise
@@ -364,19 +364,6 @@ class EpochRun(Iterator[dict[str, Any]]):
         except BaseException as exc:
             self._fail(exc)
             raise
-
-    def _draw(self) -> tuple[Lane[Item], int]:
-        """The next draw's lane and sample, after whatever the shuffle needs first
-        (priming the run before its first draw). Raises StopIteration at the end."""
-        if not self.primed:
-            self._prime()
-        shuffle = self.shuffle
-        need = shuffle.need()
-        while need.kind != "draw":
-            self._serve(need)
-            need = shuffle.need()
-        index, sample = shuffle.draw()
-        return shuffle.lanes[index], sample
 
     def _fail(self, exc: BaseException) -> None:
         """The run failed: stop it, and name a mixed stream's source in the error."""
@@ -502,7 +489,12 @@ class EpochRun(Iterator[dict[str, Any]]):
             "remainder_samples": self.remainder_samples,
         }
         if self.blend is not None:
-            drawn = self.blend.drawn
+            drawn = list(self.blend.drawn)
+            ahead = len(self.ready)  # drawn, not handed out: not counted
+            if ahead:
+                lanes = self.shuffle.lanes
+                for index in self._drawn[0][-ahead:]:
+                    drawn[lanes[index].group] -= 1
             out["sources"] = {
                 source.name: {
                     "drawn": drawn[i],
