@@ -48,7 +48,7 @@ class Emit:
 
     Attributes:
         views: hand members out as ``memoryview`` s of the ring, not copied, valid until
-            the next sample is drawn (:meth:`ShardStream.iter_views`).
+            the next ``next()`` or ``take`` (:meth:`ShardStream.iter_views`).
         emitted: the samples built (by :meth:`next` and :meth:`run`), less those
             :meth:`unemit` took back.
     """

@@ -272,8 +272,8 @@ class EpochRun(Iterator[dict[str, Any]]):
             raise
         sample = built.pop()
         if built:
+            self._drawn = (indices, samples)  # first: stats() from another thread reads both
             self.ready += built
-            self._drawn = (indices, samples)
         return sample
 
     def _settle(self) -> None:

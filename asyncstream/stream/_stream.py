@@ -371,11 +371,11 @@ class ShardStream(IterableDataset[dict[str, Any]]):
 
     def iter_views(self) -> SampleViews:
         """``iter(stream)`` with each member a ``memoryview`` of the ring instead of a copy
-        in ``bytes``, valid only until the next sample is drawn: for a consumer that copies
-        what it keeps at once (``DALIImageLoader``'s workers copy each image straight into
-        the batch's shared buffer), it saves the one copy. Order, state and statistics are
-        ``iter``'s. Its ``take(n, sink)`` hands the next ``n`` samples to ``sink`` as
-        records of offsets in the ring, with no dict per sample
+        in ``bytes``, valid only until the next call (``next()`` or ``take``): for a
+        consumer that copies what it keeps at once (``DALIImageLoader``'s workers copy each
+        image straight into the batch's shared buffer), it saves the one copy. Order, state
+        and statistics are ``iter``'s. Its ``take(n, sink)`` hands the next ``n`` samples
+        to ``sink`` as records of offsets in the ring, with no dict per sample
         (:meth:`SampleViews.take`)."""
         iteration = iter(self)
         if isinstance(iteration, Iteration):
