@@ -13,8 +13,9 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from ..order._shuffle import Lane
 from ..shards._tar import Records
-from ._lanes import LaneReader
+from ._lanes import Item, LaneReader
 
 __all__ = ["Emit", "sample_dict"]
 
@@ -73,17 +74,16 @@ class Emit:
         return out
 
     def run(
-        self,
-        lanes: Sequence[LaneReader],
-        groups: Sequence[int],
-        indices: Sequence[int],
-        samples: Sequence[int],
+        self, lanes: Sequence[Lane[Item]], indices: Sequence[int], samples: Sequence[int]
     ) -> list[dict[str, Any]]:
-        """The dicts of a run of draws (each draw's lane in ``lanes``, of source
-        ``groups[index]``, by ``indices``, and its sample), counted as emitted, **last
-        first**: the order in which ``pop()`` hands them out."""
+        """The dicts of a run of draws (each draw's lane of the window shuffle by
+        ``indices``, and its sample), counted as emitted, **last first**: the order in
+        which ``pop()`` hands them out."""
         views = self.views
-        places = [(lane.records, lane.first, lane.view, lane.shard.url) for lane in lanes]
+        places = {}  # the lanes the run drew from (a few of the window's, for a short run)
+        for index in set(indices):
+            lane: LaneReader = lanes[index].meta["reader"]
+            places[index] = (lane.records, lane.first, lane.view, lane.shard.url)
         out = []
         for index, sample in zip(reversed(indices), reversed(samples), strict=True):
             records, first, view, url = places[index]
@@ -91,7 +91,7 @@ class Emit:
         if self.sources:
             sources = self.sources
             for built, index in zip(out, reversed(indices), strict=True):
-                built["__source__"] = sources[groups[index]]
+                built["__source__"] = sources[lanes[index].group]
         self.emitted += len(out)
         return out
 

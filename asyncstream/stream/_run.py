@@ -264,9 +264,7 @@ class EpochRun(Iterator[dict[str, Any]]):
                 self._save_gap = None  # saved no longer that often
         indices, samples = shuffle.draw_many(size)
         try:
-            lanes = shuffle.lanes
-            readers = [lane.meta["reader"] for lane in lanes]
-            built = self.emit.run(readers, [lane.group for lane in lanes], indices, samples)
+            built = self.emit.run(shuffle.lanes, indices, samples)
         except BaseException:
             shuffle.undraw(indices, samples)  # drawn, not emitted
             raise
