@@ -76,17 +76,10 @@ class StallMeter:
             produce: gets the next item, e.g. an iterator's ``__next__``.
         """
         started = time.perf_counter()
-        worked = 0.0 if self._left is None else started - self._left
         try:
             return produce()
         finally:
-            now = time.perf_counter()
-            waited = now - started
-            self.waited += waited
-            self.worked += worked
-            self.calls += 1
-            self._recent.append((waited, worked))
-            self._left = now
+            self.record(started, time.perf_counter())
 
     def new_epoch(self) -> None:
         """Start counting a new epoch (the time since the last item is not counted)."""
