@@ -10,6 +10,7 @@ One function builds a sample's dict, :func:`sample_dict`, for a sample drawn alo
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -83,11 +84,18 @@ class Emit:
         places = {}  # the lanes the run drew from (a few of the window's, for a short run)
         for index in set(indices):
             lane: LaneReader = lanes[index].meta["reader"]
-            places[index] = (lane.records, lane.first, lane.view, lane.shard.url)
+            records = lane.records
+            # sample_dict's, with its choice made once a lane: the native table's own.
+            build = (
+                functools.partial(sample_dict, records)
+                if isinstance(records, list)
+                else records.sample
+            )
+            places[index] = (build, lane.first, lane.view, lane.shard.url)
         out = []
         for index, sample in zip(reversed(indices), reversed(samples), strict=True):
-            records, first, view, url = places[index]
-            out.append(sample_dict(records, sample - first, view, url, views))
+            build, first, view, url = places[index]
+            out.append(build(sample - first, view, url, views))
         if self.sources:
             sources = self.sources
             for built, index in zip(out, reversed(indices), strict=True):
