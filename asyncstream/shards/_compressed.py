@@ -223,6 +223,11 @@ class CompressedReader:
         self._error: tuple[str, int] | None = None  # (message, offset) once corrupt
 
     @property
+    def general_members(self) -> int:
+        """:attr:`ShardReader.general_members` of the decompressed tar."""
+        return self._tar.general_members
+
+    @property
     def pending_offset(self) -> int:
         """The tar reader's :attr:`~._tar.ShardReader.pending_offset` (a tar offset)."""
         return self._tar.pending_offset

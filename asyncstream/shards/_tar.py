@@ -146,6 +146,10 @@ class ShardReader(EntryParser):
         self._skipped = start  # header of the entry whose data _pos skips to
         self._done = False
         self._error: tuple[str, int] | None = None  # (message, offset) once corrupt
+        # Members the general parser (._tarentry) read rather than the walk (._tarfast,
+        # native or not): what is rare by nature (pax and GNU headers, long names, sparse
+        # members, names the walk refuses) and each range's last member, cut by its end.
+        self.general_members = 0
         self._doff = start
 
     @property
@@ -267,6 +271,7 @@ class ShardReader(EntryParser):
                 raise self._corrupt(pos, f"duplicate field {ext!r} in sample {key!r}")
             if start + size > end:
                 break
+            self.general_members += 1
             if sparse is not None:
                 pending[2].append((ext, 0, 0, self._expand(sparse, start, size, pos)))
                 self._check(*pending)

@@ -121,6 +121,7 @@ class ChunkReader:
         self.engine = engine
         self.requested: dict[tuple[int, int], int] = {}  # (piece position, chunk) -> id
         self.open: dict[int, LaneReader] = {}  # the open lanes by piece position, as opened
+        self.general_members = 0  # tar members the general parser read (stats())
 
     def lane(self, position: int) -> LaneReader:
         """A new lane for the piece at ``position``, before its first chunk."""
@@ -181,7 +182,9 @@ class ChunkReader:
         lane.reader_start = lane.reader.pending_offset
         lane.returned_before = lane.returned
         view = engine.view(ready)
+        general = lane.reader.general_members
         samples = lane.reader.records(view, ready.request.offset, final=ready.request.final)
+        self.general_members += lane.reader.general_members - general
         first = lane.returned
         lane.ready, lane.view, lane.records, lane.first = ready, view, samples, first
         lane.returned += len(samples)

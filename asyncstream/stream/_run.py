@@ -485,6 +485,7 @@ class EpochRun(Iterator[dict[str, Any]]):
             "open_shards": len(self.shuffle.lanes),
             "remainder_policy": self.settings.remainder,
             "remainder_samples": self.remainder_samples,
+            "tar_general_members": self.reader.general_members,
         }
         if self.blend is not None:
             drawn = list(self.blend.drawn)

@@ -455,7 +455,10 @@ class ShardStream(IterableDataset[dict[str, Any]]):
         reader's wait for chunks); from another thread than the reader's, the engine's
         last answer. ``index``: where the sample counts came from
         (:class:`~._dataset.IndexInfo`). ``stall``: the loop's wait in ``next()`` against
-        its time between calls (:class:`~asyncstream.StallMeter`). With sources:
+        its time between calls (:class:`~asyncstream.StallMeter`).
+        ``tar_general_members``: this epoch's tar members read by the general parser
+        rather than the (native) walk: pax and GNU headers, long names, sparse members,
+        names the walk refuses, and each chunk's last member, cut by its end. With sources:
         ``sources`` (each one's samples ``drawn``, ``planned``, ``epoch_quota`` and
         ``shards``), ``index`` by source name, and ``fetch["endpoints"]``."""
         self._check_open()

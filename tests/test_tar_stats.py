@@ -1,0 +1,63 @@
+"""``stats()["tar_general_members"]``: what the general tar parser read rather than the walk.
+
+The walk (native, or its Python reference) reads runs of plain members; the general parser
+reads what is rare by nature (pax and GNU headers, long names, sparse members) and each
+chunk's member cut by the chunk's end. The count shows where a dataset leaves the fast
+path, on shards written by ``tarfile``, not by ``pack``.
+"""
+
+from __future__ import annotations
+
+import io
+import tarfile
+from pathlib import Path
+
+import pytest
+
+from asyncstream import ShardStream
+
+SAMPLES = 12
+
+
+def _shard(path: Path, fmt: int, long_names: bool) -> None:
+    with tarfile.open(path, "w", format=fmt) as tar:
+        for i in range(SAMPLES):
+            stem = ("d" * 120 + "/" if long_names else "") + f"s{i:03d}"
+            for ext, data in (("jpg", bytes([i]) * 700), ("cls", str(i % 3).encode())):
+                info = tarfile.TarInfo(f"{stem}.{ext}")
+                info.size = len(data)
+                tar.addfile(info, io.BytesIO(data))
+
+
+def _read(folder: Path, **options: object) -> tuple[int, dict[str, object]]:
+    with ShardStream(str(folder), samples_per_shard=SAMPLES, shuffle=False, **options) as s:
+        n = sum(1 for _ in s)
+        return n, s.stats()
+
+
+@pytest.mark.parametrize("native", ["1", "0"])
+def test_plain_members_are_all_walked(
+    tmp_path: Path, native: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("ASYNCSTREAM_NATIVE", native)
+    _shard(tmp_path / "a.tar", tarfile.USTAR_FORMAT, long_names=False)
+    n, stats = _read(tmp_path)
+    assert n == SAMPLES
+    assert stats["tar_general_members"] == 0
+
+
+@pytest.mark.parametrize("fmt", [tarfile.PAX_FORMAT, tarfile.GNU_FORMAT])
+def test_long_names_are_read_by_the_general_parser_and_counted(tmp_path: Path, fmt: int) -> None:
+    _shard(tmp_path / "a.tar", fmt, long_names=True)
+    n, stats = _read(tmp_path)
+    assert n == SAMPLES
+    assert stats["tar_general_members"] == 2 * SAMPLES  # every member has a long name
+
+
+def test_chunks_cut_members_that_the_general_parser_reads(tmp_path: Path) -> None:
+    _shard(tmp_path / "a.tar", tarfile.USTAR_FORMAT, long_names=False)
+    size = (tmp_path / "a.tar").stat().st_size
+    n, stats = _read(tmp_path, chunk_bytes=4096)
+    assert n == SAMPLES
+    chunks = -(-size // 4096)
+    assert 1 <= stats["tar_general_members"] <= chunks  # at most one cut member a chunk
