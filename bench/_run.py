@@ -7,6 +7,8 @@ import argparse
 import json
 import os
 import platform
+import subprocess
+import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -47,3 +49,31 @@ def report(out: dict[str, Any], text: str, json_path: str | None) -> None:
     print(text)
     if json_path:
         Path(json_path).write_text(json.dumps(out, indent=1))
+
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def baseline_tree(rev: str, folder: Path) -> Path:
+    """Revision ``rev``'s ``asyncstream`` and ``dali_ops`` in ``folder``, its C extensions
+    built in place where it has any."""
+    names = subprocess.run(
+        ["git", "-C", str(ROOT), "ls-tree", "--name-only", rev],
+        check=True,
+        capture_output=True,
+        text=True,
+    ).stdout.split()
+    wanted = [n for n in ("asyncstream", "dali_ops", "setup.py") if n in names]
+    archive = subprocess.run(
+        ["git", "-C", str(ROOT), "archive", rev, *wanted], check=True, capture_output=True
+    ).stdout
+    folder.mkdir(parents=True, exist_ok=True)
+    subprocess.run(["tar", "-x", "-C", str(folder)], input=archive, check=True)
+    if "setup.py" in wanted and any(folder.rglob("*.c")):
+        subprocess.run(
+            [sys.executable, "setup.py", "--quiet", "build_ext", "--inplace"],
+            cwd=folder,
+            check=True,
+            capture_output=True,
+        )
+    return folder

@@ -130,23 +130,6 @@ def measure_take(url: str, epochs: int, run: int) -> dict[str, Any]:
     return {key: statistics.median(r[key] for r in steady) for key in steady[0]}
 
 
-def baseline_tree(rev: str, folder: Path) -> Path:
-    """Git revision ``rev``'s package with its C extensions built in place in ``folder``."""
-    archive = subprocess.run(
-        ["git", "-C", str(ROOT), "archive", rev, "asyncstream", "dali_ops", "setup.py"],
-        check=True,
-        capture_output=True,
-    ).stdout
-    subprocess.run(["tar", "-x", "-C", str(folder)], input=archive, check=True)
-    subprocess.run(
-        [sys.executable, "setup.py", "--quiet", "build_ext", "--inplace"],
-        cwd=folder,
-        check=True,
-        capture_output=True,
-    )
-    return folder
-
-
 def take_sides(args: argparse.Namespace, base: Path | None) -> dict[str, Any]:
     sides = {"after": ROOT} if base is None else {"before": base, "after": ROOT}
     runs: dict[str, list[dict[str, Any]]] = {side: [] for side in sides}
@@ -198,6 +181,8 @@ def main() -> None:
     print(f"draw alone: {out['draw alone']}", flush=True)
     if not args.no_take:
         with tempfile.TemporaryDirectory() as tmp:
+            from bench._run import baseline_tree
+
             base = baseline_tree(args.baseline, Path(tmp)) if args.baseline else None
             out["take"] = take_sides(args, base)
     print(json.dumps(out, indent=1))

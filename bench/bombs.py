@@ -26,7 +26,7 @@ from typing import Any
 
 from asyncstream.testing._bombs import BOMBS
 
-from .samplecost import baseline_tree
+from ._run import baseline_tree
 
 ROOT = Path(__file__).resolve().parent.parent
 CASES = (("sparse", 1 << 30), ("sparse", 1 << 40), ("gzip", 512 << 20), ("zstd", 512 << 20))

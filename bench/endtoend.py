@@ -85,31 +85,6 @@ def _child(source: Path, config: dict[str, Any], native: bool) -> dict[str, Any]
     return result
 
 
-def baseline_tree(rev: str, folder: Path) -> Path:
-    """Revision ``rev``'s ``asyncstream`` and ``dali_ops`` in ``folder``, its C extensions
-    built in place where it has any."""
-    names = subprocess.run(
-        ["git", "-C", str(ROOT), "ls-tree", "--name-only", rev],
-        check=True,
-        capture_output=True,
-        text=True,
-    ).stdout.split()
-    wanted = [n for n in ("asyncstream", "dali_ops", "setup.py") if n in names]
-    archive = subprocess.run(
-        ["git", "-C", str(ROOT), "archive", rev, *wanted], check=True, capture_output=True
-    ).stdout
-    folder.mkdir(parents=True, exist_ok=True)
-    subprocess.run(["tar", "-x", "-C", str(folder)], input=archive, check=True)
-    if "setup.py" in wanted and any(folder.rglob("*.c")):
-        subprocess.run(
-            [sys.executable, "setup.py", "--quiet", "build_ext", "--inplace"],
-            cwd=folder,
-            check=True,
-            capture_output=True,
-        )
-    return folder
-
-
 def _sources(shards: Path, tmp: Path, stack: Any) -> list[tuple[str, str, str | None]]:
     """(name, url, CA bundle) of each place the shards are read from."""
     from asyncstream.testing import WebServer, make_test_certificates
@@ -140,6 +115,7 @@ def main() -> None:
         print(json.dumps(measure(config["url"], config["ca"], config["epochs"])))
         return
     sys.path.insert(0, str(ROOT))
+    from bench._run import baseline_tree
     from bench.feed import real_shards
 
     shards = real_shards(Path(args.data), args.images)

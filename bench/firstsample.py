@@ -175,7 +175,7 @@ def run(
     from asyncstream.testing import FaultProxy, NetworkProfile
     from asyncstream.testing._local import LOCAL_CREDENTIALS
 
-    from .samplecost import baseline_tree
+    from ._run import baseline_tree
 
     paths, counts = shards_of(folder, shards)
     env = dict(os.environ)

@@ -120,15 +120,6 @@ def _side(source: Path, url: str, endpoint: str | None, epochs: int, path: str) 
     return run_child(HERE, config, source)
 
 
-def baseline_tree(rev: str, folder: Path) -> Path:
-    """Git revision ``rev``'s ``asyncstream`` package, extracted into ``folder``."""
-    archive = subprocess.run(
-        ["git", "-C", str(ROOT), "archive", rev, "asyncstream"], check=True, capture_output=True
-    ).stdout
-    subprocess.run(["tar", "-x", "-C", str(folder)], input=archive, check=True)
-    return folder
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--url", default=str(DEFAULT / "tiny-20000"), help="a local folder")
@@ -155,6 +146,8 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp, _server(args.s3) as server:
         sides = {"after": ROOT}
         if args.baseline:
+            from bench._run import baseline_tree
+
             sides = {"before": baseline_tree(args.baseline, Path(tmp)), **sides}
         sources = [("local files", args.url, None)]
         if server is not None:
