@@ -160,15 +160,31 @@ def _enlist(conn: Any) -> None:
         deadline.enlist(conn)
 
 
+def _refuse_past(conn: Any) -> None:
+    """No request leaves once its scope's deadline has passed: an SDK's own retry of a
+    body the deadline cut (Azure's downloader retries reads on its own, whatever its
+    retry policy) would otherwise open a new connection and send it."""
+    deadline = current()
+    if deadline is not None and deadline.expired:
+        raise ConnectionAbortedError(f"{deadline.setting}: the deadline has passed")
+    _enlist(conn)
+
+
 class _WatchedHTTPConnection(HTTPConnection):
-    """A urllib3 connection that enlists with the thread's deadline scope."""
+    """A urllib3 connection that enlists with the thread's deadline scope, and sends
+    nothing past its deadline."""
 
     def connect(self) -> None:
-        _enlist(self)
+        _refuse_past(self)
         super().connect()
+        _enlist(self)  # shut at once if the deadline passed while connecting
+
+    def request(self, *args: Any, **kwargs: Any) -> None:
+        _refuse_past(self)  # a kept-alive connection, reused: checked before it sends
+        super().request(*args, **kwargs)
 
     def getresponse(self) -> Any:
-        _enlist(self)  # a kept-alive connection, reused: enlisted before the answer
+        _enlist(self)
         response: BaseHTTPResponse = super().getresponse()
         return response
 
@@ -177,8 +193,13 @@ class _WatchedHTTPSConnection(HTTPSConnection):
     """:class:`_WatchedHTTPConnection` over TLS (its plain socket is shut)."""
 
     def connect(self) -> None:
-        _enlist(self)
+        _refuse_past(self)
         super().connect()
+        _enlist(self)
+
+    def request(self, *args: Any, **kwargs: Any) -> None:
+        _refuse_past(self)
+        super().request(*args, **kwargs)
 
     def getresponse(self) -> Any:
         _enlist(self)
