@@ -24,7 +24,6 @@ import json
 import os
 import platform
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -69,22 +68,6 @@ def measure(url: str, ca: str | None, epochs: int) -> dict[str, Any]:
     return {key: statistics.median(r[key] for r in steady) for key in steady[0]}
 
 
-def _child(source: Path, config: dict[str, Any], native: bool) -> dict[str, Any]:
-    """One fresh process reading with the packages found in ``source``."""
-    env = {**os.environ, "PYTHONPATH": str(source), "ASYNCSTREAM_NATIVE": "1" if native else "0"}
-    done = subprocess.run(
-        [sys.executable, str(HERE), "--child", json.dumps(config)],
-        env=env,
-        cwd=source,
-        capture_output=True,
-        text=True,
-    )
-    if done.returncode != 0:
-        raise RuntimeError(f"the child reading {config['url']} failed:\n{done.stderr[-3000:]}")
-    result: dict[str, Any] = json.loads(done.stdout.strip().splitlines()[-1])
-    return result
-
-
 def _sources(shards: Path, tmp: Path, stack: Any) -> list[tuple[str, str, str | None]]:
     """(name, url, CA bundle) of each place the shards are read from."""
     from asyncstream.testing import WebServer, make_test_certificates
@@ -117,6 +100,7 @@ def main() -> None:
     sys.path.insert(0, str(ROOT))
     from bench._run import baseline_tree
     from bench.feed import real_shards
+    from bench.samplecost import run_child
 
     shards = real_shards(Path(args.data), args.images)
     out: dict[str, Any] = {
@@ -139,7 +123,8 @@ def main() -> None:
                 for side in order:
                     config = {"url": url, "ca": ca, "epochs": args.epochs}
                     source, native = sides[side]
-                    runs[side].append(_child(source, config, native))
+                    env = {**os.environ, "ASYNCSTREAM_NATIVE": "1" if native else "0"}
+                    runs[side].append(run_child(HERE, config, source, env))
                     print(f"{name}, round {round_}, {side}: {runs[side][-1]}", flush=True)
             out[name] = {
                 side: {key: statistics.median(r[key] for r in rows) for key in rows[0]}

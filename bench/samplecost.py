@@ -106,10 +106,11 @@ def run_child(
         [sys.executable, str(script), "--child", json.dumps(config)],
         env=env,
         cwd=source,
-        check=True,
         capture_output=True,
         text=True,
     )
+    if done.returncode != 0:
+        raise RuntimeError(f"{script.name} --child {config} failed:\n{done.stderr[-3000:]}")
     result: dict[str, Any] = json.loads(done.stdout.strip().splitlines()[-1])
     return result
 
