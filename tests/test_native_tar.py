@@ -476,6 +476,77 @@ def test_deliver_refuses_wrong_arguments() -> None:
     assert (taken, going, type(error)) == (0, False, TypeError)
 
 
+def python_dicts(lanes: list[Any], indices: list[int], samples: list[int], views: bool) -> Any:
+    """``Emit.run``'s Python loop (``Emit._run``), as ``dicts``' answer: last first."""
+    from asyncstream.stream._emit import sample_dict
+
+    out = []
+    for index, sample in zip(indices, samples, strict=True):
+        records, view, url, first = lanes[index]
+        out.append(sample_dict(records, sample - first, view, url, views))
+    return out[::-1]
+
+
+@FUZZ
+@given(
+    lanes=st.lists(st.tuples(records_st, st.integers(-2, 5)), min_size=1, max_size=4),
+    draws=st.lists(st.tuples(st.integers(0, 3), st.integers(-12, 12)), max_size=20),
+    views=st.booleans(),
+    tables=st.lists(st.booleans(), min_size=4, max_size=4),
+    data=st.binary(max_size=30),
+)
+def test_dicts_build_the_run_as_the_python_loop(
+    lanes: list[Any],
+    draws: list[tuple[int, int]],
+    views: bool,
+    tables: list[bool],
+    data: bytes,
+) -> None:
+    """A run's dicts, native tables and lists (the fallback) mixed, draws out of range:
+    the same dicts in the same order (last first), keys in the same order, memoryviews of
+    the lane's view, or the same error (IndexError for a row out of range)."""
+    from asyncstream.stream._emit import sample_dict
+
+    base = bytearray(data)
+    view = memoryview(base)
+    python = [(r, view, f"u{i}", first) for i, (r, first) in enumerate(lanes)]
+    native = [
+        (table(r) if tables[i] else r, view, f"u{i}", first) for i, (r, first) in enumerate(lanes)
+    ]
+    indices = [i % len(lanes) for i, _ in draws]
+    samples = [s for _, s in draws]
+    try:
+        expected = python_dicts(python, indices, samples, views)
+    except IndexError:
+        with pytest.raises(IndexError):
+            tarwalk().dicts(native, indices, samples, views, sample_dict)
+        return
+    got = tarwalk().dicts(native, indices, samples, views, sample_dict)
+    assert got == expected
+    assert [list(d) for d in got] == [list(d) for d in expected]
+    assert [[type(v) for v in d.values()] for d in got] == [
+        [type(v) for v in d.values()] for d in expected
+    ]
+    assert all(v.obj is base for d in got for v in d.values() if isinstance(v, memoryview))
+
+
+def test_dicts_refuse_wrong_arguments() -> None:
+    from asyncstream.stream._emit import sample_dict
+
+    dicts = tarwalk().dicts
+    with pytest.raises(TypeError):
+        dicts((), [], [], False, sample_dict)
+    with pytest.raises(ValueError, match="differ in length"):
+        dicts([], [0], [], False, sample_dict)
+    with pytest.raises(IndexError):
+        dicts([], [0], [0], False, sample_dict)
+    with pytest.raises(TypeError):
+        dicts([("not a lane",)], [0], [0], False, sample_dict)
+    with pytest.raises(TypeError):
+        dicts([], [], [], False)
+    assert dicts([], [], [], False, sample_dict) == []
+
+
 def test_a_table_refuses_to_grow_while_it_is_read() -> None:
     """Python code run in the middle of a read (a sink's fallback, an extension's hash)
     cannot move the table's arrays under the C code reading them: BufferError."""

@@ -466,13 +466,17 @@ records_inplace_concat(PyObject *op, PyObject *items)
 }
 
 /* The dict of row i: {"__key__": key, "__url__": url, ext: bytes or view slice...}. */
+/* `bytes` (where not `views`) are copied from `given` if not NULL (view's bytes, held by
+ * the caller), else from view's buffer, taken here when first needed. */
 static PyObject *
-sample_dict(Records *self, Py_ssize_t i, PyObject *view, PyObject *url, int views)
+sample_dict(Records *self, Py_ssize_t i, PyObject *view, const Py_buffer *given, PyObject *url,
+            int views)
 {
     const Row *row = &self->rows[i];
     const AsRecordsField *fields = self->fields + row->first;
     Py_buffer buffer = {0};
     int viewed = 0;
+    const Py_buffer *bytes = given;
     PyObject *out = PyDict_New();
     if (out == NULL) {
         return NULL;
@@ -490,16 +494,17 @@ sample_dict(Records *self, Py_ssize_t i, PyObject *view, PyObject *url, int view
             value = PySequence_GetSlice(view, f->start, f->stop);
         }
         else {
-            if (!viewed) {
+            if (bytes == NULL) {
                 if (PyObject_GetBuffer(view, &buffer, PyBUF_SIMPLE) < 0) {
                     goto failed;
                 }
                 viewed = 1;
+                bytes = &buffer;
             }
             Py_ssize_t start = f->start;
             Py_ssize_t stop = f->stop;
-            Py_ssize_t size = PySlice_AdjustIndices(buffer.len, &start, &stop, 1);
-            value = PyBytes_FromStringAndSize((const char *)buffer.buf + start, size);
+            Py_ssize_t size = PySlice_AdjustIndices(bytes->len, &start, &stop, 1);
+            value = PyBytes_FromStringAndSize((const char *)bytes->buf + start, size);
         }
         if (value == NULL) {
             goto failed;
@@ -553,7 +558,7 @@ records_sample(PyObject *op, PyObject *const *args, Py_ssize_t nargs)
         }
     }
     self->readers++;
-    PyObject *out = sample_dict(self, i, args[1], args[2], views);
+    PyObject *out = sample_dict(self, i, args[1], NULL, args[2], views);
     self->readers--;
     return out;
 }
@@ -627,6 +632,25 @@ lane_read(Lane *lane, PyObject *item)
     return 0;
 }
 
+/* The lane's view as bytes, taken once: 0, or -1 where the view exports none (no
+ * exception: only owned members can then be read). */
+static int
+lane_bytes(Lane *lane)
+{
+    if (!lane->viewed) {
+        if (PyObject_GetBuffer(lane->view, &lane->buffer, PyBUF_SIMPLE) == 0) {
+            lane->viewed = 1;
+        }
+        else {
+            PyErr_Clear();
+            lane->buffer.buf = NULL;
+            lane->buffer.len = 0;
+            return -1;
+        }
+    }
+    return 0;
+}
+
 /* The exception set, taken as an object with its traceback (never NULL). */
 static PyObject *
 take_error(void)
@@ -680,16 +704,7 @@ hand(Lane *lane, Py_ssize_t row, PyObject *sink, const AsRecordsSink *api)
         if (row < 0) {
             return -1;
         }
-        if (!lane->viewed) {
-            if (PyObject_GetBuffer(lane->view, &lane->buffer, PyBUF_SIMPLE) == 0) {
-                lane->viewed = 1;
-            }
-            else { /* not a buffer: only owned members are read (as the sink's call) */
-                PyErr_Clear();
-                lane->buffer.buf = NULL;
-                lane->buffer.len = 0;
-            }
-        }
+        (void)lane_bytes(lane); /* not a buffer: only owned members are read */
         AsRecordsRow view = row_view(records, row);
         records->readers++;
         int going = api->row(sink, lane->view, &lane->buffer, lane->url, &view);
@@ -711,6 +726,101 @@ hand(Lane *lane, Py_ssize_t row, PyObject *sink, const AsRecordsSink *api)
     return on;
 }
 
+/* A run of draws as deliver and dicts read it: draw k is sample samples[k] of lane
+ * indices[k], lanes[i] being (records, view, url, first), each lane read when first drawn
+ * from. */
+typedef struct {
+    PyObject *lanes;   /* borrowed: the list */
+    PyObject *indices; /* strong: PySequence_Fast */
+    PyObject *samples;
+    Lane *read;
+    Py_ssize_t nlanes;
+    Py_ssize_t n;
+} Draws;
+
+static void
+draws_free(Draws *d)
+{
+    if (d->read != NULL) {
+        for (Py_ssize_t i = 0; i < d->nlanes; i++) {
+            if (d->read[i].viewed) {
+                PyBuffer_Release(&d->read[i].buffer);
+            }
+            Py_XDECREF(d->read[i].lane);
+        }
+        PyMem_Free(d->read);
+        d->read = NULL;
+    }
+    Py_CLEAR(d->indices);
+    Py_CLEAR(d->samples);
+}
+
+static int
+draws_open(Draws *d, PyObject *lanes, PyObject *indices, PyObject *samples)
+{
+    memset(d, 0, sizeof(*d));
+    if (!PyList_Check(lanes)) {
+        PyErr_SetString(PyExc_TypeError, "lanes must be a list");
+        return -1;
+    }
+    d->lanes = lanes;
+    d->indices = PySequence_Fast(indices, "indices must be a sequence");
+    if (d->indices == NULL) {
+        return -1;
+    }
+    d->samples = PySequence_Fast(samples, "samples must be a sequence");
+    if (d->samples == NULL) {
+        draws_free(d);
+        return -1;
+    }
+    d->nlanes = PyList_GET_SIZE(lanes);
+    d->n = PySequence_Fast_GET_SIZE(d->indices);
+    if (PySequence_Fast_GET_SIZE(d->samples) != d->n) {
+        PyErr_SetString(PyExc_ValueError, "indices and samples differ in length");
+        draws_free(d);
+        return -1;
+    }
+    d->read = PyMem_Calloc(d->nlanes > 0 ? (size_t)d->nlanes : 1, sizeof(Lane));
+    if (d->read == NULL) {
+        PyErr_NoMemory();
+        draws_free(d);
+        return -1;
+    }
+    return 0;
+}
+
+/* Draw k's lane (read on first use) into *lane and its row in the lane's records into
+ * *row; with an exception set, -1 where the draw is unreadable (its lane or numbers) and
+ * -2 where its sample is out of the records' range (as a row_at refusal). */
+static int
+draws_at(Draws *d, Py_ssize_t k, Lane **lane, Py_ssize_t *row)
+{
+    Py_ssize_t index = PyNumber_AsSsize_t(PySequence_Fast_GET_ITEM(d->indices, k),
+                                          PyExc_IndexError);
+    Py_ssize_t sample = PyNumber_AsSsize_t(PySequence_Fast_GET_ITEM(d->samples, k),
+                                           PyExc_IndexError);
+    if (PyErr_Occurred()) {
+        return -1;
+    }
+    /* The lanes list is read again at each draw: a Python sink could change it. */
+    if (index < 0 || index >= d->nlanes || index >= PyList_GET_SIZE(d->lanes)) {
+        PyErr_SetString(PyExc_IndexError, "a draw's lane is out of range");
+        return -1;
+    }
+    Lane *at = &d->read[index];
+    if (!at->read && lane_read(at, PyList_GET_ITEM(d->lanes, index)) < 0) {
+        return -1;
+    }
+    if ((at->first > 0 && sample < PY_SSIZE_T_MIN + at->first) ||
+        (at->first < 0 && sample > PY_SSIZE_T_MAX + at->first)) {
+        PyErr_SetString(PyExc_IndexError, "records index out of range");
+        return -2;
+    }
+    *lane = at;
+    *row = sample - at->first;
+    return 0;
+}
+
 PyDoc_STRVAR(deliver_doc,
 "deliver(lanes, indices, samples, sink, /)\n"
 "--\n"
@@ -728,34 +838,13 @@ deliver(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
         PyErr_SetString(PyExc_TypeError, "deliver takes (lanes, indices, samples, sink)");
         return NULL;
     }
-    PyObject *lanes = args[0];
     PyObject *sink = args[3];
-    if (!PyList_Check(lanes)) {
-        PyErr_SetString(PyExc_TypeError, "lanes must be a list");
-        return NULL;
-    }
-    PyObject *indices = PySequence_Fast(args[1], "indices must be a sequence");
-    if (indices == NULL) {
-        return NULL;
-    }
-    PyObject *samples = PySequence_Fast(args[2], "samples must be a sequence");
-    if (samples == NULL) {
-        Py_DECREF(indices);
+    Draws draws;
+    if (draws_open(&draws, args[0], args[1], args[2]) < 0) {
         return NULL;
     }
     PyObject *result = NULL;
     PyObject *capsule = NULL;
-    Py_ssize_t nlanes = PyList_GET_SIZE(lanes);
-    Lane *read = PyMem_Calloc(nlanes > 0 ? (size_t)nlanes : 1, sizeof(Lane));
-    Py_ssize_t n = PySequence_Fast_GET_SIZE(indices);
-    if (read == NULL) {
-        PyErr_NoMemory();
-        goto done;
-    }
-    if (PySequence_Fast_GET_SIZE(samples) != n) {
-        PyErr_SetString(PyExc_ValueError, "indices and samples differ in length");
-        goto done;
-    }
     int error = 0;
     const AsRecordsSink *api = c_sink(sink, &capsule, &error);
     if (error) {
@@ -764,35 +853,16 @@ deliver(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
     Py_ssize_t taken = 0;
     int going = 1;
     PyObject *raised = NULL;
-    for (Py_ssize_t k = 0; k < n && going > 0; k++) {
-        Py_ssize_t index = PyNumber_AsSsize_t(PySequence_Fast_GET_ITEM(indices, k),
-                                              PyExc_IndexError);
-        Py_ssize_t sample = PyNumber_AsSsize_t(PySequence_Fast_GET_ITEM(samples, k),
-                                               PyExc_IndexError);
-        if (PyErr_Occurred()) {
-            raised = take_error();
-            break;
-        }
-        /* The lanes list is read again at each draw: a Python sink could change it. */
-        if (index < 0 || index >= nlanes || index >= PyList_GET_SIZE(lanes)) {
-            PyErr_SetString(PyExc_IndexError, "deliver: a draw's lane is out of range");
-            raised = take_error();
-            break;
-        }
-        Lane *lane = &read[index];
-        if (!lane->read && lane_read(lane, PyList_GET_ITEM(lanes, index)) < 0) {
+    for (Py_ssize_t k = 0; k < draws.n && going > 0; k++) {
+        Lane *lane;
+        Py_ssize_t row;
+        int at = draws_at(&draws, k, &lane, &row);
+        if (at == -1) {
             raised = take_error();
             break;
         }
         taken++; /* counted before the sink sees it, as take counts it emitted */
-        if ((lane->first > 0 && sample < PY_SSIZE_T_MIN + lane->first) ||
-            (lane->first < 0 && sample > PY_SSIZE_T_MAX + lane->first)) {
-            PyErr_SetString(PyExc_IndexError, "records index out of range");
-            going = -1;
-        }
-        else {
-            going = hand(lane, sample - lane->first, sink, api);
-        }
+        going = at < 0 ? -1 : hand(lane, row, sink, api);
         if (going < 0) {
             raised = take_error();
         }
@@ -800,23 +870,90 @@ deliver(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
     result = Py_BuildValue("(nON)", taken, going > 0 && raised == NULL ? Py_True : Py_False,
                            raised == NULL ? Py_NewRef(Py_None) : raised);
 done:
-    if (read != NULL) {
-        for (Py_ssize_t i = 0; i < nlanes; i++) {
-            if (read[i].viewed) {
-                PyBuffer_Release(&read[i].buffer);
-            }
-            Py_XDECREF(read[i].lane);
-        }
-        PyMem_Free(read);
-    }
+    draws_free(&draws);
     Py_XDECREF(capsule);
-    Py_DECREF(indices);
-    Py_DECREF(samples);
     return result;
+}
+
+PyDoc_STRVAR(dicts_doc,
+"dicts(lanes, indices, samples, views, fallback, /)\n"
+"--\n"
+"\n"
+"The dicts of a run of draws (as ``Emit.run`` builds them), **last first**: draw ``k``\n"
+"is sample ``samples[k]`` of lane ``indices[k]``, ``lanes`` holding ``(records, view,\n"
+"url, first)``. A lane whose records are not a native table is built by\n"
+"``fallback(records, i, view, url, views)``.");
+
+static PyObject *
+dicts(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
+{
+    (void)module;
+    if (nargs != 5) {
+        PyErr_SetString(PyExc_TypeError,
+                        "dicts takes (lanes, indices, samples, views, fallback)");
+        return NULL;
+    }
+    int views = PyObject_IsTrue(args[3]);
+    if (views < 0) {
+        return NULL;
+    }
+    PyObject *fallback = args[4];
+    Draws draws;
+    if (draws_open(&draws, args[0], args[1], args[2]) < 0) {
+        return NULL;
+    }
+    PyObject *out = PyList_New(draws.n);
+    if (out == NULL) {
+        draws_free(&draws);
+        return NULL;
+    }
+    for (Py_ssize_t k = 0; k < draws.n; k++) {
+        Lane *lane;
+        Py_ssize_t row;
+        if (draws_at(&draws, k, &lane, &row) < 0) {
+            goto failed;
+        }
+        PyObject *built;
+        if (Py_IS_TYPE(lane->records, &RecordsType)) {
+            Records *records = (Records *)lane->records;
+            row = row_at(records, row);
+            if (row < 0) {
+                goto failed;
+            }
+            const Py_buffer *bytes = NULL;
+            if (!views && lane_bytes(lane) == 0) {
+                bytes = &lane->buffer;
+            }
+            records->readers++;
+            built = sample_dict(records, row, lane->view, bytes, lane->url, views);
+            records->readers--;
+        }
+        else {
+            PyObject *i = PyLong_FromSsize_t(row);
+            if (i == NULL) {
+                goto failed;
+            }
+            PyObject *call[5] = {lane->records, i, lane->view, lane->url,
+                                 views ? Py_True : Py_False};
+            built = PyObject_Vectorcall(fallback, call, 5, NULL);
+            Py_DECREF(i);
+        }
+        if (built == NULL) {
+            goto failed;
+        }
+        PyList_SET_ITEM(out, draws.n - 1 - k, built);
+    }
+    draws_free(&draws);
+    return out;
+failed:
+    draws_free(&draws);
+    Py_DECREF(out); /* the slots not yet set are NULL, which list_dealloc skips */
+    return NULL;
 }
 
 static PyMethodDef table_functions[] = {
     {"deliver", (PyCFunction)(void (*)(void))deliver, METH_FASTCALL, deliver_doc},
+    {"dicts", (PyCFunction)(void (*)(void))dicts, METH_FASTCALL, dicts_doc},
     {NULL, NULL, 0, NULL},
 };
 

@@ -43,7 +43,7 @@ import re
 import struct
 from collections.abc import Callable, Iterable
 from types import ModuleType
-from typing import TYPE_CHECKING, TypeAlias
+from typing import TYPE_CHECKING, Any, TypeAlias
 
 from . import _targroup
 from ._tarbulk import HeaderTable, first_bad
@@ -128,6 +128,15 @@ def native_deliver() -> Callable[..., tuple[int, bool, BaseException | None]] | 
     if NATIVE and _TARWALK is not None:
         deliver: Callable[..., tuple[int, bool, BaseException | None]] = _TARWALK.deliver
         return deliver
+    return None
+
+
+def native_dicts() -> Callable[..., list[dict[str, Any]]] | None:
+    """``_tarwalk.dicts``, ``Emit.run``'s loop in C (see ``_records.c``), where the walk is
+    native; None where the Python loop is to run."""
+    if NATIVE and _TARWALK is not None:
+        dicts: Callable[..., list[dict[str, Any]]] = _TARWALK.dicts
+        return dicts
     return None
 
 

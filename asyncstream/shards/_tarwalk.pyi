@@ -49,3 +49,14 @@ def deliver(
 ) -> tuple[int, bool, BaseException | None]:
     """``EpochRun.take``'s loop: each draw ``(indices[k], samples[k])`` handed to
     ``sink``; ``(taken, going, error)``."""
+
+def dicts(
+    lanes: list[tuple[Records | Sequence[Record], memoryview, str, int]],
+    indices: Sequence[int],
+    samples: Sequence[int],
+    views: bool,
+    fallback: Callable[[Any, int, memoryview, str, bool], dict[str, Any]],
+    /,
+) -> list[dict[str, Any]]:
+    """``Emit.run``'s loop: the dict of each draw ``(indices[k], samples[k])``, last
+    first; a lane whose records are a list built by ``fallback``."""

@@ -16,6 +16,7 @@ from typing import Any
 
 from ..order._shuffle import Lane
 from ..shards._tar import Records
+from ..shards._tarfast import native_dicts
 from ._lanes import Item, LaneReader
 
 __all__ = ["Emit", "sample_dict"]
@@ -81,6 +82,27 @@ class Emit:
         ``indices``, and its sample), counted as emitted, **last first**: the order in
         which ``pop()`` hands them out."""
         views = self.views
+        dicts = native_dicts()
+        if dicts is not None:  # the loop in C (asyncstream/shards/_records.c)
+            lanes_c = [
+                (reader.records, reader.view, reader.shard.url, reader.first)
+                for reader in (lane.meta["reader"] for lane in lanes)
+            ]
+            out = dicts(lanes_c, indices, samples, views, sample_dict)
+        else:
+            out = self._run(lanes, indices, samples)
+        if self.sources:
+            sources = self.sources
+            for built, index in zip(out, reversed(indices), strict=True):
+                built["__source__"] = sources[lanes[index].group]
+        self.emitted += len(out)
+        return out
+
+    def _run(
+        self, lanes: Sequence[Lane[Item]], indices: Sequence[int], samples: Sequence[int]
+    ) -> list[dict[str, Any]]:
+        """:meth:`run`'s dicts built in Python (the reference of ``_tarwalk.dicts``)."""
+        views = self.views
         places = {}  # the lanes the run drew from (a few of the window's, for a short run)
         for index in set(indices):
             lane: LaneReader = lanes[index].meta["reader"]
@@ -96,11 +118,6 @@ class Emit:
         for index, sample in zip(reversed(indices), reversed(samples), strict=True):
             build, first, view, url = places[index]
             out.append(build(sample - first, view, url, views))
-        if self.sources:
-            sources = self.sources
-            for built, index in zip(out, reversed(indices), strict=True):
-                built["__source__"] = sources[lanes[index].group]
-        self.emitted += len(out)
         return out
 
     def unemit(self, n: int) -> None:
