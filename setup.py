@@ -43,6 +43,7 @@ class _StrictBuild(build_ext):
 setup(
     ext_modules=[
         Extension("asyncstream.order._drawc", sources=["asyncstream/order/_drawc.c"]),
+        Extension("asyncstream.stream._nextc", sources=["asyncstream/stream/_nextc.c"]),
         Extension(
             "asyncstream.shards._tarwalk",
             sources=["asyncstream/shards/_tarwalk.c", "asyncstream/shards/_records.c"],

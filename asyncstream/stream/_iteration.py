@@ -5,9 +5,10 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable, Iterator
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from .._exceptions import StateError
+from ._native import NEXTC
 from ._run import EpochRun, RecordSink
 from ._stall import StallMeter
 
@@ -59,7 +60,18 @@ class SampleViews(Protocol):
         ...
 
 
-class Iteration(Iterator[dict[str, Any]]):
+class _PyHandout:
+    """The reference's base: nothing (its ``next()`` is ``_next_slow`` itself)."""
+
+
+# next()'s fast path in C where it is built (_nextc.Handout), else the reference below.
+if TYPE_CHECKING or NEXTC is None:  # noqa: SIM108 (mypy takes a class only from a branch)
+    _Handout = _PyHandout
+else:
+    _Handout = NEXTC.Handout
+
+
+class Iteration(_Handout, Iterator[dict[str, Any]]):
     """The iterator ``iter(stream)`` returns: one epoch's run, guarded against misuse.
 
     A stream serves one iterator at a time (one engine, one ring, one position). A new
@@ -99,11 +111,15 @@ class Iteration(Iterator[dict[str, Any]]):
         # One token, taken by the call reading the run (list.pop and append are atomic):
         # a second reader finds it gone. As a non-blocking lock, for a fifth of the cost.
         token = [True]
+        self._token = token  # (read by the C fast path: the token is there or not)
         self._take_token, self._give_token = token.pop, token.append
         self._next_sample = run.__next__
         self._ready = run.ready  # the run's samples drawn ahead, handed out by pop()
 
-    def __next__(self) -> dict[str, Any]:
+    def _next_slow(self) -> dict[str, Any]:
+        """``next()``: the reference, and where the extension is built the path of every
+        case its fast path leaves (``_nextc.Handout``: a sample drawn ahead handed out,
+        counted by a C meter, with nothing else to do)."""
         try:
             self._take_token()
         except IndexError:
@@ -132,6 +148,9 @@ class Iteration(Iterator[dict[str, Any]]):
                 raise
         finally:
             self._give_token(True)
+
+    if NEXTC is None:  # else the C type's next() runs, calling _next_slow where it must
+        __next__ = _next_slow
 
     def take(self, n: int, sink: RecordSink) -> int:
         """Up to ``n`` samples handed to ``sink`` as records (:meth:`SampleViews.take`)."""

@@ -18,6 +18,8 @@ from collections import deque
 from collections.abc import Callable
 from typing import Any, TypeVar
 
+from ._native import NEXTC
+
 __all__ = ["StallMeter"]
 
 T = TypeVar("T")
@@ -119,3 +121,26 @@ class StallMeter:
                 "calls": calls,
             },
         }
+
+
+def new_meter(window: int = 200) -> StallMeter:
+    """A :class:`StallMeter` for a stream's iterator: where the extension is built, one
+    whose figures are kept in C (``_nextc.Meter``: the same figures from the same clock,
+    the recent calls in a ring of doubles instead of a deque of tuples), so that the
+    iterator's ``next()`` counts a call with no Python code (``_nextc.Handout``); else
+    this Python class, the reference."""
+    if NEXTC is None:
+        return StallMeter(window)
+    return _NativeStallMeter(window)
+
+
+if NEXTC is not None:
+
+    class _NativeStallMeter(NEXTC.Meter, StallMeter):  # type: ignore[misc, name-defined]
+        """:class:`StallMeter` with the core of ``_nextc.Meter`` (every method but
+        :meth:`report`, which reads the core's figures)."""
+
+        def __init__(self, window: int = 200) -> None:
+            if isinstance(window, bool) or not isinstance(window, int) or window < 1:
+                raise ValueError(f"window must be an integer >= 1, got {window!r}")
+            super().__init__(window)  # the C core's

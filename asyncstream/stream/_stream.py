@@ -28,7 +28,7 @@ from ._iteration import Iteration, SampleViews
 from ._mapped import MappedStream
 from ._open import open_settings, start_engine_process
 from ._run import EpochRun, worker_topology
-from ._stall import StallMeter
+from ._stall import new_meter
 from ._state import fresh, resume
 from ._workers import LOCAL, Refused, SharedEpoch
 
@@ -179,7 +179,7 @@ class ShardStream(IterableDataset[dict[str, Any]]):
         self._shared = SharedEpoch()
         self._run: EpochRun | None = None
         self._live: weakref.ref[Iteration] | None = None  # the iterator last handed out
-        self._meter = StallMeter()  # how long the loop waits in next()
+        self._meter = new_meter()  # how long the loop waits in next()
         self._engine: Engine | None = None  # kept from one epoch to the next when idle
         self._loaded = Pending()  # from load_state_dict, for the next iteration
         self._loads = 0  # load_state_dict calls, numbering the marks
