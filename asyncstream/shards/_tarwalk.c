@@ -29,10 +29,14 @@
 
 #include <stdint.h>
 #include <string.h>
+#if defined(__SSE2__)
+#include <emmintrin.h>
+#endif
 
 #include "_table.h"
 
 #define BLOCK 512
+#define AHEAD 2048 /* bytes asked for ahead of the next header (prefetch_ahead) */
 #define NAME_FIELD 100
 #define PREFIX_AT 345
 #define PREFIX_FIELD 155
@@ -71,14 +75,34 @@ size_spelled(const unsigned char *h)
 
 /* Whether the checksum of the header at h is "%06o\0 " of its unsigned byte sum, the
  * field counted as 8 spaces (at most 512 * 255: six octal digits always hold it). */
-static int
-summed(const unsigned char *h)
+/* The unsigned sum of a block's bytes (at most 512 * 255). With SSE2 (every x86-64), 16
+ * bytes a step by PSADBW, a third of the time the compiler's own loop takes. */
+static unsigned
+block_sum(const unsigned char *h)
 {
+#if defined(__SSE2__)
+    const __m128i zero = _mm_setzero_si128();
+    __m128i acc = _mm_setzero_si128();
+    for (int i = 0; i < BLOCK; i += 16) {
+        __m128i bytes = _mm_loadu_si128((const __m128i *)(const void *)(h + i));
+        acc = _mm_add_epi64(acc, _mm_sad_epu8(bytes, zero));
+    }
+    return (unsigned)_mm_cvtsi128_si32(acc) +
+           (unsigned)_mm_cvtsi128_si32(_mm_unpackhi_epi64(acc, acc));
+#else
     unsigned total = 0;
-    unsigned field = 0;
     for (int i = 0; i < BLOCK; i++) {
         total += h[i];
     }
+    return total;
+#endif
+}
+
+static int
+summed(const unsigned char *h)
+{
+    unsigned total = block_sum(h);
+    unsigned field = 0;
     for (int i = 148; i < 156; i++) {
         field += h[i];
     }
@@ -113,6 +137,32 @@ prefetch_header(const unsigned char *data, Py_ssize_t at, Py_ssize_t limit)
 #endif
 }
 
+/* Ask for the blocks of the AHEAD bytes after `at` not yet asked for (those from `asked`
+ * on) to be brought into the cache: where members are small, the headers after the next
+ * one lie there, and their reads then overlap instead of waiting one after the other (a
+ * header's place is known only once the one before it is read). Where members are large,
+ * a few lines of data are asked for in vain per member. Returns the new `asked`. */
+static Py_ssize_t
+prefetch_ahead(const unsigned char *data, Py_ssize_t at, Py_ssize_t asked, Py_ssize_t limit)
+{
+#if defined(__GNUC__) || defined(__clang__)
+    Py_ssize_t from = asked > at ? asked : at;
+    Py_ssize_t to = at + AHEAD;
+    if (to > limit) {
+        to = limit;
+    }
+    for (Py_ssize_t p = from; p < to; p += 64) {
+        __builtin_prefetch(data + p);
+    }
+    return to > from ? to : from;
+#else
+    (void)data;
+    (void)at;
+    (void)limit;
+    return asked;
+#endif
+}
+
 /* Up to `most` plain headers from *rel on, into out; *rel ends at the first header not
  * taken. Runs without the GIL. */
 static int
@@ -121,6 +171,7 @@ scan(const unsigned char *data, Py_ssize_t *rel, Py_ssize_t limit, Py_ssize_t st
 {
     Py_ssize_t at = *rel;
     Py_ssize_t n = 0;
+    Py_ssize_t asked = at; /* the blocks before it were asked for (prefetch_ahead) */
     int ended = ENDED_BATCH;
     while (n < most) {
         if (at > limit - BLOCK) {
@@ -144,6 +195,7 @@ scan(const unsigned char *data, Py_ssize_t *rel, Py_ssize_t limit, Py_ssize_t st
         Py_ssize_t start = at + BLOCK;
         Py_ssize_t after = start + ((size + BLOCK - 1) & ~(Py_ssize_t)(BLOCK - 1));
         prefetch_header(data, after, limit); /* read while this one's sum is taken */
+        asked = prefetch_ahead(data, after, asked, limit);
         if (!summed(h)) {
             ended = ENDED_REFUSED;
             break;
