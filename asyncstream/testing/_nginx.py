@@ -20,11 +20,13 @@ What it serves, from ``root``:
   (:mod:`._nginxlua`). Read-only: nothing is written through it.
 
 The link: ``profile=NetworkProfile(first_byte_latency=(low, high),
-bandwidth_bytes_per_s=rate)`` delays every response by a uniform draw in ``[low, high]``
-(``ngx.sleep`` in ``access_by_lua_block``; no thread held) and paces each response body
-to ``rate`` (``limit_rate``: per request, so per connection for a client that sends one at
-a time; nginx lets a body's first second of bytes go at once). ``NetworkProfile.s3_like()``
-is the fault proxy's S3-like link without its CPU.
+bandwidth_bytes_per_s=rate)`` paces each connection to ``rate`` (the kernel's TCP pacing of
+its socket, ``SO_MAX_PACING_RATE``: every body on it leaves at that rate, as the fault
+proxy's token bucket paces a connection; nginx's ``limit_rate`` is the fallback, since it
+delivers two thirds of its setting here) and delays every response by a uniform draw in
+``[low, high]`` (``ngx.sleep``; no thread held), both in ``access_by_lua_block``
+(:mod:`._nginxlua`). ``NetworkProfile.s3_like()`` is the fault proxy's S3-like link
+without its CPU.
 
 It runs as one process (``master_process off``, ``daemon off``) of this user, non-root
 safe: every path (its configuration, logs, pid and temporary folders) lives in a temporary
@@ -62,7 +64,7 @@ from typing import Any
 from ..stores._s3 import S3Credentials, S3Options
 from ._network import NetworkProfile
 from ._nginxinstall import Installation, NginxUnavailable, install
-from ._nginxlua import LISTING_LUA, write_listing
+from ._nginxlua import LINK_LUA, LISTING_LUA, write_listing
 from ._served import Served
 from ._webserver import ServedRequest
 
@@ -160,6 +162,7 @@ class Nginx(Served):
         self.installation = install()
         self._prefix = Path(tempfile.mkdtemp(prefix="asyncstream-nginx-"))
         (self._prefix / "bucket.lua").write_text(LISTING_LUA)
+        (self._prefix / "asyncstream_link.lua").write_text(LINK_LUA)
         self.refresh()
         error = ""
         for _ in range(_PORT_TRIES):  # a free port may be taken before nginx binds it
@@ -260,8 +263,8 @@ class Nginx(Served):
                 for kind in ("client_body", "proxy", "fastcgi", "uwsgi", "scgi")
             ),
         ]
-        if self.installation.lua_path:
-            lines.append(f"  lua_package_path {_quoted(self.installation.lua_path + ';', 'lua')};")
+        lua_path = f"{prefix}/?.lua;{self.installation.lua_path};"
+        lines.append(f"  lua_package_path {_quoted(lua_path, 'lua')};")
         lines += [
             f"  init_by_lua_block {{ math.randomseed({int(self.seed)}) }}",
             "  default_type application/octet-stream;",
@@ -281,14 +284,14 @@ class Nginx(Served):
             ]
         lines.append(f"    root {_quoted(self.root, 'root')};")
         rate = self.profile.bandwidth_bytes_per_s
-        if rate is not None:
-            lines.append(f"    limit_rate {max(1, round(rate))};")
+        rate = 0 if rate is None else max(1, min(round(rate), 2**32 - 1))
         low, high = self.profile.first_byte_latency
         # On the locations a request enters from outside, not the named ones it is sent
         # on to, so that it waits once.
         delay = (
-            f"access_by_lua_block {{ ngx.sleep({low!r} + math.random() * {high - low!r}) }}"
-            if high > 0
+            "access_by_lua_block { require('asyncstream_link')"
+            f".enter({rate}, {low!r}, {high - low!r}) }}"
+            if rate or high > 0
             else ""
         )
         lua = _quoted(prefix / "bucket.lua", "prefix")

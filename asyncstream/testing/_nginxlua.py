@@ -1,5 +1,16 @@
-"""The Lua that :class:`~asyncstream.testing.Nginx` runs: the bucket requests of its S3
-profile, S3's 404s, and the listing snapshot they read.
+"""The Lua that :class:`~asyncstream.testing.Nginx` runs: the link (each connection's
+rate, each response's first-byte delay), the bucket requests of its S3 profile, S3's 404s,
+and the listing snapshot they read.
+
+The link (:data:`LINK_LUA`, ``require("asyncstream_link").enter(rate, low, span)`` in
+``access_by_lua_block``): the rate is the kernel's TCP pacing of the connection's socket
+(``SO_MAX_PACING_RATE``, Linux 4.13 and later without the ``fq`` qdisc), set once per
+connection, so every body on it, whatever its size, leaves at that rate, as the fault
+proxy's token bucket paces a connection. nginx's own ``limit_rate`` was measured here at
+60 to 75 MB/s for 90 MB/s (it sends 2 MiB, then waits), so it is the fallback only, for a
+socket that cannot be found or paced. The socket is found by its ports among this
+process's file descriptors (``getpeername``: nginx gives Lua no descriptor). Then the
+delay: ``ngx.sleep`` of a uniform draw in ``[low, low + span]``, which holds no thread.
 
 nginx serves objects as files by itself; what S3 asks of a bucket is this script's
 (``content_by_lua_file``): ``HEAD /bucket`` (200, or 404 for a folder that is not there)
@@ -17,7 +28,7 @@ import os
 import time
 from pathlib import Path
 
-__all__ = ["LISTING_LUA", "write_listing"]
+__all__ = ["LINK_LUA", "LISTING_LUA", "write_listing"]
 
 
 def write_listing(root: Path, target: Path) -> int:
@@ -41,6 +52,72 @@ def write_listing(root: Path, target: Path) -> int:
     scratch.write_text("".join(f"{line}\n" for line in lines))
     os.replace(scratch, target)
     return sum(1 for line in lines if not line.endswith("\t\t\t\t"))
+
+
+LINK_LUA = r"""
+-- The link of asyncstream.testing.Nginx (see _nginxlua.py).
+local ffi = require "ffi"
+ffi.cdef[[
+int getpeername(int fd, void *addr, unsigned int *len);
+int getsockname(int fd, void *addr, unsigned int *len);
+int setsockopt(int fd, int level, int name, const void *value, unsigned int len);
+]]
+local C = ffi.C
+local SOL_SOCKET, SO_MAX_PACING_RATE, EBADF = 1, 47, 9
+local address = ffi.new("uint8_t[128]")
+local length = ffi.new("unsigned int[1]")
+local value = ffi.new("uint32_t[1]")
+local paced, count = {}, 0  -- connection serial numbers already paced
+
+local function port(fd, which)
+  length[0] = 128
+  if which(fd, address, length) ~= 0 then
+    return nil, ffi.errno()
+  end
+  return address[2] * 256 + address[3]  -- sin_port and sin6_port, network order
+end
+
+local function pace(rate)
+  local serial = ngx.var.connection
+  if paced[serial] then
+    return true
+  end
+  local remote, here = tonumber(ngx.var.remote_port), tonumber(ngx.var.server_port)
+  local misses = 0
+  for fd = 3, 1048575 do
+    local peer, errno = port(fd, C.getpeername)
+    if peer == remote and port(fd, C.getsockname) == here then
+      value[0] = rate
+      if C.setsockopt(fd, SOL_SOCKET, SO_MAX_PACING_RATE, value, 4) ~= 0 then
+        return false
+      end
+      if count >= 100000 then
+        paced, count = {}, 0
+      end
+      paced[serial], count = true, count + 1
+      return true
+    end
+    misses = errno == EBADF and misses + 1 or 0
+    if misses > 256 then  -- past every descriptor in use
+      return false
+    end
+  end
+  return false
+end
+
+local M = {}
+
+function M.enter(rate, low, span)
+  if rate > 0 and not pace(rate) then
+    ngx.var.limit_rate = rate
+  end
+  if low + span > 0 then
+    ngx.sleep(low + math.random() * span)
+  end
+end
+
+return M
+"""
 
 
 LISTING_LUA = r"""
