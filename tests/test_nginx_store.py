@@ -210,6 +210,10 @@ def test_pinned_to_a_cpu_and_stopped_cleanly(tmp_path: Path) -> None:
     server.close()  # again: nothing to do
     with pytest.raises(ValueError, match="cpu"):
         Nginx(tmp_path, cpu=max(os.sched_getaffinity(0)) + 4096)
+    odd = tmp_path / 'a"b'
+    odd.mkdir()
+    with pytest.raises(ValueError, match="configuration cannot"):
+        Nginx(odd).start()
 
 
 def test_an_nginx_that_does_not_start_is_a_failure(tmp_path: Path) -> None:

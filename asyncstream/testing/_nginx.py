@@ -159,6 +159,9 @@ class Nginx(Served):
             return self
         if not self.root.is_dir():
             raise ValueError(f"root {str(self.root)!r} is not a folder")
+        _quoted(self.root, "root")  # refused before anything is made
+        for path in self.tls or ():
+            _quoted(path, "tls")
         self.installation = install()
         self._prefix = Path(tempfile.mkdtemp(prefix="asyncstream-nginx-"))
         (self._prefix / "bucket.lua").write_text(LISTING_LUA)
