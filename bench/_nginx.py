@@ -14,7 +14,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -30,11 +30,13 @@ _MANIFEST = "asyncstream.json"
 
 @dataclass(frozen=True)
 class NginxLink:
-    """nginx serving the benchmark's bucket: how to reach it, its process and the pinning."""
+    """nginx serving the benchmark's bucket: how to reach it, its process, the pinning,
+    and the number of requests it has answered so far (from its access log)."""
 
     options: S3Options
     pid: int | None
     pinning: dict[str, Any]
+    requests: Callable[[], int]
 
 
 def _copy_bucket(client: Any, bucket: str, folder: Path) -> int:
@@ -101,6 +103,6 @@ def nginx_link(options: S3Options, bucket: str, workdir: Path) -> Iterator[Nginx
                 "link": "20 to 50 ms to first byte, 90 MB/s per connection (TCP pacing)",
                 "objects": objects,
             }
-            yield NginxLink(link, nginx.pid, pinning)
+            yield NginxLink(link, nginx.pid, pinning, lambda: len(nginx.requests()))
         finally:
             os.sched_setaffinity(0, before)

@@ -375,15 +375,20 @@ def cache(b: Bench) -> dict[str, Any]:
     cached, locals_ = [], []
     with b.endpoint() as (options, proxy):
 
+        def served() -> int:  # requests the server (or the proxy before it) answered
+            if proxy is not None:
+                return proxy.stats()["requests"]
+            return b.link.requests() if b.link is not None else -1
+
         def read(epochs: int) -> dict[str, Any]:
-            before = proxy.stats()["requests"] if proxy else 0
+            before = served()
             result = b.read(options, epochs=epochs, cache_dir=str(folder), **settings)
             counts = result["fetch"]["cache"]
             return {
                 "mb_per_s": result["mb_per_s"],
                 "seconds": result["seconds"],
                 # Over the whole process (its listing and manifest included).
-                "requests": (proxy.stats()["requests"] - before) if proxy else -1,
+                "requests": served() - before if before >= 0 else -1,
                 "misses": counts["misses"],
                 "hits": counts["hits"],
             }
