@@ -17,11 +17,14 @@ import sys
 from collections.abc import Iterator
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from asyncstream import S3Options, shuffle_quality
 
 from ._proxy import ProxyProcess
+
+if TYPE_CHECKING:
+    from ._nginx import NginxLink
 
 __all__ = [
     "CHUNK",
@@ -73,15 +76,28 @@ class Bench:
     server_pid: int | None = None  # the embedded server's process, for its CPU time
     index_of: dict[str, int] = field(default_factory=dict)  # key -> position when stored
     dataset: dict[str, Any] = field(default_factory=dict)
+    link: NginxLink | None = None  # the nginx profile's server (bench._nginx), once up
+
+    @property
+    def served_pid(self) -> int | None:
+        """The process that serves the scenario's reads: nginx on its profile, else the
+        embedded server (behind the proxy, whose CPU is counted apart)."""
+        return self.link.pid if self.link is not None else self.server_pid
 
     @contextlib.contextmanager
     def endpoint(self, **proxy: Any) -> Iterator[tuple[S3Options, ProxyProcess | None]]:
-        """Options for the scenario's network: through a proxy (the profile, and any faults
-        or capacity given) where the store is reachable over plain HTTP."""
+        """Options for the scenario's network: nginx on the ``nginx`` profile; otherwise,
+        and for faults or a capacity (which nginx does not inject), through the fault
+        proxy (the S3-like link under the ``nginx`` profile) where the store is reachable
+        over plain HTTP."""
+        if self.link is not None and not proxy:
+            yield self.link.options, None
+            return
         if self.upstream is None:
             yield self.options, None
             return
-        with ProxyProcess(self.upstream, profile=self.args.profile, **proxy) as p:
+        profile = "s3-like" if self.args.profile == "nginx" else self.args.profile
+        with ProxyProcess(self.upstream, profile=profile, **proxy) as p:
             yield replace(self.options, endpoint_url=p.endpoint_url), p
 
     def quality(self, keys: list[str], labels: list[int]) -> dict[str, float]:

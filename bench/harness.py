@@ -375,15 +375,20 @@ def cache(b: Bench) -> dict[str, Any]:
     cached, locals_ = [], []
     with b.endpoint() as (options, proxy):
 
+        def served() -> int:  # requests the server (or the proxy before it) answered
+            if proxy is not None:
+                return proxy.stats()["requests"]
+            return b.link.requests() if b.link is not None else -1
+
         def read(epochs: int) -> dict[str, Any]:
-            before = proxy.stats()["requests"] if proxy else 0
+            before = served()
             result = b.read(options, epochs=epochs, cache_dir=str(folder), **settings)
             counts = result["fetch"]["cache"]
             return {
                 "mb_per_s": result["mb_per_s"],
                 "seconds": result["seconds"],
                 # Over the whole process (its listing and manifest included).
-                "requests": (proxy.stats()["requests"] - before) if proxy else -1,
+                "requests": served() - before if before >= 0 else -1,
                 "misses": counts["misses"],
                 "hits": counts["hits"],
             }
@@ -431,12 +436,12 @@ def ring(b: Bench) -> dict[str, Any]:
         proxy_pid = proxy._proc.pid if proxy is not None else None
         for _ in range(b.sizes.repeat):  # interleaved rounds; the best counts
             for name, settings in defaults.items():
-                server0, proxy0 = cpu_seconds(b.server_pid), cpu_seconds(proxy_pid)
+                server0, proxy0 = cpu_seconds(b.served_pid), cpu_seconds(proxy_pid)
                 read = b.read(options, epochs=2, seed=0, **settings)
                 gb = read["bytes"] / 1e9 * 2  # both epochs went through server and proxy
                 figures = {
                     "reader_cpu_s_per_gb": read["cpu_s"] / (read["bytes"] / 1e9),
-                    "server_cpu_s_per_gb": (cpu_seconds(b.server_pid) - server0) / gb,
+                    "server_cpu_s_per_gb": (cpu_seconds(b.served_pid) - server0) / gb,
                     "proxy_cpu_s_per_gb": (cpu_seconds(proxy_pid) - proxy0) / gb,
                     "mb_per_s": read["mb_per_s"],
                     "ring_bytes": read["shm_bytes"],
@@ -624,6 +629,12 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         b = Bench(args, sizes, tmp, options, url, upstream, server_pid)
         print("generating and uploading the dataset ...", flush=True)
         prepare(b, tmp / "images")
+        if args.profile == "nginx":
+            from ._nginx import nginx_link
+
+            b.link = stack.enter_context(nginx_link(options, bucket, tmp))
+            out["pinning"] = b.link.pinning
+            out["store"] += "; its bucket copied to nginx, which serves the reads"
         out["dataset"] = b.dataset
         chosen = args.scenarios or list(SCENARIOS)
         out["scenarios"] = {}
@@ -655,10 +666,11 @@ def make_parser() -> argparse.ArgumentParser:
     )
     p.add_argument(
         "--profile",
-        choices=["s3-like", "loopback"],
+        choices=["s3-like", "loopback", "nginx"],
         default="s3-like",
         help="the network between readers and the embedded server: S3-like latency and "
-        "bandwidth, or bare loopback",
+        "bandwidth through the fault proxy, bare loopback, or nginx on the S3-like link, "
+        "pinned to a CPU of its own (faults and capacity still through the proxy)",
     )
     p.add_argument(
         "--scenarios",
@@ -693,6 +705,8 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
     if args.endpoint is not None and not args.bucket:
         parser.error("--endpoint needs --bucket")
+    if args.endpoint is not None and args.profile == "nginx":
+        parser.error("--profile nginx serves the embedded server's copy: not with --endpoint")
     unknown = set(args.scenarios or ()) - set(SCENARIOS)
     if unknown:
         parser.error(f"unknown scenarios: {', '.join(sorted(unknown))}")

@@ -28,6 +28,14 @@ def tables(out: dict[str, Any], base: Path | None = None) -> str:
         f"Whole run: {out['seconds'] / 60:.1f} min.",
         "",
     ]
+    pin = out.get("pinning")
+    if pin:
+        lines[-1:-1] = [
+            "",
+            f"nginx ({pin['server']}, {pin['link']}) pinned to CPU "
+            f"{', '.join(map(str, pin['server_cpus']))}; the benchmark and its readers to "
+            f"CPU {', '.join(map(str, pin['reader_cpus']))}.",
+        ]
     sc = out["scenarios"]
     if "raw_fetch" in sc:
         r = sc["raw_fetch"]

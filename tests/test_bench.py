@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import shutil
 import subprocess
 import sys
@@ -186,6 +187,43 @@ def test_unknown_scenario_is_refused() -> None:
     )
     assert proc.returncode == 2
     assert "unknown scenarios: nope" in proc.stderr
+
+
+@pytest.mark.timeout(700)
+def test_the_nginx_profile_reads_through_pinned_nginx(tmp_path: Path) -> None:
+    """``--profile nginx``: the reads go to nginx (no proxy between), pinned apart from the
+    benchmark where there are two CPUs, and the pinning is in the output."""
+    from asyncstream.testing import NginxUnavailable, _nginxinstall
+
+    try:
+        _nginxinstall.install()
+    except NginxUnavailable as exc:
+        pytest.skip(f"nginx with its Lua module cannot be installed here: {exc}")
+    results = tmp_path / "RESULTS.md"
+    results.write_text(f"{BEGIN}\n{END}\n")
+    command = [sys.executable, "-m", "bench", "--quick", "--profile", "nginx"]
+    command += ["--scenarios", "raw_fetch,ring", "--json", str(tmp_path / "bench.json")]
+    command += ["--results", str(results), "--plots", str(tmp_path / "plots"), "--no-progress"]
+    proc = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    out = json.loads((tmp_path / "bench.json").read_text())
+    pin = out["pinning"]
+    assert out["profile"] == "nginx"
+    assert pin["server"].startswith("nginx/")
+    if len(os.sched_getaffinity(0)) > 1:
+        assert not set(pin["server_cpus"]) & set(pin["reader_cpus"])
+    ring = out["scenarios"]["ring"]["results"]
+    assert all(r["proxy_cpu_s_per_gb"] == 0 and r["requests"] > 0 for r in ring.values())
+    assert out["scenarios"]["raw_fetch"]["mb_per_s"] > 0
+    assert f"pinned to CPU {pin['server_cpus'][0]}" in results.read_text()
+
+
+def test_the_nginx_profile_is_refused_with_an_endpoint() -> None:
+    command = [sys.executable, "-m", "bench", "--profile", "nginx"]
+    command += ["--endpoint", "http://127.0.0.1:1", "--bucket", "b"]
+    proc = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 2
+    assert "--profile nginx" in proc.stderr
 
 
 def _run_module(module: str, out: Path) -> dict[str, Any]:

@@ -19,6 +19,11 @@ What it holds, module by module:
                   redirects, a bearer token and injected errors (``https://`` shard URLs)
 ``_azurite``      :class:`Azurite`, Microsoft's Azure Storage emulator (Node.js, from npm
                   on first use), for the Azure Blob store (``az://``)
+``_nginx``        :class:`Nginx`, nginx serving a folder over HTTP and HTTPS for the web
+                  store and, path-style, the S3 store, with a first-byte delay and a
+                  per-connection rate, pinnable to a CPU: a link that costs the reader
+                  nothing (``_nginxinstall``: found, or unpacked from Debian's packages;
+                  ``_nginxlua``: S3's bucket requests)
 ``_datagen``      :func:`generate_imagefolder`, :func:`make_jpeg`: synthetic photographs
 ================  ==========================================================================
 
@@ -125,6 +130,7 @@ from ._gcsemulator import GCSEmulator, GCSEmulatorStartError, GCSEmulatorUnavail
 from ._local import LocalS3
 from ._moto_ranges import MotoRangesWarning
 from ._network import NetworkProfile
+from ._nginx import Nginx, NginxStartError, NginxUnavailable
 from ._proxy import FaultProxy
 from ._s3rver import S3rver, S3rverStartError, S3rverUnavailable
 from ._webserver import ServedRequest, WebServer
@@ -145,6 +151,9 @@ __all__ = [
     "LocalS3",
     "MotoRangesWarning",
     "NetworkProfile",
+    "Nginx",
+    "NginxStartError",
+    "NginxUnavailable",
     "S3rver",
     "S3rverStartError",
     "S3rverUnavailable",
