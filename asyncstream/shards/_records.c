@@ -821,6 +821,75 @@ draws_at(Draws *d, Py_ssize_t k, Lane **lane, Py_ssize_t *row)
     return 0;
 }
 
+/* Ask for what a run will read to be brought into the cache, a block of draws at a time,
+ * in three sweeps: each draw's row of its table, then the row's fields, then (`data`: the
+ * bytes are to be copied) the first bytes of each member. The run's samples lie at random
+ * places of the window's tables and chunks: the reads then wait for memory about once a
+ * sweep instead of once a draw. Reads nothing it has not asked for a sweep before, raises
+ * nothing: a draw it cannot read is left to the loop that hands it out. */
+#define PREFETCH_BLOCK 64
+static void
+prefetch_run(Draws *d, int data)
+{
+#if defined(__GNUC__) || defined(__clang__)
+    const Records *tables[PREFETCH_BLOCK];
+    const Lane *lanes[PREFETCH_BLOCK];
+    Py_ssize_t rows[PREFETCH_BLOCK];
+    for (Py_ssize_t k0 = 0; k0 < d->n; k0 += PREFETCH_BLOCK) {
+        int m = 0;
+        for (Py_ssize_t k = k0; k < d->n && k < k0 + PREFETCH_BLOCK; k++) {
+            Py_ssize_t index = PyLong_AsSsize_t(PySequence_Fast_GET_ITEM(d->indices, k));
+            Py_ssize_t sample = PyLong_AsSsize_t(PySequence_Fast_GET_ITEM(d->samples, k));
+            if ((index == -1 || sample == -1) && PyErr_Occurred()) {
+                PyErr_Clear();
+                continue;
+            }
+            if (index < 0 || index >= d->nlanes || index >= PyList_GET_SIZE(d->lanes)) {
+                continue;
+            }
+            Lane *lane = &d->read[index];
+            if (!lane->read && lane_read(lane, PyList_GET_ITEM(d->lanes, index)) < 0) {
+                PyErr_Clear();
+                continue;
+            }
+            if (!Py_IS_TYPE(lane->records, &RecordsType) || (data && lane_bytes(lane) < 0)) {
+                continue;
+            }
+            const Records *records = (const Records *)lane->records;
+            if (sample < 0 || sample - lane->first < 0 ||
+                sample - lane->first >= records->nrows) {
+                continue;
+            }
+            tables[m] = records;
+            lanes[m] = lane;
+            rows[m] = sample - lane->first;
+            __builtin_prefetch(&records->rows[rows[m]]);
+            m++;
+        }
+        for (int i = 0; i < m; i++) {
+            const Row *r = &tables[i]->rows[rows[i]];
+            if (r->count > 0) {
+                __builtin_prefetch(&tables[i]->fields[r->first]);
+                __builtin_prefetch(&tables[i]->fields[r->first + r->count - 1]);
+            }
+        }
+        for (int i = 0; data && i < m; i++) {
+            const Row *r = &tables[i]->rows[rows[i]];
+            for (Py_ssize_t j = 0; j < r->count; j++) {
+                const AsRecordsField *f = &tables[i]->fields[r->first + j];
+                if (f->owned == NULL && f->start >= 0 && f->start < f->stop &&
+                    f->stop <= lanes[i]->buffer.len) {
+                    __builtin_prefetch((const char *)lanes[i]->buffer.buf + f->start);
+                }
+            }
+        }
+    }
+#else
+    (void)d;
+    (void)data;
+#endif
+}
+
 PyDoc_STRVAR(deliver_doc,
 "deliver(lanes, indices, samples, sink, /)\n"
 "--\n"
@@ -853,6 +922,7 @@ deliver(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
     Py_ssize_t taken = 0;
     int going = 1;
     PyObject *raised = NULL;
+    prefetch_run(&draws, 0); /* a C sink reads the bytes itself, when it copies them */
     for (Py_ssize_t k = 0; k < draws.n && going > 0; k++) {
         Lane *lane;
         Py_ssize_t row;
@@ -873,53 +943,6 @@ done:
     draws_free(&draws);
     Py_XDECREF(capsule);
     return result;
-}
-
-/* Ask for the first bytes of every member the run will copy to be brought into the cache,
- * all at once: the copies then wait for memory once a run, not once a member (the run's
- * samples lie at random places of the window's chunks). Reads nothing, raises nothing: a
- * draw it cannot read is left to the loop that builds the dicts. */
-static void
-prefetch_run(Draws *d)
-{
-#if defined(__GNUC__) || defined(__clang__)
-    for (Py_ssize_t k = 0; k < d->n; k++) {
-        Py_ssize_t index = PyLong_AsSsize_t(PySequence_Fast_GET_ITEM(d->indices, k));
-        Py_ssize_t sample = PyLong_AsSsize_t(PySequence_Fast_GET_ITEM(d->samples, k));
-        if ((index == -1 || sample == -1) && PyErr_Occurred()) {
-            PyErr_Clear();
-            continue;
-        }
-        if (index < 0 || index >= d->nlanes) {
-            continue;
-        }
-        Lane *lane = &d->read[index];
-        if (!lane->read) {
-            if (lane_read(lane, PyList_GET_ITEM(d->lanes, index)) < 0) {
-                PyErr_Clear();
-                continue;
-            }
-        }
-        if (!Py_IS_TYPE(lane->records, &RecordsType) || lane_bytes(lane) < 0) {
-            continue;
-        }
-        const Records *records = (const Records *)lane->records;
-        Py_ssize_t row = sample - lane->first;
-        if (sample < 0 || row < 0 || row >= records->nrows) {
-            continue;
-        }
-        const Row *r = &records->rows[row];
-        for (Py_ssize_t j = 0; j < r->count; j++) {
-            const AsRecordsField *f = &records->fields[r->first + j];
-            if (f->owned == NULL && f->start >= 0 && f->start < f->stop &&
-                f->stop <= lane->buffer.len) {
-                __builtin_prefetch((const char *)lane->buffer.buf + f->start);
-            }
-        }
-    }
-#else
-    (void)d;
-#endif
 }
 
 PyDoc_STRVAR(dicts_doc,
@@ -954,9 +977,7 @@ dicts(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
         draws_free(&draws);
         return NULL;
     }
-    if (!views) {
-        prefetch_run(&draws);
-    }
+    prefetch_run(&draws, !views);
     for (Py_ssize_t k = 0; k < draws.n; k++) {
         Lane *lane;
         Py_ssize_t row;
