@@ -138,21 +138,25 @@ prefetch_header(const unsigned char *data, Py_ssize_t at, Py_ssize_t limit)
 }
 
 /* Ask for the blocks of the AHEAD bytes after `at` not yet asked for (those from `asked`
- * on) to be brought into the cache: where members are small, the headers after the next
- * one lie there, and their reads then overlap instead of waiting one after the other (a
- * header's place is known only once the one before it is read). Where members are large,
- * a few lines of data are asked for in vain per member. Returns the new `asked`. */
+ * on; `at` is a header's place, so every block boundary after it may be one) to be
+ * brought into the cache, the two lines of each that hold a header's size and type: where
+ * members are small, the headers after the next one lie there, and their reads then
+ * overlap instead of waiting one after the other (a header's place is known only once the
+ * one before it is read). Where members are large, a few lines of data are asked for in
+ * vain per member. Returns the new `asked`. */
 static Py_ssize_t
 prefetch_ahead(const unsigned char *data, Py_ssize_t at, Py_ssize_t asked, Py_ssize_t limit)
 {
 #if defined(__GNUC__) || defined(__clang__)
     Py_ssize_t from = asked > at ? asked : at;
     Py_ssize_t to = at + AHEAD;
-    if (to > limit) {
-        to = limit;
+    if (to > limit - BLOCK) {
+        to = limit - BLOCK;
     }
-    for (Py_ssize_t p = from; p < to; p += 64) {
-        __builtin_prefetch(data + p);
+    for (Py_ssize_t p = from; p < to; p += BLOCK) {
+        /* the lines of a header's size and type fields: enough to find the next one */
+        __builtin_prefetch(data + p + 64);
+        __builtin_prefetch(data + p + 128);
     }
     return to > from ? to : from;
 #else
