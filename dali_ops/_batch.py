@@ -69,12 +69,15 @@ _NATIVE = _native()
 NATIVE = _NATIVE is not None and os.environ.get("ASYNCSTREAM_NATIVE", "1") != "0"
 
 _LEVELS = {"none": 0, "markers": 1, "header": 2}  # the native sink's precheck levels
-_FROMBUFFER = functools.partial(np.frombuffer, dtype=np.uint8)
 _HEADER_CHECK = functools.partial(check_image, level="header")
 
 STATS_INTERVAL = 1.0  # seconds between snapshots of the stream's statistics
 
 _META_KEY = "json"  # the member in which pack records a sample's source file
+
+Image = bytes | npt.NDArray[np.uint8]
+"""An encoded image of a batch: ``bytes`` (built in the training process) or a 1-D
+``uint8`` array viewing a worker's shared buffer."""
 
 Skipped = tuple[str, str, str, "str | None"]
 """A skipped image: ``(shard URL, key, reason, source file or None)``."""
@@ -92,7 +95,10 @@ class EncodedBatch:
         state: where to resume to read this batch again (set by the producer).
         keys: each sample's key.
         urls: each sample's shard URL.
-        arrays: each sample's encoded image, a 1-D ``uint8`` array (a view, no copy).
+        images: each sample's encoded image: the ``bytes`` copied out of the ring for a
+            batch built in the training process (DALI wraps them as they are, see
+            ``_feeds.prepare``), a 1-D ``uint8`` array viewing a worker's shared buffer for
+            a batch a worker sent (no copy).
         labels: each sample's label.
         metas: each sample's ``json`` member, if it has one (for messages).
         skipped: the images skipped while this batch was built.
@@ -100,20 +106,20 @@ class EncodedBatch:
         error: the error that ended the batch (it is then not fed).
         worker: the DataLoader worker that built it (``-1``: the training process).
         stats: the worker stream's statistics, sent now and then by workers.
-        owner: what keeps the arrays' memory alive and, once dropped, hands it back to the
+        owner: what keeps the images' memory alive and, once dropped, hands it back to the
             worker that sent it (:mod:`._shm`).
-        inputs: the arrays as one DALI ``TensorListCPU`` of views, made by the producer
+        inputs: the images as one DALI ``TensorListCPU`` of views, made by the producer
             (DALI's source then skips its own per-image checks and conversion, about 5 us
             an image of the training thread's time; see ``_feeds.prepare``).
         placed: in a DataLoader worker, the shared buffer the images are written into as
-            they come (then ``arrays`` stays empty and ``spans`` says where each lies).
+            they come (then ``images`` stays empty and ``spans`` says where each lies).
         spans: where each image lies in ``placed``: ``(start, stop)``.
     """
 
     state: Any = None
     keys: list[str] = field(default_factory=list)
     urls: list[str] = field(default_factory=list)
-    arrays: list[npt.NDArray[np.uint8]] = field(default_factory=list)
+    images: list[Image] = field(default_factory=list)
     labels: list[int] = field(default_factory=list)
     metas: list[bytes | None] = field(default_factory=list)
     skipped: list[Skipped] = field(default_factory=list)
@@ -131,8 +137,11 @@ class EncodedBatch:
 
     def source_batch(self) -> tuple[Any, npt.NDArray[np.int64]]:
         """What DALI's external source is given: the images and their labels."""
-        images = self.inputs if self.inputs is not None else self.arrays
-        return images, np.asarray(self.labels, dtype=np.int64)
+        labels = np.asarray(self.labels, dtype=np.int64)
+        if self.inputs is not None:
+            return self.inputs, labels
+        # DALI's source takes arrays, not bytes (a batch refed after remove(), say)
+        return [np.frombuffer(i, dtype=np.uint8) for i in self.images], labels
 
     def describe(self, index: int) -> str:
         """Shard, key and source file of the sample at ``index``, for a message."""
@@ -143,7 +152,7 @@ class EncodedBatch:
         keep = [i for i in range(len(self.keys)) if i not in indices]
         self.keys = [self.keys[i] for i in keep]
         self.urls = [self.urls[i] for i in keep]
-        self.arrays = [self.arrays[i] for i in keep]
+        self.images = [self.images[i] for i in keep]
         self.labels = [self.labels[i] for i in keep]
         self.metas = [self.metas[i] for i in keep]
         if self.spans:
@@ -160,7 +169,7 @@ class EncodedBatch:
             buffer = self.placed.wire() if self.spans else None
             self.placed.free()  # given back unsent (nothing to send); nothing once sent
             self.placed = None
-        elif self.arrays:
+        elif self.images:
             raise ValueError("only a batch built into a shared buffer (placed) can be sent")
         error = self.error
         trace = None
@@ -186,11 +195,11 @@ class EncodedBatch:
     def from_wire(cls, wire: dict[str, Any], state: Any, views: BufferViews) -> EncodedBatch:
         """The batch a worker sent: views into its buffer, mapped by ``views``; the batch
         holds the buffer, which the worker reuses once the batch is dropped."""
-        arrays: list[npt.NDArray[np.uint8]] = []
+        images: list[Image] = []
         lease = None
         if wire["buffer"] is not None:
             view, lease = views.open(wire["buffer"], wire["worker"])
-            arrays = [view[a:b] for a, b in wire["spans"]]
+            images = [view[a:b] for a, b in wire["spans"]]
         error = wire["error"]
         if error is not None and wire["trace"]:
             error.__cause__ = RemoteTraceback(f"in a DataLoader worker:\n{wire['trace']}")
@@ -198,7 +207,7 @@ class EncodedBatch:
             state=state,
             keys=wire["keys"],
             urls=wire["urls"],
-            arrays=arrays,
+            images=images,
             labels=wire["labels"],
             metas=wire["metas"],
             skipped=wire["skipped"],
@@ -277,10 +286,9 @@ class BatchBuilder:
             batch.urls,
             batch.labels,
             batch.metas,
-            batch.arrays,
+            batch.images,
             batch.spans,
             placed,
-            _FROMBUFFER,
             self.image_keys,
             self.label_key,
             _META_KEY,
@@ -403,8 +411,7 @@ def _append(
     if batch.placed is not None:
         batch.spans.append(batch.placed.put(data))
     else:
-        kept = data.tobytes() if isinstance(data, memoryview) else data
-        batch.arrays.append(np.frombuffer(kept, dtype=np.uint8))
+        batch.images.append(data.tobytes() if isinstance(data, memoryview) else data)
     batch.labels.append(label)
     batch.metas.append(meta)
 

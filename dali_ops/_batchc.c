@@ -65,10 +65,9 @@ typedef struct {
     PyObject *urls;
     PyObject *labels;
     PyObject *metas;
-    PyObject *arrays;     /* the feed thread's (placed is None) */
+    PyObject *images;     /* the feed thread's (placed is None): each image's bytes */
     PyObject *spans;      /* a worker's (placed is not None) */
     PyObject *placed;     /* the worker's BatchBuffer, or None */
-    PyObject *frombuffer; /* bytes -> 1-D uint8 array */
     PyObject *image_keys; /* tuple of str */
     PyObject *label_key;  /* str */
     PyObject *meta_key;   /* str */
@@ -506,7 +505,7 @@ add(Sink *self, PyObject *view, PyObject *url, const Record *record, const Py_bu
                  PyList_Append(self->urls, url) < 0;
     if (!failed) {
         if (kept != NULL) {
-            failed = append_new(self->arrays, PyObject_CallOneArg(self->frombuffer, kept)) < 0;
+            failed = PyList_Append(self->images, kept) < 0;
         }
         else {
             failed = append_new(self->spans, place(self, view, &image)) < 0;
@@ -607,16 +606,16 @@ sink_init(PyObject *op, PyObject *args, PyObject *kwargs)
 {
     Sink *self = (Sink *)op;
     static char *names[] = {
-        "keys", "urls", "labels", "metas", "arrays", "spans", "placed", "frombuffer",
+        "keys", "urls", "labels", "metas", "images", "spans", "placed",
         "image_keys", "label_key", "meta_key", "level", "header", "fallback", NULL,
     };
-    PyObject *keys, *urls, *labels, *metas, *arrays, *spans, *placed, *frombuffer;
+    PyObject *keys, *urls, *labels, *metas, *images, *spans, *placed;
     PyObject *image_keys, *label_key, *meta_key, *header, *fallback;
     int level;
-    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "O!O!O!O!O!O!OOO!UUiOO:Sink", names,
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "O!O!O!O!O!O!OO!UUiOO:Sink", names,
                                      &PyList_Type, &keys, &PyList_Type, &urls, &PyList_Type,
-                                     &labels, &PyList_Type, &metas, &PyList_Type, &arrays,
-                                     &PyList_Type, &spans, &placed, &frombuffer,
+                                     &labels, &PyList_Type, &metas, &PyList_Type, &images,
+                                     &PyList_Type, &spans, &placed,
                                      &PyTuple_Type, &image_keys, &label_key, &meta_key,
                                      &level, &header, &fallback)) {
         return -1;
@@ -635,19 +634,17 @@ sink_init(PyObject *op, PyObject *args, PyObject *kwargs)
         PyErr_SetString(PyExc_ValueError, "level must be 0 (none), 1 (markers) or 2 (header)");
         return -1;
     }
-    if (!PyCallable_Check(frombuffer) || !PyCallable_Check(fallback) ||
-        (level == LEVEL_HEADER && !PyCallable_Check(header))) {
-        PyErr_SetString(PyExc_TypeError, "frombuffer, fallback and header must be callable");
+    if (!PyCallable_Check(fallback) || (level == LEVEL_HEADER && !PyCallable_Check(header))) {
+        PyErr_SetString(PyExc_TypeError, "fallback and header must be callable");
         return -1;
     }
     Py_XSETREF(self->keys, Py_NewRef(keys));
     Py_XSETREF(self->urls, Py_NewRef(urls));
     Py_XSETREF(self->labels, Py_NewRef(labels));
     Py_XSETREF(self->metas, Py_NewRef(metas));
-    Py_XSETREF(self->arrays, Py_NewRef(arrays));
+    Py_XSETREF(self->images, Py_NewRef(images));
     Py_XSETREF(self->spans, Py_NewRef(spans));
     Py_XSETREF(self->placed, Py_NewRef(placed));
-    Py_XSETREF(self->frombuffer, Py_NewRef(frombuffer));
     Py_XSETREF(self->image_keys, Py_NewRef(image_keys));
     Py_XSETREF(self->label_key, Py_NewRef(label_key));
     Py_XSETREF(self->meta_key, Py_NewRef(meta_key));
@@ -666,10 +663,9 @@ sink_traverse(PyObject *op, visitproc visit, void *arg)
     Py_VISIT(self->urls);
     Py_VISIT(self->labels);
     Py_VISIT(self->metas);
-    Py_VISIT(self->arrays);
+    Py_VISIT(self->images);
     Py_VISIT(self->spans);
     Py_VISIT(self->placed);
-    Py_VISIT(self->frombuffer);
     Py_VISIT(self->image_keys);
     Py_VISIT(self->label_key);
     Py_VISIT(self->meta_key);
@@ -686,10 +682,9 @@ sink_clear(PyObject *op)
     Py_CLEAR(self->urls);
     Py_CLEAR(self->labels);
     Py_CLEAR(self->metas);
-    Py_CLEAR(self->arrays);
+    Py_CLEAR(self->images);
     Py_CLEAR(self->spans);
     Py_CLEAR(self->placed);
-    Py_CLEAR(self->frombuffer);
     Py_CLEAR(self->image_keys);
     Py_CLEAR(self->label_key);
     Py_CLEAR(self->meta_key);
@@ -730,7 +725,7 @@ sink_call(PyObject *op, PyObject *args, PyObject *kwargs)
 }
 
 PyDoc_STRVAR(sink_doc,
-             "Sink(keys, urls, labels, metas, arrays, spans, placed, frombuffer, image_keys,\n"
+             "Sink(keys, urls, labels, metas, images, spans, placed, image_keys,\n"
              "     label_key, meta_key, level, header, fallback)\n"
              "--\n\n"
              "Iteration.take's sink for one batch: sink(view, url, record) adds a common\n"

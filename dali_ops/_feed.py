@@ -30,6 +30,8 @@ from collections import deque
 from dataclasses import dataclass
 from typing import Any, Literal
 
+import numpy as np
+
 from asyncstream import DecodeError
 
 from ._batch import EncodedBatch, Skipped
@@ -161,7 +163,11 @@ class Feeder:
         for batch in batches:
             bad = {}
             if batch.error is None:
-                bad = find_undecodable(batch.arrays, device=device, device_id=device_id)
+                bad = find_undecodable(
+                    [np.frombuffer(image, dtype=np.uint8) for image in batch.images],
+                    device=device,
+                    device_id=device_id,
+                )
             blamed = blamed or bool(bad)
             if bad and self.on_error == "raise":
                 i = min(bad)

@@ -131,13 +131,14 @@ def _batches(
             ended = builder.build(samples, batch)
             error = batch.error
             if buffer is not None:
-                assert not batch.arrays
+                assert not batch.images
                 data = buffer.data if batch.spans else None
                 images = [bytes(data[a:b]) for a, b in batch.spans] if data else []
                 assert len(images) == len(batch.keys)
                 buffer.free()
             else:
-                images = [a.tobytes() for a in batch.arrays]
+                images = list(batch.images)
+                assert all(type(image) is bytes for image in images)
             out.append(
                 {
                     "keys": batch.keys,

@@ -198,10 +198,10 @@ def test_workers_batches_stay_intact_while_held_and_buffers_are_reused(
                 batches += bool(batch.keys)
                 held.append(batch)
                 for old in held:  # every batch still held is as it was sent
-                    for url, key, array in zip(old.urls, old.keys, old.arrays, strict=True):
-                        assert array.tobytes() == expected[(url, key)]
+                    for url, key, image in zip(old.urls, old.keys, old.images, strict=True):
+                        assert bytes(image) == expected[(url, key)]
                 seen += len(batch)
-                largest = max(largest, sum(len(a) for a in batch.arrays))
+                largest = max(largest, sum(len(a) for a in batch.images))
                 for worker, (_, _, buffers) in feed.views._workers.items():
                     mapped |= {(worker, name) for name, _ in buffers.values()}
             held.clear()

@@ -4,7 +4,7 @@
 reference: every generated run of records (random member sets, in the view or owned;
 labels of digits, too many digits, blanks, signs, non-ASCII digits; images with and
 without their signature and end-of-image marker, truncated, empty; records spelled
-wrong) is handed to both, into the feed thread's arrays and into a worker's shared buffer
+wrong) is handed to both, into the feed thread's images and into a worker's shared buffer
 (buffers made tiny so that they grow), at every precheck level and both ``on_error``;
 both must return the same, raise the same, and leave the same batch: keys, URLs, labels,
 image bytes and spans, json members, skips, error and message. The number of examples is
@@ -200,8 +200,8 @@ def collect(batch: EncodedBatch, calls: list[Any]) -> dict[str, Any]:
         images = [bytes(data[a:b]) for a, b in batch.spans] if data is not None else []
         used = batch.placed.used
     else:
-        images = [a.tobytes() for a in batch.arrays]
-        assert all(a.dtype == np.uint8 and a.ndim == 1 for a in batch.arrays)
+        images = list(batch.images)
+        assert all(type(image) is bytes for image in batch.images)
         used = None
     error = batch.error
     return {
@@ -398,12 +398,11 @@ def test_the_native_markers_check_is_check_images(data: bytes) -> None:
 
 def sink(fallback: Callable[..., bool], placed: Any = None, **lists: list[Any]) -> Any:
     empty: dict[str, list[Any]] = {
-        k: [] for k in ("keys", "urls", "labels", "metas", "arrays", "spans")
+        k: [] for k in ("keys", "urls", "labels", "metas", "images", "spans")
     }
     return native().Sink(
         **{**empty, **lists},
         placed=placed,
-        frombuffer=partial(np.frombuffer, dtype=np.uint8),
         image_keys=("jpg", "png"),
         label_key="cls",
         meta_key="json",
@@ -418,13 +417,13 @@ def test_a_common_sample_never_reaches_the_python_sink() -> None:
     keys: list[str] = []
     labels: list[int] = []
     metas: list[bytes | None] = []
-    arrays: list[Any] = []
+    images: list[Any] = []
 
     def fallback(*args: Any) -> bool:
         handed.append(args)
         return True
 
-    add = sink(fallback, keys=keys, labels=labels, metas=metas, arrays=arrays)
+    add = sink(fallback, keys=keys, labels=labels, metas=metas, images=images)
     view = memoryview(b"x" + JPEG + b"042" + b'{"a": 1}')
     cls = (len(JPEG) + 1, len(JPEG) + 4)
     assert add(view, "u", ("k", 0, ("jpg", 1, 1 + len(JPEG), None), ("cls", *cls, None)))
@@ -433,8 +432,9 @@ def test_a_common_sample_never_reaches_the_python_sink() -> None:
     assert keys == ["k", "k2"]
     assert labels == [42, 7]
     assert metas == [None, b"{"]
-    assert arrays[0].tobytes() == JPEG
-    assert arrays[1].base is PNG  # an owned image is kept as it is, not copied
+    assert images[0] == JPEG
+    assert type(images[0]) is bytes
+    assert images[1] is PNG  # an owned image is kept as it is, not copied
     # anything else is handed over as it came
     odd = ("k3", 0, ("jpg", 1, 1 + len(JPEG), None), ("cls", 0, 0, b" 1"))
     assert add(view, "u", odd)
