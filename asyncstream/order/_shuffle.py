@@ -27,6 +27,10 @@ in place); with the shuffle off it slices the lane. :meth:`WindowShuffle.draw` s
 reference, in Python: ``ASYNCSTREAM_NATIVE=0`` in the environment (read once, at import)
 or :data:`NATIVE` set to ``False`` makes ``draw_many`` a loop of ``draw``; the tests drive
 both side by side.
+
+:meth:`WindowShuffle.snapshot` is :meth:`~WindowShuffle.state` without the copy of every
+lane's undrawn samples, made into the same dict later (:mod:`._journal`): for a loader that
+keeps the state before every batch.
 """
 
 from __future__ import annotations
