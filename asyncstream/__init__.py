@@ -42,6 +42,7 @@ if TYPE_CHECKING:
     from .stores._registry import configure_store, register_store
     from .stores._retry import RetryPolicy, Timeouts
     from .stores._s3 import S3Credentials, S3Options
+    from .stream._checkpoint import StateSnapshot
     from .stream._iteration import SampleViews
     from .stream._loader import ShardLoader
     from .stream._mapped import MappedStream, decode_image
@@ -86,6 +87,7 @@ __all__ = [
     "StaleShardWarning",
     "StallMeter",
     "StateError",
+    "StateSnapshot",
     "Timeouts",
     "TransientFetchError",
     "TruncatedShardWarning",
@@ -133,6 +135,7 @@ _LAZY = {
     "Source": "dataset._sources",
     "SampleViews": "stream._iteration",
     "StallMeter": "stream._stall",
+    "StateSnapshot": "stream._checkpoint",
     "ShardStream": "stream._stream",
     "Shard": "shards._urls",
     "expand_braces": "shards._urls",

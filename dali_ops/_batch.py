@@ -92,7 +92,9 @@ class EncodedBatch:
     """One batch for DALI, or, with ``error`` set, the batch that failed before it.
 
     Attributes:
-        state: where to resume to read this batch again (set by the producer).
+        state: where to resume to read this batch again (set by the producer): a
+            stream state dict, a DataLoader's, or a :class:`~asyncstream.StateSnapshot`
+            to make one (:meth:`._feed.Feeder.head_state` makes it).
         keys: each sample's key.
         urls: each sample's shard URL.
         images: each sample's encoded image: the ``bytes`` copied out of the ring for a
@@ -436,14 +438,16 @@ def read_batches(
         builder: makes the batches.
         drop_last: drop the pass's last batch when it is short (counted in ``dropped``).
         worker: recorded in each batch.
-        track: given ``stream.state_dict()`` before each batch and after the last, which
-            is then each batch's ``state``; ``None``: not taken (DataLoader workers,
+        track: given ``stream.state_snapshot()`` before each batch and after the last,
+            which is then each batch's ``state`` (a :class:`~asyncstream.StateSnapshot`:
+            its ``to_dict()`` is the stream's ``state_dict()`` then, made only for the
+            batch whose state is asked for); ``None``: not taken (DataLoader workers,
             whose DataLoader saves the stream's state itself).
         pool: a DataLoader worker's shared buffers: each batch's images are copied into
             one as they come, from the stream's views (``iter_views``: one copy in all),
             and a batch not handed over gives its buffer back.
     """
-    state = stream.state_dict() if track is not None else None
+    state = stream.state_snapshot() if track is not None else None
     if track is not None:
         track(state)
     samples = stream.iter_views()  # members copied as the batch takes them (build)
@@ -459,7 +463,7 @@ def read_batches(
                 batch.dropped = len(batch)
                 batch.remove(set(range(len(batch))))
             if track is not None and batch.error is None:
-                state = stream.state_dict()
+                state = stream.state_snapshot()
                 track(state)
             now = time.monotonic()
             if (ended and batch.error is None) or now - last_stats > STATS_INTERVAL:

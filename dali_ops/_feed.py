@@ -32,7 +32,7 @@ from typing import Any, Literal
 
 import numpy as np
 
-from asyncstream import DecodeError
+from asyncstream import DecodeError, StateSnapshot
 
 from ._batch import EncodedBatch, Skipped
 from ._checks import source_of
@@ -115,11 +115,14 @@ class Feeder:
         return self.refeed[0] if self.refeed else None
 
     def head_state(self) -> Any:
-        """Where to resume to read the head batch again (or the next one, if none is held)."""
+        """Where to resume to read the head batch again (or the next one, if none is held):
+        a state dict, the only one of the batches' snapshots made into its dict."""
         head = self.head()
         if head is not None:
-            return head.state
-        return None if self.feed is None else self.feed.next_state()
+            state = head.state
+        else:
+            state = None if self.feed is None else self.feed.next_state()
+        return state.to_dict() if isinstance(state, StateSnapshot) else state
 
     def __call__(self) -> Batch:
         batch = self.refeed.popleft() if self.refeed else self._take()

@@ -218,3 +218,27 @@ def test_every_precheck_level_builds_the_same_batches_both_ways(
     python = batches(folder, True, on_error, False, placed, precheck)
     assert native == python
     assert native == batches(folder, False, on_error, precheck=precheck)
+
+
+def test_the_state_tracked_before_every_batch_is_the_stream_s_state_then(folder: Path) -> None:
+    """``read_batches`` hands ``track`` a snapshot before every batch: made into its dict
+    after the pass (the stream gone on, then closed), it is the ``state_dict()`` of that
+    moment, and the one the state was made as before (the run's ``ReaderState``)."""
+    builder = BatchBuilder(
+        5, on_error="skip", precheck="markers", image_keys=("jpg", "jpeg", "png"), label_key="cls"
+    )
+    tracked: list[tuple[Any, dict[str, Any], dict[str, Any]]] = []
+    with ShardStream(str(folder), window=2, inflight=2, chunk_bytes=4 << 10, seed=3) as stream:
+
+        def track(snapshot: Any) -> None:
+            run = stream._run
+            old = stream.state_dict() if run is None else run.state().to_dict()
+            tracked.append((snapshot, stream.state_dict(), old))
+
+        built = list(_batch.read_batches(stream, builder, drop_last=False, track=track))
+    assert len(tracked) == len(built) + 1 > 3
+    for batch, (snapshot, _, _) in zip(built, tracked, strict=False):
+        assert batch.state is snapshot
+    for snapshot, state, old in tracked:
+        assert state == old
+        assert json.dumps(snapshot.to_dict()) == json.dumps(state) == json.dumps(old)

@@ -13,7 +13,16 @@ from typing import Any
 
 from .._exceptions import StateError
 
-__all__ = ["Blended", "LaneState", "Position", "corrupted", "int_field", "int_list"]
+__all__ = [
+    "Blended",
+    "LaneState",
+    "Position",
+    "corrupted",
+    "int_field",
+    "int_list",
+    "lane_dict",
+    "position_dict",
+]
 
 Blended = tuple[tuple[int, ...], tuple[int, ...]]  # a mixed stream's (drawn, credit) by source
 
@@ -63,14 +72,14 @@ class LaneState:
 
     def to_dict(self) -> dict[str, Any]:
         """Plain JSON data."""
-        return {
-            "piece": self.piece,
-            "chunk": self.chunk,
-            "reader_start": self.reader_start,
-            "returned_before": self.returned_before,
-            **({} if self.returned is None else {"returned": self.returned}),
-            "remaining": list(self.remaining),
-        }
+        return lane_dict(
+            self.piece,
+            self.chunk,
+            self.reader_start,
+            self.returned_before,
+            self.returned,
+            list(self.remaining),
+        )
 
     @classmethod
     def from_dict(cls, data: Any) -> LaneState:
@@ -108,16 +117,8 @@ class Position:
 
     def to_dict(self) -> dict[str, Any]:
         """Plain JSON data."""
-        out: dict[str, Any] = {
-            "draws": self.draws,
-            "next_piece": self.next_piece,
-            "emitted": self.emitted,
-            "lanes": [lane.to_dict() for lane in self.lanes],
-        }
-        if self.blend is not None:
-            drawn, credit = self.blend
-            out["sources"] = {"drawn": list(drawn), "credit": list(credit)}
-        return out
+        lanes = [lane.to_dict() for lane in self.lanes]
+        return position_dict(self.draws, self.next_piece, self.emitted, lanes, self.blend)
 
     @classmethod
     def from_dict(cls, data: Any, window: int, sources: int = 0) -> Position:
@@ -139,6 +140,43 @@ class Position:
         if position.blend is not None and sum(position.blend[0]) != position.draws:
             raise corrupted("the samples drawn from each source do not add up to the draws")
         return position
+
+
+def lane_dict(
+    piece: int,
+    chunk: int,
+    reader_start: int,
+    returned_before: int,
+    returned: int | None,
+    remaining: list[int],
+) -> dict[str, Any]:
+    """A lane as plain JSON data (:meth:`LaneState.to_dict`'s layout), holding
+    ``remaining`` itself: the one place the layout is written."""
+    return {
+        "piece": piece,
+        "chunk": chunk,
+        "reader_start": reader_start,
+        "returned_before": returned_before,
+        **({} if returned is None else {"returned": returned}),
+        "remaining": remaining,
+    }
+
+
+def position_dict(
+    draws: int, next_piece: int, emitted: int, lanes: list[dict[str, Any]], blend: Blended | None
+) -> dict[str, Any]:
+    """A position as plain JSON data (:meth:`Position.to_dict`'s layout), holding ``lanes``
+    (each a :func:`lane_dict`) itself: the one place the layout is written."""
+    out: dict[str, Any] = {
+        "draws": draws,
+        "next_piece": next_piece,
+        "emitted": emitted,
+        "lanes": lanes,
+    }
+    if blend is not None:
+        drawn, credit = blend
+        out["sources"] = {"drawn": list(drawn), "credit": list(credit)}
+    return out
 
 
 def _blend_from(data: Any, sources: int) -> Blended | None:

@@ -27,6 +27,10 @@ in place); with the shuffle off it slices the lane. :meth:`WindowShuffle.draw` s
 reference, in Python: ``ASYNCSTREAM_NATIVE=0`` in the environment (read once, at import)
 or :data:`NATIVE` set to ``False`` makes ``draw_many`` a loop of ``draw``; the tests drive
 both side by side.
+
+:meth:`WindowShuffle.snapshot` is :meth:`~WindowShuffle.state` without the copy of every
+lane's undrawn samples, made into the same dict later (:mod:`._journal`): for a loader that
+keeps the state before every batch.
 """
 
 from __future__ import annotations
@@ -38,6 +42,8 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Generic, Literal, TypeVar
 
 import numpy as np
+
+from ._journal import Base, Journal, ShuffleSnapshot
 
 if TYPE_CHECKING:
     from ._mix import Blend
@@ -206,6 +212,7 @@ class WindowShuffle(Generic[T]):
         self._items = 0  # len(lane.items) summed over the lanes
         self._random: list[int] = []  # _splitmix(key + n) for n from _random_from on
         self._random_from = 0
+        self._journal: Journal | None = None  # since the last snapshot's base (snapshot())
 
     def _group(self, piece: int) -> int:
         return 0 if self.groups is None else self.groups[piece]
@@ -234,6 +241,9 @@ class WindowShuffle(Generic[T]):
         self.next_piece += 1
         if not items:
             self._empty.append(lane)
+        if self._journal is not None:
+            self._journal.open(lane.piece, items)
+            self._noted(self._journal)
         return lane
 
     def refill(self, lane: int, items: list[T]) -> None:
@@ -241,12 +251,18 @@ class WindowShuffle(Generic[T]):
         self._items += len(items) - len(self.lanes[lane].items)
         self.lanes[lane].items = items
         self.lanes[lane].cursor = 0
+        if self._journal is not None:
+            self._journal.refill(lane, items)
+            self._noted(self._journal)
 
     def close(self, lane: int) -> Lane[T]:
         """Remove an empty lane whose shard is done."""
         self._open[self._lane_groups.pop(lane)] -= 1
         closed = self.lanes.pop(lane)
         self._items -= len(closed.items)
+        if self._journal is not None:
+            self._journal.close(lane)
+            self._noted(self._journal)
         return closed
 
     def draw(self) -> tuple[int, T]:
@@ -260,6 +276,9 @@ class WindowShuffle(Generic[T]):
             self.draws += 1
             if lane.cursor == len(lane.items):
                 self._empty.append(lane)
+            if self._journal is not None:
+                self._journal.draw(0)
+                self._noted(self._journal)
             return 0, item
         n = 2 * self.draws
         at = n - self._random_from
@@ -290,6 +309,9 @@ class WindowShuffle(Generic[T]):
         self._items -= 1
         if not items:
             self._empty.append(lanes[index])
+        if self._journal is not None:
+            self._journal.draw(index)
+            self._noted(self._journal)
         return index, item
 
     def draw_many(self, n: int) -> tuple[list[int], list[T]]:
@@ -315,7 +337,11 @@ class WindowShuffle(Generic[T]):
                 blend.drawn[lane.group] += len(samples)
             if lane.cursor == len(lane.items):
                 self._empty.append(lane)
-            return [0] * len(samples), samples
+            firsts = [0] * len(samples)
+            if self._journal is not None:
+                self._journal.draws(firsts)
+                self._noted(self._journal)
+            return firsts, samples
         lists = [lane.items for lane in lanes]
         if blend is None:
             indices, samples = _NATIVE_DRAW(lists, self.key, self.draws, n, self.mode == "shards")
@@ -338,6 +364,9 @@ class WindowShuffle(Generic[T]):
         self._items -= len(indices)
         if indices and not lanes[indices[-1]].items:
             self._empty.append(lanes[indices[-1]])
+        if self._journal is not None:
+            self._journal.draws(indices)
+            self._noted(self._journal)
         return indices, samples
 
     def _draw_each(self, n: int) -> tuple[list[int], list[T]]:
@@ -356,6 +385,8 @@ class WindowShuffle(Generic[T]):
         included, is then exactly as before them."""
         if len(indices) != len(samples):
             raise ValueError("undraw needs one sample per lane index")
+        if self._journal is not None and not self._journal.undraw(len(indices)):
+            self._journal = None  # the next snapshot starts a new base
         blend = self.blend
         if not self.shuffle:
             lane = self.lanes[0]
@@ -407,6 +438,29 @@ class WindowShuffle(Generic[T]):
             ],
         }
 
+    def snapshot(self) -> ShuffleSnapshot:
+        """The state now, as :meth:`state` gives it, without copying the lanes' samples:
+        its ``state()`` makes that dict on demand, in any thread, and never changes as the
+        shuffle goes on (:mod:`._journal`). The first snapshot copies the lanes once, as a
+        base; the shuffle then notes each draw and each lane opened, refilled or closed,
+        until the journal is long enough that a new base is cheaper."""
+        journal = self._journal
+        if journal is None:
+            base = Base(
+                self.draws,
+                tuple(
+                    (lane.piece, tuple(lane.items[lane.cursor :] if lane.cursor else lane.items))
+                    for lane in self.lanes
+                ),
+            )
+            journal = self._journal = Journal(base)
+        return journal.snapshot(self.key, self.shuffle, self.draws, self.next_piece)
+
+    def _noted(self, journal: Journal) -> None:
+        """Drop a journal past its limit (the snapshots on it keep theirs)."""
+        if journal.full:
+            self._journal = None
+
     def reset(
         self, state: Mapping[str, Any] | None = None, meta: Sequence[dict[str, Any]] = ()
     ) -> None:
@@ -429,6 +483,7 @@ class WindowShuffle(Generic[T]):
         if any(not 0 <= lane["piece"] < next_piece for lane in lanes):
             raise ValueError("a lane's piece is not among the pieces opened")
         self.draws, self.next_piece = draws, next_piece
+        self._journal = None
         self.lanes = [
             Lane(
                 lane["piece"],

@@ -20,12 +20,14 @@ in the shuffle's lane order; ``position.sources`` is the blend's.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import functools
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
 from .._exceptions import StateError
 from ..order._plan import Topology
+from ..order._position import Blended, lane_dict, position_dict
 from ._state import (
     STATE_VERSION,
     Identity,
@@ -41,7 +43,7 @@ from ._state import (
 if TYPE_CHECKING:
     from ._settings import StreamSettings
 
-__all__ = ["Checkpoint", "StageStates"]
+__all__ = ["Checkpoint", "StageStates", "StateSnapshot"]
 
 
 @dataclass(frozen=True)
@@ -69,9 +71,14 @@ class Checkpoint:
         self.settings = settings
         self.topology = topology
 
+    @functools.cached_property
+    def identity(self) -> Identity:
+        """The identity of the settings (they never change)."""
+        return Identity.of(self.settings)
+
     @staticmethod
-    def position(stages: StageStates) -> Position:
-        """Where the reader is, from its stages' states.
+    def _lanes(stages: StageStates) -> Iterator[tuple[Mapping[str, Any], Mapping[str, Any]]]:
+        """Each saved lane's shuffle lane and chunk reader lane, in the shuffle's order.
 
         Raises:
             StateError: stages that disagree (a lane the chunk reader does not hold).
@@ -83,51 +90,92 @@ class Checkpoint:
                 f"({stages.plan['next_piece']} and {shuffle['next_piece']})"
             )
         readers = {lane["piece"]: lane for lane in stages.reader["lanes"]}
-        lanes = []
         for lane in shuffle["lanes"]:
             if lane["piece"] not in readers:
                 raise StateError(f"the chunk reader holds no lane of piece {lane['piece']}")
-            reader = readers[lane["piece"]]
-            lanes.append(
-                LaneState(
-                    piece=lane["piece"],
-                    chunk=reader["chunk"],
-                    reader_start=reader["reader_start"],
-                    returned_before=reader["returned_before"],
-                    returned=reader.get("returned"),
-                    remaining=tuple(lane["remaining"]),
-                )
-            )
+            yield lane, readers[lane["piece"]]
+
+    @staticmethod
+    def _blend(stages: StageStates) -> Blended | None:
         blend = stages.blend
+        return None if blend is None else (tuple(blend["drawn"]), tuple(blend["credit"]))
+
+    @classmethod
+    def position(cls, stages: StageStates) -> Position:
+        """Where the reader is, from its stages' states.
+
+        Raises:
+            StateError: stages that disagree (a lane the chunk reader does not hold).
+        """
+        lanes = tuple(
+            LaneState(
+                piece=lane["piece"],
+                chunk=reader["chunk"],
+                reader_start=reader["reader_start"],
+                returned_before=reader["returned_before"],
+                returned=reader.get("returned"),
+                remaining=tuple(lane["remaining"]),
+            )
+            for lane, reader in cls._lanes(stages)
+        )
+        shuffle = stages.shuffle
         return Position(
             draws=shuffle["draws"],
             next_piece=shuffle["next_piece"],
             emitted=stages.emit["emitted"],
-            lanes=tuple(lanes),
-            blend=None if blend is None else (tuple(blend["drawn"]), tuple(blend["credit"])),
+            lanes=lanes,
+            blend=cls._blend(stages),
         )
 
-    def build(self, stages: StageStates) -> ReaderState:
-        """The reader's state, from its stages' states."""
+    def build(self, stages: StageStates, position: Position | None = None) -> ReaderState:
+        """The reader's state, from its stages' states (at ``position``, if given, instead
+        of the stages')."""
         plan = stages.plan
         n_shards = len(self.settings.shards)
         return ReaderState(
-            Identity.of(self.settings),
+            self.identity,
             plan["epoch"],
             self.topology,
             plan["lineage"],
             tuple(segment_from_json(s, n_shards) for s in plan["assignment"]),
-            self.position(stages),
+            self.position(stages) if position is None else position,
         )
 
     def save(self, stages: StageStates) -> dict[str, Any]:
-        """The reader's state as plain JSON data: ``state_dict()``'s layout."""
-        return self.build(stages).to_dict()
+        """The reader's state as plain JSON data: ``state_dict()``'s layout, equal to
+        ``build(stages).to_dict()``.
+
+        The shuffle's lists of undrawn samples become the state's own, uncopied (a list
+        of tens of thousands of samples costs more to copy than the rest of the state):
+        give stage states made for this call, as :meth:`~._run.EpochRun.stages` and a
+        shuffle snapshot's ``state()`` make them, and keep no other reference to them.
+        """
+        out = self.build(stages, Position()).to_dict()  # "position" last: replaced below
+        lanes = [
+            lane_dict(
+                lane["piece"],
+                reader["chunk"],
+                reader["reader_start"],
+                reader["returned_before"],
+                reader.get("returned"),
+                _owned_list(lane["remaining"]),
+            )
+            for lane, reader in self._lanes(stages)
+        ]
+        shuffle = stages.shuffle
+        out["position"] = position_dict(
+            shuffle["draws"],
+            shuffle["next_piece"],
+            stages.emit["emitted"],
+            lanes,
+            self._blend(stages),
+        )
+        return out
 
     def at(self, start: Start) -> dict[str, Any]:
         """The state of a reader that has not begun: at ``start``, plain JSON data."""
         return ReaderState(
-            Identity.of(self.settings),
+            self.identity,
             start.epoch,
             self.topology,
             start.lineage,
@@ -221,6 +269,40 @@ class Checkpoint:
         if position.blend is not None:
             blend = {"drawn": list(position.blend[0]), "credit": list(position.blend[1])}
         return StageStates(plan, reader, shuffle, blend, {"emitted": position.emitted})
+
+
+class StateSnapshot:
+    """A reader's state as it was when taken, made into ``state_dict()``'s dict only when
+    asked (:meth:`to_dict`): taken before every batch by a loader that hands out the state
+    of one batch now and then, it costs a few microseconds where the dict would copy every
+    open lane's undrawn samples (see :meth:`~asyncstream.ShardStream.state_snapshot`).
+
+    It never changes as the stream goes on, and :meth:`to_dict` may be called in any
+    thread, any number of times.
+
+    Args:
+        topology: the reader's, for the repr.
+        make: makes the dict, anew each call, from what never changes.
+    """
+
+    __slots__ = ("_make", "_topology")
+
+    def __init__(self, topology: Topology, make: Callable[[], dict[str, Any]]) -> None:
+        self._topology = topology
+        self._make = make
+
+    def to_dict(self) -> dict[str, Any]:
+        """The state as ``state_dict()`` returned it when the snapshot was taken: equal
+        value for value, a new dict (and new lists) each call."""
+        return self._make()
+
+    def __repr__(self) -> str:
+        return f"<StateSnapshot of reader {self._topology}>"
+
+
+def _owned_list(remaining: Any) -> list[Any]:
+    """``remaining`` itself where it is a list (the caller gave it away), else a list."""
+    return remaining if type(remaining) is list else list(remaining)
 
 
 def _found(data: Any) -> list[dict[str, Any]]:

@@ -42,7 +42,7 @@ from ..order._mix import Blend
 from ..order._plan import Piece, Topology
 from ..order._shuffle import Lane, Need, WindowShuffle, mix_key
 from ..shards._tarfast import native_deliver
-from ._checkpoint import Checkpoint, StageStates
+from ._checkpoint import Checkpoint, StageStates, StateSnapshot
 from ._emit import Emit
 from ._lanes import ChunkReader, Item, LaneReader
 from ._plansource import PlanSource
@@ -445,6 +445,32 @@ class EpochRun(Iterator[dict[str, Any]]):
         if self._restore_pending is not None:
             return self.checkpoint.build(Checkpoint.split(self.start, self._restore_pending))
         return self.checkpoint.build(self.stages())
+
+    def save(self) -> dict[str, Any]:
+        """:meth:`state` as plain JSON data (``state_dict()``), each lane's undrawn
+        samples copied once."""
+        if self._restore_pending is not None:
+            return self.checkpoint.save(Checkpoint.split(self.start, self._restore_pending))
+        return self.checkpoint.save(self.stages())
+
+    def snapshot(self) -> StateSnapshot:
+        """:meth:`save` to be made later: the small stages' states taken now, the
+        shuffle's as a snapshot (:meth:`WindowShuffle.snapshot`), nothing copied that
+        the run changes afterwards."""
+        checkpoint = self.checkpoint
+        start, pending = self.start, self._restore_pending
+        if pending is not None:
+            return StateSnapshot(
+                self.topology, lambda: checkpoint.save(Checkpoint.split(start, pending))
+            )
+        self._settle()
+        plan, reader, emit = self.plan.state(), self.reader.state(), self.emit.state()
+        blend = self.blend.state() if self.blend is not None else None
+        shuffle = self.shuffle.snapshot()
+        return StateSnapshot(
+            self.topology,
+            lambda: checkpoint.save(StageStates(plan, reader, shuffle.state(), blend, emit)),
+        )
 
     def reset(self, position: Position) -> None:
         """Give each stage its part of a saved position: the lanes reopen, each with its

@@ -22,14 +22,14 @@ from ..engine._engine import Engine
 from ..engine._ring import check_node_room, local_ranks
 from ..order._plan import Topology, reader_samples
 from ..stores._s3 import S3Options
-from ._checkpoint import Checkpoint
+from ._checkpoint import Checkpoint, StateSnapshot
 from ._epochs import Pending
 from ._iteration import Iteration, SampleViews
 from ._mapped import MappedStream
 from ._open import open_settings, start_engine_process
 from ._run import EpochRun, worker_topology
 from ._stall import new_meter
-from ._state import fresh, resume
+from ._state import Start, fresh, resume
 from ._workers import LOCAL, Refused, SharedEpoch
 
 __all__ = ["ShardStream"]
@@ -400,7 +400,29 @@ class ShardStream(IterableDataset[dict[str, Any]]):
         """
         self._check_open()
         if self._run is not None:
-            return self._run.state().to_dict()
+            return self._run.save()
+        checkpoint, start = self._idle_start()
+        return checkpoint.at(start)
+
+    def state_snapshot(self) -> StateSnapshot:
+        """:meth:`state_dict` now, made into its dict later (``snapshot.to_dict()``), for
+        a consumer that keeps the position before every batch and hands out one now and
+        then: taking it copies nothing that grows with the window (``state_dict()`` copies
+        every open shard's undrawn samples), and the dict it makes is equal, value for
+        value, to what :meth:`state_dict` returned at the time. The snapshot never
+        changes as the stream goes on, and ``to_dict()`` may be called in any thread.
+
+        Raises:
+            StateError: as :meth:`state_dict`.
+        """
+        self._check_open()
+        if self._run is not None:
+            return self._run.snapshot()
+        checkpoint, start = self._idle_start()
+        return StateSnapshot(checkpoint.topology, lambda: checkpoint.at(start))
+
+    def _idle_start(self) -> tuple[Checkpoint, Start]:
+        """Where the next run starts, with no run going, and its reader's checkpoint."""
         if self._shared.owned and self._shared.worker_iterations:
             raise StateError(_PLAIN_DATALOADER)
         topology = worker_topology(self._rank, self._world_size)
@@ -409,7 +431,7 @@ class ShardStream(IterableDataset[dict[str, Any]]):
             start = resume(states, self._settings, topology)
         else:
             start = fresh(self._settings, self.epoch, topology)
-        return Checkpoint(self._settings, topology).at(start)
+        return Checkpoint(self._settings, topology), start
 
     def load_state_dict(self, state: Any) -> None:
         """Resume from saved state; the next iteration continues where it was.
