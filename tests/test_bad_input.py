@@ -41,6 +41,7 @@ truncated JPEG under both policies, on local shards (tests/test_dali.py).
 from __future__ import annotations
 
 import contextlib
+import gc
 import gzip
 import io
 import itertools
@@ -53,6 +54,7 @@ from typing import Any
 
 import numpy as np
 import pytest
+from _procs import segments
 from PIL import Image
 
 from asyncstream import (
@@ -441,8 +443,10 @@ def bucket(client: Any) -> str:
 
 
 def our_segments() -> set[str]:
-    prefix = f"asyncstream-{os.getpid()}-"
-    return {n for n in os.listdir("/dev/shm") if n.startswith(prefix)}
+    """The rings this process made that this process still holds (or named in /dev/shm);
+    its engine process lets go of its own as it exits."""
+    gc.collect()
+    return segments((f"asyncstream-{os.getpid()}-",), {os.getpid()})
 
 
 # --------------------------------------------------------------------------- the stream
