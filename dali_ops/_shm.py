@@ -102,7 +102,11 @@ def _attach(handle: Handle) -> npt.NDArray[np.uint8]:
             now holds another file.
     """
     pid, fd, inode, nbytes = (int(x) for x in handle)
-    opened = os.open(f"/proc/{pid}/fd/{fd}", os.O_RDWR | os.O_CLOEXEC)
+    path = f"/proc/{pid}/fd/{fd}"
+    target = os.readlink(path)  # a worker's buffer, or nothing is opened
+    if not target.startswith((f"/memfd:{_TAG}-{pid}-", f"/dev/shm/{_TAG}-{pid}-")):
+        raise FileNotFoundError(f"no batch buffer of process {pid} at descriptor {fd}")
+    opened = os.open(path, os.O_RDWR | os.O_CLOEXEC)
     try:
         st = os.fstat(opened)
         if st.st_ino != inode or st.st_size < nbytes:

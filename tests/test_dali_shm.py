@@ -280,3 +280,21 @@ def test_a_batch_whose_buffer_is_gone_is_a_clear_error_in_its_turn() -> None:
     assert "worker 3" in str(batch.error)
     assert "gone" in str(batch.error)
     assert feed.get() is None  # nothing after it
+
+
+def test_a_wire_naming_anything_but_a_worker_s_buffer_is_refused(tmp_path: Path) -> None:
+    """The training process opens a worker's descriptor through /proc: only a batch buffer
+    of that very process, with the inode the wire names, is mapped."""
+    secret = tmp_path / "secret"
+    secret.write_bytes(b"s" * 4096)
+    views = BufferViews()
+    with secret.open("r+b") as f:
+        st = os.fstat(f.fileno())
+        other = (os.getpid(), f.fileno(), st.st_ino, 4096)
+        with pytest.raises(FileNotFoundError, match="no batch buffer"):
+            views.open({"slot": 0, "handle": other, "flags": other}, worker=0)
+    pool = BufferPool()
+    sent = wire(pool, b"x" * 10)
+    pid, fd, inode, size = sent["handle"]
+    with pytest.raises(FileNotFoundError, match="gone"):  # another buffer's inode
+        views.open({**sent, "handle": (pid, fd, inode + 1, size)}, worker=1)

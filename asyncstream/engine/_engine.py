@@ -166,7 +166,11 @@ class Engine:
                 name="asyncstream-engine",
                 daemon=True,
             )
-            self._thread.start()
+            try:
+                self._thread.start()
+            except BaseException:
+                os.close(ring_fd)
+                raise
         # Not waiting for "started" lets the engine boot while the caller sets up; a
         # broken set-up still fails at the first wait, before any data.
 
