@@ -20,14 +20,16 @@ Segments and cleanup. A buffer is a segment with no name (``asyncstream.engine._
 a memfd where the kernel has them), so a container's small /dev/shm does not bind: a
 worker's buffers take memory, not /dev/shm. The worker keeps each buffer's descriptor open
 while the buffer is in its pool, and the wire names it by ``(pid, fd, inode, size)``; the
-training process, the worker's parent, opens it once through ``/proc/PID/fd/FD`` (checking
-the inode, so a descriptor number reused for another file is refused), maps it and closes
-its descriptor. Nothing is ever left behind: a segment's memory goes with the last
-descriptor and mapping of it, whichever process dies, a killed one included. A batch that
-finds no buffer free (more in flight than the pool holds) is sent in the wire itself,
-pickled: rare, and nothing to reach later. Not torch's ``file_system`` storages: their
-manager client (``libshm``) allocates through whichever manager it met first, a dead
-worker's included, and hangs there.
+training process opens it once through ``/proc/PID/fd/FD`` (the kernel lets a process of
+the same user do so: a ptrace read check, which Yama's ``ptrace_scope`` leaves alone; only
+a batch buffer of that process with the inode named is opened, so a descriptor number
+reused for another file is refused), maps it and closes its descriptor. Nothing is ever
+left behind: a segment's memory goes with the last descriptor and mapping of it,
+whichever process dies, a killed one included. A batch that finds no buffer free (more in
+flight than the pool holds) is sent in the wire itself, pickled: rare, and nothing to
+reach later. Not torch's ``file_system`` storages: their manager client (``libshm``)
+allocates through whichever manager it met first, a dead worker's included, and hangs
+there.
 """
 
 from __future__ import annotations
@@ -232,8 +234,8 @@ class BufferViews:
     """The training process's side: each worker's buffers, mapped once and kept (those of
     a worker that was replaced, as DataLoader workers are at a restart, are let go).
 
-    The workers are this process's children (forked or spawned): it opens their buffers
-    through ``/proc/PID/fd``, which the kernel allows a parent.
+    It opens the workers' buffers through ``/proc/PID/fd`` (see the module), forked or
+    spawned workers alike.
     """
 
     def __init__(self) -> None:
