@@ -110,7 +110,7 @@ def test_rings_too_large_for_memory_leave_no_engine_process(
 ) -> None:
     # Refused after the open, by the check of the node's rings: the process goes too.
     monkeypatch.setenv("LOCAL_WORLD_SIZE", str(10**12))
-    with pytest.raises(ValueError, match=r"this node's rings .* needs \d+ MiB of memory"):
+    with pytest.raises(ValueError, match=r"this node's rings .* \d+ MiB of memory needed"):
         ShardStream(shards)
     (launch,) = launched
     assert not alive(launch.pid)

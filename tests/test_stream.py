@@ -624,7 +624,7 @@ def test_a_ring_that_cannot_fit_memory_is_refused_at_construction(tmp_path: Path
     with shard.open("wb") as f:  # sparse: no disk used, nothing is read at construction
         f.truncate(free + (1 << 30))
     with pytest.raises(
-        ValueError, match=r"rings .* needs \d+ MiB of memory .* at least \d+ MiB more memory"
+        ValueError, match=r"rings .* \d+ MiB of memory needed, .* at least \d+ MiB more memory"
     ):
         ShardStream(str(shard), samples_per_shard=1, chunk_bytes=free + (1 << 30))
 

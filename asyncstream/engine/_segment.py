@@ -152,7 +152,7 @@ def check(nbytes: int, what: str, hint: str) -> None:
 
     Args:
         nbytes: the bytes asked for.
-        what: what needs them, for the message ("a ring of 300 MiB").
+        what: what asks for them, for the message ("a ring of 300 MiB").
         hint: how to ask for less.
 
     Raises:
@@ -166,12 +166,12 @@ def check(nbytes: int, what: str, hint: str) -> None:
     if found.where == "/dev/shm":
         size = -(-(_shm_size() - found.free + nbytes) // _MiB)
         raise ValueError(
-            f"{what} needs {need} MiB and /dev/shm has {free} MiB free: {hint}, or enlarge "
-            f"/dev/shm to at least {size} MiB (docker run --shm-size={size}m, or a "
+            f"{what}: {need} MiB needed in /dev/shm, {free} MiB free there: {hint}, or "
+            f"enlarge /dev/shm to at least {size} MiB (docker run --shm-size={size}m, or a "
             "Kubernetes emptyDir with medium: Memory and sizeLimit)"
         )
     more = need - free
     raise ValueError(
-        f"{what} needs {need} MiB of memory and {found.limit} leaves {free} MiB: {hint}, "
+        f"{what}: {need} MiB of memory needed, {free} MiB left ({found.limit}): {hint}, "
         f"or give this machine or container at least {more} MiB more memory"
     )
