@@ -124,8 +124,8 @@ class DALIImageLoader:
             share of the time over the last 200 batches (``None``: never).
 
     Raises:
-        ValueError: a bad argument, naming it; with workers, rings that /dev/shm cannot
-            hold (the message gives the node's total).
+        ValueError: a bad argument, naming it; with workers, rings that the node's
+            memory cannot hold (the message gives the node's total).
     """
 
     def __init__(
@@ -203,7 +203,7 @@ class DALIImageLoader:
         self._last: EncodedBatch | None = None
         self._closed = False
         if workers:
-            stream.node_ring_bytes(workers)  # refuses up front what /dev/shm cannot hold
+            stream.node_ring_bytes(workers)  # refuses up front what memory cannot hold
 
     def __repr__(self) -> str:
         return (

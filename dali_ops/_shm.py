@@ -16,29 +16,32 @@ batch is a fresh segment whose every page faults in twice (written by the worker
 DALI). Measured on 2 cores (``bench.feed``'s tiny images, one worker, no DALI): the
 handshake alone held the training process 10 us an image.
 
-Names and cleanup. A buffer is a POSIX shared-memory segment named as the stream's rings
-are (``asyncstream-batch-<pid>-<hex>``) and registered with multiprocessing's resource
-tracker, which DataLoader workers share with the training process. The training process
-unlinks each name as soon as it has mapped the buffer (the memory lives on while either
-side maps it); a worker unlinks at its exit the names it made that nobody mapped; the
-tracker unlinks whatever is left once every process is gone, a killed one included. Not
-torch's ``file_system`` storages: their manager client (``libshm``) allocates through
-whichever manager it met first, a dead worker's included, and hangs there.
+Segments and cleanup. A buffer is a segment with no name (``asyncstream.engine._segment``:
+a memfd where the kernel has them), so a container's small /dev/shm does not bind: a
+worker's buffers take memory, not /dev/shm. The worker keeps each buffer's descriptor open
+while the buffer is in its pool, and the wire names it by ``(pid, fd, inode, size)``; the
+training process opens it once through ``/proc/PID/fd/FD`` (the kernel lets a process of
+the same user do so: a ptrace read check, which Yama's ``ptrace_scope`` leaves alone; only
+a batch buffer of that process with the inode named is opened, so a descriptor number
+reused for another file is refused), maps it and closes its descriptor. Nothing is ever
+left behind: a segment's memory goes with the last descriptor and mapping of it,
+whichever process dies, a killed one included. A batch that finds no buffer free (more in
+flight than the pool holds) is sent in the wire itself, pickled: rare, and nothing to
+reach later. Not torch's ``file_system`` storages: their manager client (``libshm``)
+allocates through whichever manager it met first, a dead worker's included, and hangs
+there.
 """
 
 from __future__ import annotations
 
-import _posixshmem  # type: ignore[import-not-found]  # what SharedMemory uses
-import contextlib
 import mmap
 import os
-import secrets
-from multiprocessing import resource_tracker, util
-from multiprocessing.shared_memory import SharedMemory
 from typing import Any
 
 import numpy as np
 import numpy.typing as npt
+
+from asyncstream.engine._segment import check, create
 
 __all__ = ["BatchBuffer", "BufferPool", "BufferViews", "Handle"]
 
@@ -48,53 +51,75 @@ this) gets a buffer of its own, not reused."""
 
 _GRAIN = 1 << 20  # buffers grow in whole MiB, with a quarter more than asked
 
-Handle = tuple[str, int]
-"""A buffer's name in shared memory and its size in bytes."""
+Handle = tuple[int, int, int, int]
+"""A worker's buffer: the worker's pid, the buffer's descriptor there, its inode and its
+size in bytes."""
 
-_TAG = "asyncstream-batch"  # segment names: <tag>-<pid>-<hex>, as the ring's (leak checks)
+_TAG = "asyncstream-batch"  # segment labels: <tag>-<pid>-<hex>, as the ring's (leak checks)
 
 
 class _Segment:
-    """A worker's buffer: its name, size and bytes (mapped by hand: see :func:`_map`)."""
+    """A worker's buffer: its descriptor (kept open for the training process to open),
+    its handle and its bytes."""
 
-    __slots__ = ("array", "name", "size")
+    __slots__ = ("array", "fd", "handle", "size")
 
     def __init__(self, nbytes: int) -> None:
-        while True:
-            name = f"{_TAG}-{os.getpid()}-{secrets.token_hex(4)}"
-            with contextlib.suppress(FileExistsError):
-                # Made (and registered with the resource tracker) by SharedMemory, then
-                # closed at once and mapped again by hand.
-                SharedMemory(name=name, create=True, size=nbytes).close()
-                break
-        self.name, self.size = name, nbytes
-        self.array = _map(name, nbytes)
+        check(
+            nbytes,
+            f"a DataLoader worker's batch buffer of {nbytes >> 20} MiB",
+            "use smaller batches",
+        )
+        self.fd = create(_TAG, nbytes)
+        try:
+            mapping = mmap.mmap(self.fd, nbytes)
+        except BaseException:
+            os.close(self.fd)
+            raise
+        self.size = nbytes
+        self.handle: Handle = (os.getpid(), self.fd, os.fstat(self.fd).st_ino, nbytes)
+        self.array = np.frombuffer(mapping, dtype=np.uint8)
+
+    def __del__(self) -> None:
+        fd, self.fd = getattr(self, "fd", -1), -1
+        if fd >= 0:
+            os.close(fd)  # the mapping lives on while arrays over it do
 
 
-def _map(name: str, nbytes: int) -> npt.NDArray[np.uint8]:
-    """A segment's bytes, mapped by hand rather than with ``SharedMemory``, whose
-    ``close`` (and so its ``__del__``) refuses while views of it are alive: this mapping
-    lives until the last array over it is dropped."""
-    fd = _posixshmem.shm_open("/" + name, os.O_RDWR, mode=0o600)
-    try:
-        mapping = mmap.mmap(fd, nbytes)
-    finally:
-        os.close(fd)
-    return np.frombuffer(mapping, dtype=np.uint8)
+class _Private:
+    """A batch's own buffer when the pool has none free: plain memory, sent pickled."""
+
+    __slots__ = ("array", "size")
+
+    def __init__(self, nbytes: int) -> None:
+        self.size = nbytes
+        self.array = np.empty(nbytes, dtype=np.uint8)
 
 
 def _attach(handle: Handle) -> npt.NDArray[np.uint8]:
-    """Map a worker's segment here and unlink its name: the memory lives on while either
-    side maps it, and no name is left behind."""
-    array = _map(*handle)
-    _unlink(handle[0])
-    return array
+    """Map a worker's buffer here, through its descriptor in the worker.
 
-
-def _unlink(name: str) -> None:
-    with contextlib.suppress(FileNotFoundError):
-        _posixshmem.shm_unlink("/" + name)
-        resource_tracker.unregister("/" + name, "shared_memory")
+    Raises:
+        OSError: the buffer is gone (the worker exited or let go of it), or the descriptor
+            now holds another file.
+    """
+    pid, fd, inode, nbytes = (int(x) for x in handle)
+    path = f"/proc/{pid}/fd/{fd}"
+    target = os.readlink(path)  # a worker's buffer, or nothing is opened
+    if not target.startswith((f"/memfd:{_TAG}-{pid}-", f"/dev/shm/{_TAG}-{pid}-")):
+        raise FileNotFoundError(f"no batch buffer of process {pid} at descriptor {fd}")
+    opened = os.open(path, os.O_RDWR | os.O_CLOEXEC)
+    try:
+        st = os.fstat(opened)
+        if st.st_ino != inode or st.st_size < nbytes:
+            raise FileNotFoundError(
+                f"the batch buffer of process {pid} is gone (its descriptor {fd} holds "
+                "another file now)"
+            )
+        mapping = mmap.mmap(opened, nbytes)
+    finally:
+        os.close(opened)
+    return np.frombuffer(mapping, dtype=np.uint8)
 
 
 class BufferPool:
@@ -104,17 +129,15 @@ class BufferPool:
 
     def __init__(self) -> None:
         self.pid = os.getpid()
-        flags = _Segment(SLOTS)
-        self.flags = flags.array  # 1: in use by a batch in flight
+        self._flags = _Segment(SLOTS)  # kept: its descriptor stays open for the trainer
+        self.flags = self._flags.array  # 1: in use by a batch in flight
         self.flags[:] = 0
-        self.flags_handle: Handle = (flags.name, SLOTS)
+        self.flags_handle: Handle = self._flags.handle
         self.buffers: list[_Segment] = []
         self.made = 0  # buffers allocated in all (reuse shows as few)
         self.hint = 0  # the bytes of the largest batch so far: what a new batch asks for
-        self._names: list[str] = [flags.name]  # every name made, to unlink at exit
-        util.Finalize(self, _unlink_all, args=(self._names,), exitpriority=10)
 
-    def take(self, nbytes: int) -> tuple[int, _Segment]:
+    def take(self, nbytes: int) -> tuple[int, _Segment | _Private]:
         """A free buffer of at least ``nbytes``, marked in use: its slot (``-1``: one of
         its own, not reused) and its segment."""
         flags = self.flags
@@ -125,7 +148,8 @@ class BufferPool:
         elif slot >= 0 and self.buffers[slot].size < nbytes:
             self.buffers[slot] = self._allocate(nbytes)  # the old one goes with its last user
         if slot < 0:
-            return slot, self._allocate(nbytes)
+            self.made += 1
+            return slot, _Private(max(1, nbytes))
         flags[slot] = 1
         return slot, self.buffers[slot]
 
@@ -136,16 +160,8 @@ class BufferPool:
 
     def _allocate(self, nbytes: int) -> _Segment:
         segment = _Segment(-(-max(1, nbytes + nbytes // 4) // _GRAIN) * _GRAIN)
-        self._names.append(segment.name)
         self.made += 1
         return segment
-
-
-def _unlink_all(names: list[str]) -> None:
-    """At a worker's exit: the names it made (those the training process mapped are gone
-    already)."""
-    for name in names:
-        _unlink(name)
 
 
 class BatchBuffer:
@@ -158,7 +174,7 @@ class BatchBuffer:
     def __init__(self, pool: BufferPool) -> None:
         self.pool = pool
         self.slot = -1
-        self.segment: _Segment | None = None
+        self.segment: _Segment | _Private | None = None
         self.data: memoryview | None = None  # the buffer's bytes, written through
         self.used = 0
 
@@ -187,11 +203,11 @@ class BatchBuffer:
             self.free()
             return None
         self.pool.hint = max(self.pool.hint, self.used)
-        wire = {
-            "slot": self.slot,
-            "handle": (self.segment.name, self.segment.size),
-            "flags": self.pool.flags_handle,
-        }
+        wire: dict[str, Any] = {"slot": self.slot, "flags": self.pool.flags_handle}
+        if isinstance(self.segment, _Segment):
+            wire["handle"] = self.segment.handle
+        else:  # a buffer of its own: its bytes go in the wire
+            wire["data"] = self.segment.array[: self.used]
         self.slot, self.segment, self.data = -1, None, None  # the training process's now
         return wire
 
@@ -206,11 +222,11 @@ class _Lease:
 
     __slots__ = ("flags", "slot")
 
-    def __init__(self, flags: npt.NDArray[np.uint8], slot: int) -> None:
+    def __init__(self, flags: npt.NDArray[np.uint8] | None, slot: int) -> None:
         self.flags, self.slot = flags, slot
 
     def __del__(self) -> None:
-        if self.slot >= 0:
+        if self.flags is not None and self.slot >= 0:
             self.flags[self.slot] = 0
 
 
@@ -218,38 +234,35 @@ class BufferViews:
     """The training process's side: each worker's buffers, mapped once and kept (those of
     a worker that was replaced, as DataLoader workers are at a restart, are let go).
 
-    Make it before the workers start: it starts the resource tracker here first, so that
-    the workers (forked or spawned) share it, and a name a worker registers is the one
-    this process unregisters.
+    It opens the workers' buffers through ``/proc/PID/fd`` (see the module), forked or
+    spawned workers alike.
     """
 
     def __init__(self) -> None:
-        resource_tracker.ensure_running()
-        # By worker id: its flags' segment name, the flags, and its buffers by slot (the
-        # segment name and the mapping).
+        # By worker id: its flags' handle, the flags, and its buffers by slot (the handle
+        # and the mapping).
         self._workers: dict[
             int,
-            tuple[str, npt.NDArray[np.uint8], dict[int, tuple[str, npt.NDArray[np.uint8]]]],
+            tuple[Handle, npt.NDArray[np.uint8], dict[int, tuple[Handle, npt.NDArray[np.uint8]]]],
         ] = {}
 
     def open(self, wire: dict[str, Any], worker: int) -> tuple[npt.NDArray[np.uint8], _Lease]:
         """The bytes of the buffer ``wire`` names (sent by ``worker``), and the lease that
         frees it when the batch (which must hold it as long as the bytes are read) is
         dropped."""
-        flags_handle: Handle = wire["flags"]
-        known = self._workers.get(worker)
-        if known is None or known[0] != flags_handle[0]:
-            known = self._workers[worker] = (flags_handle[0], _attach(flags_handle), {})
-        _, flags, mapped = known
-        handle: Handle = wire["handle"]
         slot: int = wire["slot"]
-        if slot < 0:
-            data = _attach(handle)
-        else:
-            buffer = mapped.get(slot)
-            if buffer is None or buffer[0] != handle[0]:  # new, or the worker grew it
-                buffer = mapped[slot] = (handle[0], _attach(handle))
-            data = buffer[1]
+        if "data" in wire:  # a batch's own buffer, sent in the wire
+            return wire["data"], _Lease(None, -1)
+        flags_handle: Handle = tuple(wire["flags"])
+        known = self._workers.get(worker)
+        if known is None or known[0] != flags_handle:
+            known = self._workers[worker] = (flags_handle, _attach(flags_handle), {})
+        _, flags, mapped = known
+        handle: Handle = tuple(wire["handle"])
+        buffer = mapped.get(slot)
+        if buffer is None or buffer[0] != handle:  # new, or the worker grew it
+            buffer = mapped[slot] = (handle, _attach(handle))
+        data = buffer[1]
         return data, _Lease(flags, slot)
 
     def nbytes(self) -> int:

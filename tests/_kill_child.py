@@ -15,10 +15,11 @@ saw as JSON lines on stdout, one object per line with an ``"event"`` key:
 * ``done``: the row ended without dying.
 
 The test process checks, once this process is gone, that nothing of it survives: no
-process carrying its ``ASYNCSTREAM_KILL_TOKEN`` environment variable and no /dev/shm
-segment named after one of the pids it reported. Hangs are bounded: the whole row by
-``settings["deadline_s"]``, the interpreter's exit by ``settings["exit_s"]`` (the
-faulthandler then prints every thread's stack and exits with status 1).
+process carrying its ``ASYNCSTREAM_KILL_TOKEN`` environment variable and no ring labelled
+after one of the pids it reported, held by any process or named in /dev/shm. Hangs are
+bounded: the whole row by ``settings["deadline_s"]``, the interpreter's exit by
+``settings["exit_s"]`` (the faulthandler then prints every thread's stack and exits with
+status 1).
 """
 
 from __future__ import annotations
@@ -36,9 +37,11 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 from _procs import engine_pids
+from _procs import segments as held_segments
 from torch.utils.data import DataLoader
 
 from asyncstream import EngineError, ShardStream
+from asyncstream.engine._ring import Ring
 
 _KEEP: list[Any] = []  # module globals that outlive the row, as in a script
 
@@ -57,10 +60,21 @@ def worker_pids() -> list[int]:
     return sorted(p.pid for p in multiprocessing.active_children() if p.pid is not None)
 
 
-def segments(pids: list[int]) -> list[str]:
-    """/dev/shm rings created by any of these processes."""
+def segments(pids: list[int], *, here: bool = True) -> list[str]:
+    """Rings created by any of these processes that one of them still holds (a ring has
+    no name: one nobody holds is gone) or that are named in /dev/shm; ``here=False``:
+    held by another process than this one."""
+    gc.collect()  # a ring's last views in reference cycles keep it mapped until then
     prefixes = tuple(f"asyncstream-{pid}-" for pid in pids)
-    return sorted(n for n in os.listdir("/dev/shm") if n.startswith(prefixes))
+    holders = {os.getpid(), *pids} - (set() if here else {os.getpid()})
+    return sorted(held_segments(prefixes, holders))
+
+
+def open_rings() -> int:
+    """Rings still open in this process (a closed one may stay mapped a while, by the
+    views of its last chunks the stream holds until it moves on or closes)."""
+    gc.collect()
+    return sum(isinstance(o, Ring) and not o._closed for o in gc.get_objects())
 
 
 def engines_left(timeout: float) -> list[int]:
@@ -74,7 +88,14 @@ def engines_left(timeout: float) -> list[int]:
 
 def report_after(pids: list[int]) -> None:
     """What is left right after the exception reached user code."""
-    emit("after", segments=segments(pids), engines=engines_left(10.0), workers=worker_pids())
+    engines = engines_left(10.0)  # first: an engine process lets go of its ring as it exits
+    emit(
+        "after",
+        segments=segments(pids, here=False),
+        open_rings=open_rings(),
+        engines=engines,
+        workers=worker_pids(),
+    )
 
 
 def raised(exc: BaseException, since: float) -> None:
@@ -149,6 +170,7 @@ def engine_sigkill(settings: dict[str, Any]) -> None:
         stream.load_state_dict(state)  # the way back: the last checkpoint
         rest = [sample["__key__"] for sample in stream]
         emit("resumed", before=before, after_kill=after_kill, rest=rest)
+    del it  # the dead iteration's last chunk views keep its ring mapped while it lives
     emit("done", segments=segments([me]))
 
 

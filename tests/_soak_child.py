@@ -25,7 +25,7 @@ import threading
 import time
 from typing import Any
 
-from _procs import engine_pids
+from _procs import engine_pids, segment_usage
 
 from asyncstream import RetryPolicy, ShardStream, Timeouts
 
@@ -62,19 +62,13 @@ def fds(pid: int | str) -> dict[str, int]:
 
 
 def shm_bytes() -> dict[str, int]:
-    """This process's rings in /dev/shm: count, size, and bytes in use.
+    """This process's rings (memfds it holds a descriptor of): count, size, and bytes in
+    use.
 
     tmpfs allocates a page when it is first written, so the bytes in use may rise up to
     the size as slots see their first chunk; the size is fixed when the ring is made.
     """
-    prefix = f"asyncstream-{os.getpid()}-"
-    names = [n for n in os.listdir("/dev/shm") if n.startswith(prefix)]
-    size = used = 0
-    for name in names:
-        st = os.stat(f"/dev/shm/{name}")
-        size += st.st_size
-        used += st.st_blocks * 512
-    return {"segments": len(names), "size": size, "used": used}
+    return segment_usage(f"asyncstream-{os.getpid()}-")
 
 
 def measure() -> dict[str, Any]:

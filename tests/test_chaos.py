@@ -10,7 +10,7 @@ Chunks of 4 KB make for well over a hundred requests per epoch.
 Every epoch must emit each sample exactly once, with its bytes intact, and the faults
 must really have happened (retries counted). Between the first measured epoch and the
 tenth, nothing may grow: RSS of the consumer and of the engine process (within a few
-percent), the ring in /dev/shm (one segment of a fixed size, never more in use), open
+percent), the ring (one memfd segment of a fixed size, never more in use), open
 descriptors and threads of both, and the engine's live asyncio tasks (its ``tasks``
 statistic); its ``inflight`` count must return to zero after every epoch.
 
@@ -24,7 +24,6 @@ from __future__ import annotations
 import hashlib
 import io
 import json
-import os
 import random
 import subprocess
 import sys
@@ -35,7 +34,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from _procs import alive
+from _procs import alive, segments
 from PIL import Image
 
 from asyncstream import LocalS3, pack
@@ -218,4 +217,4 @@ def test_ten_epochs_through_chaos(s3_server: LocalS3, dataset: dict[str, Any]) -
     assert closed["threads"] == base["threads"]
     assert closed["fds"]["sockets"] == 0
     assert not alive(engine_pid)
-    assert not [n for n in os.listdir("/dev/shm") if n.startswith(f"asyncstream-{child.pid}-")]
+    assert not segments((f"asyncstream-{child.pid}-",))  # held by no process, named nowhere

@@ -288,7 +288,8 @@ def test_workers_and_ring_memory_checked_up_front(folder: Path) -> None:
     stream = ShardStream(str(folder), window=4, inflight=2, seed=0)
     with stream:
         assert stream.node_ring_bytes(3, check=False) == 3 * stream.ring_bytes
-        with pytest.raises(ValueError, match=r"this node's rings need .* x 100000 reader"):
+        refused = r"this node's rings \(.* x 100000 reader.*MiB of memory needed"
+        with pytest.raises(ValueError, match=refused):
             DALIImageLoader(stream, 4, device="cpu", workers=100_000)
         with pytest.raises(ValueError, match="workers must be"):
             DALIImageLoader(stream, 4, device="cpu", workers=-1)

@@ -11,12 +11,13 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from _procs import segments
 
 from asyncstream import LocalS3, S3Options, ShardStream
 from asyncstream.testing import generate_imagefolder
 from dali_ops._batch import BatchBuilder, EncodedBatch
 from dali_ops._feeds import WorkerFeed
-from dali_ops._shm import SLOTS, BatchBuffer, BufferPool, BufferViews
+from dali_ops._shm import SLOTS, BatchBuffer, BufferPool, BufferViews, _Segment
 from dali_ops._workers import make_worker_loader
 from tests._foreign import write_foreign_shards
 
@@ -105,36 +106,49 @@ def test_more_batches_in_flight_than_slots_get_buffers_of_their_own() -> None:
     assert all(bytes(d[:64]) == bytes([i % 256]) * 64 for i, (d, _) in enumerate(held))
 
 
-def shm_names(pids: set[int]) -> set[str]:
-    """The batch buffers in /dev/shm made by these processes (tests in other pytest
-    workers make theirs meanwhile)."""
-    return {
-        n
-        for n in os.listdir("/dev/shm")
-        if n.startswith("asyncstream-batch-") and int(n.split("-")[2]) in pids
-    }
+def shm_names(pids: set[int] | None) -> set[str]:
+    """The batch buffers made by these processes that a live process (any) still holds,
+    or named in /dev/shm: a buffer has no name, so one nobody holds is gone."""
+    labels = segments(("asyncstream-batch-",))
+    return {n for n in labels if pids is None or int(n.split("-")[2]) in pids}
 
 
-def test_names_are_unlinked_once_mapped_and_at_the_pool_s_end() -> None:
+def _label(handle: tuple[int, int, int, int]) -> str:
+    """A buffer's label, read from its descriptor in the process that made it."""
+    target = os.readlink(f"/proc/{handle[0]}/fd/{handle[1]}")
+    return target.removeprefix("/memfd:").removesuffix(" (deleted)")
+
+
+def test_buffers_have_no_name_and_go_with_their_last_holder() -> None:
+    """A worker keeps each buffer's descriptor while the buffer is in its pool; the
+    training process maps it through /proc (keeping only its mapping); a buffer that neither
+    side holds any more is gone: nothing to unlink, at an exit or a kill."""
     me = {os.getpid()}
     pool, views = BufferPool(), BufferViews()
     sent = wire(pool, b"n" * 100)
-    assert {sent["handle"][0], pool.flags_handle[0]} <= shm_names(me)
+    name, flags = _label(sent["handle"]), _label(pool.flags_handle)
+    assert name.startswith(f"asyncstream-batch-{os.getpid()}-")
+    assert not [n for n in os.listdir("/dev/shm") if n.startswith("asyncstream-batch-")]
+    descriptors = len(os.listdir("/proc/self/fd"))
     data, _lease = views.open(sent, worker=0)
-    assert sent["handle"][0] not in shm_names(me)  # mapped: the name is gone, the bytes not
-    assert pool.flags_handle[0] not in shm_names(me)
+    # The flags and the buffer mapped: each mapping's own (mmap keeps a duplicate), and
+    # nothing more (the descriptor opened through /proc is closed).
+    assert len(os.listdir("/proc/self/fd")) == descriptors + 2
     assert bytes(data[:100]) == b"n" * 100
     unsent = BatchBuffer(pool)
     unsent.put(b"u")
-    assert unsent.segment is not None
-    name = unsent.segment.name
+    assert isinstance(unsent.segment, _Segment)
+    never = _label(unsent.segment.handle)
     unsent.free()
-    assert name in shm_names(me)
-    made = set(pool._names)
+    assert {name, flags, never} <= shm_names(me)
     del pool, unsent
-    gc.collect()  # the pool's end (a worker's exit): what nobody mapped is unlinked
-    assert name in made
-    assert not shm_names(me) & made
+    gc.collect()  # the pool's end (a worker's exit): what nobody maps is gone
+    assert never not in shm_names(me)
+    assert {name, flags} <= shm_names(me)  # still mapped here (the batch, its lease)
+    assert bytes(data[:100]) == b"n" * 100
+    del data, _lease, views
+    gc.collect()
+    assert not {name, flags, never} & shm_names(me)
 
 
 def test_a_replaced_worker_s_buffers_are_let_go() -> None:
@@ -143,7 +157,7 @@ def test_a_replaced_worker_s_buffers_are_let_go() -> None:
     views.open(wire(old, b"o" * 10), worker=0)
     views.open(wire(new, b"n" * 10), worker=0)  # the same worker id, a new process
     assert list(views._workers) == [0]
-    assert views._workers[0][0] == new.flags_handle[0]
+    assert views._workers[0][0] == new.flags_handle
 
 
 @pytest.fixture(scope="module")
@@ -203,26 +217,29 @@ def test_workers_batches_stay_intact_while_held_and_buffers_are_reused(
                 seen += len(batch)
                 largest = max(largest, sum(len(a) for a in batch.images))
                 for worker, (_, _, buffers) in feed.views._workers.items():
-                    mapped |= {(worker, name) for name, _ in buffers.values()}
+                    mapped |= {(worker, handle) for handle, _ in buffers.values()}
             held.clear()
         # Each buffer holds a batch and a quarter, rounded up to whole MiB.
         assert largest <= views.nbytes() <= len(mapped) * (largest * 5 // 4 + (1 << 20))
         views.forget()
     finally:
-        loader._iterator._shutdown_workers()  # joins them: their exits unlink what is left
+        loader._iterator._shutdown_workers()  # joins them: their buffers go with them
         loader._iterator = None
         stream.close()
     assert seen == 3 * len(expected)
-    workers = {int(name.split("-")[2]) for _, name in mapped}
+    workers = {handle[0] for _, handle in mapped}
     assert len(workers) == 2
-    assert not shm_names(workers)  # every buffer's name unlinked (the workers exited)
+    # The loops' last values: a batch, its bytes, a worker's flags and mapped buffers.
+    old = array = _ = buffers = None
+    gc.collect()
+    assert not shm_names(workers)  # every buffer gone (the workers exited, forget)
     assert len(mapped) <= 2 * 8 < batches  # a few buffers a worker, not one per batch
     assert views.nbytes() == 0  # let go with the workers (forget)
 
 
 class _OneBatch:
-    """Stands in for the DataLoader: one batch whose buffer a worker made, then unlinked
-    at its exit before the training process mapped it."""
+    """Stands in for the DataLoader: one batch whose buffer a worker made, then let go
+    of at its exit before the training process mapped it."""
 
     def __init__(self, wire: dict[str, Any]) -> None:
         self.wire = wire
@@ -240,7 +257,7 @@ def test_a_batch_whose_buffer_is_gone_is_a_clear_error_in_its_turn() -> None:
     span = buffer.put(b"\xff\xd8\xff" + b"x" * 10)
     sent = buffer.wire()
     assert sent is not None
-    del pool, buffer  # the worker's exit: it unlinks the names nobody mapped
+    del pool, buffer  # the worker's exit: its descriptors close, nobody maps the buffer
     gc.collect()
     wire = {
         "buffer": sent,
@@ -263,3 +280,21 @@ def test_a_batch_whose_buffer_is_gone_is_a_clear_error_in_its_turn() -> None:
     assert "worker 3" in str(batch.error)
     assert "gone" in str(batch.error)
     assert feed.get() is None  # nothing after it
+
+
+def test_a_wire_naming_anything_but_a_worker_s_buffer_is_refused(tmp_path: Path) -> None:
+    """The training process opens a worker's descriptor through /proc: only a batch buffer
+    of that very process, with the inode the wire names, is mapped."""
+    secret = tmp_path / "secret"
+    secret.write_bytes(b"s" * 4096)
+    views = BufferViews()
+    with secret.open("r+b") as f:
+        st = os.fstat(f.fileno())
+        other = (os.getpid(), f.fileno(), st.st_ino, 4096)
+        with pytest.raises(FileNotFoundError, match="no batch buffer"):
+            views.open({"slot": 0, "handle": other, "flags": other}, worker=0)
+    pool = BufferPool()
+    sent = wire(pool, b"x" * 10)
+    pid, fd, inode, size = sent["handle"]
+    with pytest.raises(FileNotFoundError, match="gone"):  # another buffer's inode
+        views.open({**sent, "handle": (pid, fd, inode + 1, size)}, worker=1)

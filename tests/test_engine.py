@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from _procs import alive
+from _procs import alive, segments
 
 from asyncstream import (
     AccessDeniedError,
@@ -26,6 +26,7 @@ from asyncstream import (
     resolve_shards,
 )
 from asyncstream.engine._engine import Engine, EngineConfig
+from asyncstream.engine._ring import Ring
 from asyncstream.shards._urls import Shard
 from asyncstream.stores._retry import RetryPolicy, Timeouts
 from asyncstream.stores._s3store import S3Store
@@ -57,7 +58,9 @@ def drain(engine: Engine, requests: list[ChunkRequest]) -> dict[str, bytes]:
 
 
 def shm_names() -> set[str]:
-    return {n for n in os.listdir("/dev/shm") if n.startswith("asyncstream")}
+    """The rings still alive: held by a live process on this machine (they have no name:
+    one nobody holds is gone), or named in /dev/shm."""
+    return segments(("asyncstream",))
 
 
 @pytest.fixture(scope="module")
@@ -332,7 +335,9 @@ def test_sigkill_of_the_consumer_stops_the_engine_and_frees_shm(tmp_path: Path) 
     )
     try:
         assert proc.stdout is not None
-        name, pid_text = proc.stdout.readline().split()
+        line = proc.stdout.readline()
+        assert line, proc.communicate()[1]
+        name, pid_text = line.split()
         engine_pid = int(pid_text)
         assert name in shm_names()
         proc.kill()
@@ -350,6 +355,33 @@ def test_sigkill_of_the_consumer_stops_the_engine_and_frees_shm(tmp_path: Path) 
         assert proc.stderr is not None
         proc.stdout.close()
         proc.stderr.close()
+
+
+def test_the_engine_process_holds_its_ring_and_nothing_else(tmp_path: Path) -> None:
+    """The ring reaches the engine as one descriptor (no name to find others by): the
+    engine process holds that segment, none of the consumer's other rings, and lets go
+    with it."""
+    shard = tmp_path / "a.tar"
+    shard.write_bytes(bytes(range(256)) * 32)
+    with (
+        Ring.create(1, 4096, tag="other") as other,
+        Engine(EngineConfig(), n_slots=2, slot_bytes=4096) as engine,
+    ):
+        assert engine.pid is not None
+        ready = engine.wait(engine.submit([ChunkRequest(shard.as_uri(), 0, 4096)])[0])
+        assert bytes(engine.view(ready)) == shard.read_bytes()[:4096]
+        engine.release(ready.slot)
+        assert segments(("asyncstream", "other"), {engine.pid}) == {engine.ring.name}
+        assert other.name in segments(("other",), {os.getpid()})
+        fds = os.listdir(f"/proc/{engine.pid}/fd")
+        links = [os.readlink(f"/proc/{engine.pid}/fd/{fd}") for fd in fds]
+        held = {link for link in links if "memfd:" in link}
+        assert held == {f"/memfd:{engine.ring.name} (deleted)"}  # one segment, its ring
+        pid = engine.pid
+    deadline = time.monotonic() + 10
+    while alive(pid) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert engine.ring.name not in shm_names()
 
 
 def test_close_is_idempotent_and_refuses_reuse(tmp_path: Path) -> None:

@@ -4,6 +4,8 @@
 
 from __future__ import annotations
 
+import contextlib
+import gc
 import multiprocessing
 import os
 import pickle
@@ -69,13 +71,19 @@ def test_errors_travel_with_their_traceback() -> None:
         assert "Traceback: here" in str(raised.__cause__)
 
 
-def _in_shm(name: str) -> bool:
-    return os.path.exists(os.path.join("/dev/shm", name))
+def _descriptors(name: str) -> int:
+    """This process's descriptors of the segment labelled ``name``."""
+    found = 0
+    for fd in os.listdir("/proc/self/fd"):
+        with contextlib.suppress(OSError):  # listdir's own descriptor is gone already
+            found += os.readlink(f"/proc/self/fd/{fd}") == f"/memfd:{name} (deleted)"
+    return found
 
 
 def _serve(ring: Ring, config: EngineConfig) -> tuple[Connection, threading.Thread]:
     ours, theirs = multiprocessing.Pipe()
-    thread = threading.Thread(target=run_engine, args=(theirs, ring.name, config, False))
+    fd = os.dup(ring.fileno())  # the engine's own, as Engine hands it over
+    thread = threading.Thread(target=run_engine, args=(theirs, fd, ring.name, config))
     thread.start()
     return ours, thread
 
@@ -91,6 +99,7 @@ def test_the_engine_side_speaks_the_protocol(tmp_path: Path) -> None:
     shard.write_bytes(data)
     url = shard.as_uri()
     ring = Ring.create(2, 4096)
+    own = _descriptors(ring.name)  # the ring's, and its mapping's (mmap keeps a duplicate)
     config = EngineConfig(inflight=2, hedge=False, retry=RetryPolicy(max_attempts=2, base_delay=0))
     conn, thread = _serve(ring, config)
     try:
@@ -124,36 +133,41 @@ def test_the_engine_side_speaks_the_protocol(tmp_path: Path) -> None:
         conn.send(Stop())
         thread.join(TIMEOUT)
         assert not thread.is_alive()
-        assert _in_shm(ring.name)  # stopped: the ring is still the consumer's to remove
+        gc.collect()  # (its last views: a mapping holds a descriptor until unmapped)
+        assert _descriptors(ring.name) == own  # stopped: the engine let go of its own
+        assert ring.free_count() == 2  # the consumer's is its to close
     finally:
         conn.close()
         thread.join(TIMEOUT)
         ring.close()
-        ring.unlink()
 
 
 def test_end_of_file_stops_the_engine_and_frees_the_ring() -> None:
     ring = Ring.create(1, 1024)
+    own = _descriptors(ring.name)
     conn, thread = _serve(ring, EngineConfig(inflight=1))
     try:
         assert _recv(conn) == Started()
+        assert _descriptors(ring.name) == own + 2  # the engine's, and its mapping's
         conn.close()  # the consumer is gone
         thread.join(TIMEOUT)
         assert not thread.is_alive()
-        assert not _in_shm(ring.name)  # nobody else would have unlinked it
+        gc.collect()
+        assert _descriptors(ring.name) == own  # the engine's are closed: only ours are left
     finally:
         ring.close()
-        ring.unlink()
 
 
 def test_a_fatal_error_is_sent_before_the_engine_ends() -> None:
     ours, theirs = multiprocessing.Pipe()
+    not_a_ring = os.memfd_create("no-such-ring")  # an empty segment: no ring in it
     with ours:
-        run_engine(theirs, "asyncstream-no-such-ring", EngineConfig(), False)
+        run_engine(theirs, not_a_ring, "no-such-ring", EngineConfig())
         message = _recv(ours)
     assert isinstance(message, Fatal)
     assert isinstance(message.error, RingError)
     assert "no-such-ring" in str(message.error)
+    assert _descriptors("no-such-ring") == 0  # the engine closed the descriptor it was given
     assert "RingError" in message.trace
 
 

@@ -1,11 +1,15 @@
-"""Tests of the shared-memory slot ring: lifecycle, cross-process bytes, cleanup."""
+"""Tests of the shared-memory slot ring: lifecycle, cross-process bytes, cleanup (a ring
+has no name: nothing is left once no process holds it)."""
 
 from __future__ import annotations
 
 import gc
 import hashlib
+import mmap
 import multiprocessing
+import multiprocessing.connection
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -13,18 +17,18 @@ import textwrap
 import threading
 import time
 from collections.abc import Callable, Iterator
-from multiprocessing.shared_memory import SharedMemory
+from multiprocessing import reduction
 from pathlib import Path
 
 import numpy as np
 import pytest
+from _procs import segments
 
 from asyncstream._exceptions import AsyncStreamError
+from asyncstream.engine import _segment
 from asyncstream.engine._ring import Ring, RingError, SlotState
 
 S = SlotState
-HAS_DEV_SHM = os.path.isdir("/dev/shm")
-needs_dev_shm = pytest.mark.skipif(not HAS_DEV_SHM, reason="needs /dev/shm (Linux)")
 
 
 @pytest.fixture
@@ -33,18 +37,25 @@ def ring() -> Iterator[Ring]:
         yield r
 
 
-def _shm_path(name: str) -> Path:
-    return Path("/dev/shm") / name
+def _held(name: str, pids: set[int] | None = None) -> bool:
+    """Whether a live process (of ``pids``, or any) still holds the ring ``name``."""
+    return name in segments((name,), pids)
 
 
-def _wait_gone(path: Path, timeout: float = 10.0) -> bool:
-    """Poll until ``path`` does not exist; False if it still does after ``timeout`` seconds."""
+def _wait_gone(name: str, timeout: float = 10.0) -> bool:
+    """Poll until no process holds ``name``; False if one still does after ``timeout``."""
     deadline = time.monotonic() + timeout
-    while path.exists():
+    while _held(name):
         if time.monotonic() > deadline:
             return False
         time.sleep(0.05)
     return True
+
+
+def _memfd(size: int) -> int:
+    fd = os.memfd_create("foreign")
+    os.ftruncate(fd, size)
+    return fd
 
 
 def _drive(ring: Ring, slot: int, state: SlotState) -> None:
@@ -144,11 +155,31 @@ def test_create_validates_arguments(kwargs: dict[str, object], match: str) -> No
         Ring.create(**kwargs)  # type: ignore[arg-type]
 
 
-@needs_dev_shm
-def test_create_refuses_more_than_dev_shm_holds() -> None:
+def test_create_refuses_more_than_memory_holds_and_says_how_much_to_ask() -> None:
+    room = _segment.room()
+    assert room is not None
+    assert room.where == "memory"  # a memfd: /dev/shm does not bind
+    too_many = room.free // (1 << 30) + 2
+    with pytest.raises(ValueError, match=r"(\d+) MiB of memory needed, (\d+) MiB left") as info:
+        Ring.create(too_many, 1 << 30)
+    need, free, more = map(int, re.findall(r"(\d+) MiB", str(info.value))[1:4])
+    assert need >= too_many << 10
+    assert more == need - free  # the exact size to ask for
+
+
+def test_without_memfd_a_ring_is_an_unlinked_dev_shm_segment(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A kernel (or seccomp filter) without memfd_create: an unlinked POSIX segment, no
+    name left; /dev/shm's size binds, and a refusal gives the size to enlarge it to."""
+    monkeypatch.delattr(os, "memfd_create")
+    with Ring.create(2, 100) as ring:
+        assert os.readlink(f"/proc/self/fd/{ring.fileno()}").startswith("/dev/shm/")
+        assert ring.name not in os.listdir("/dev/shm")
+        assert os.fstat(ring.fileno()).st_nlink == 0
     st = os.statvfs("/dev/shm")
     too_many = st.f_bavail * st.f_frsize // (1 << 30) + 2
-    with pytest.raises(ValueError, match="free in /dev/shm"):
+    with pytest.raises(ValueError, match=r"in /dev/shm, \d+ MiB free there.*at least (\d+) MiB"):
         Ring.create(too_many, 1 << 30)
 
 
@@ -179,12 +210,13 @@ def test_names_are_unique_and_short() -> None:
         assert c.name.startswith("t.x_1-")
 
 
-@needs_dev_shm
-def test_segment_is_owner_only() -> None:
+def test_segment_has_no_name_and_stays_in_this_process() -> None:
     with Ring.create(2, 100) as ring:
-        st = os.stat(_shm_path(ring.name))
-        assert st.st_mode & 0o777 == 0o600
-        assert st.st_uid == os.getuid()
+        st = os.fstat(ring.fileno())
+        assert st.st_nlink == 0  # nothing in any folder names it
+        assert ring.name not in os.listdir("/dev/shm")
+        assert os.readlink(f"/proc/self/fd/{ring.fileno()}") == f"/memfd:{ring.name} (deleted)"
+        assert not os.get_inheritable(ring.fileno())  # no child gets it unless handed it
 
 
 def test_repr(ring: Ring) -> None:
@@ -202,7 +234,7 @@ def test_attach_in_same_process_from_a_thread(ring: Ring) -> None:
 
     def engine() -> None:
         try:
-            with Ring.attach(ring.name) as side:
+            with Ring.attach(os.dup(ring.fileno())) as side:
                 assert (side.n_slots, side.slot_bytes, side.nbytes) == (4, 10_000, ring.nbytes)
                 slot = side.acquire()
                 assert slot == 0
@@ -217,45 +249,42 @@ def test_attach_in_same_process_from_a_thread(ring: Ring) -> None:
     assert not errors
     ring.take(0)
     assert bytes(ring.view(0)[:5]) == b"hello"
-    if HAS_DEV_SHM:
-        assert _shm_path(ring.name).exists()  # the attached side's __exit__ did not unlink
+    assert ring.free_count() == 3  # the attached side's close left the owner's ring be
 
 
-def test_attach_missing_name_raises() -> None:
-    name = "asyncstream-nope-00000000"
-    with pytest.raises(RingError, match=f"no ring named '{name}'"):
-        Ring.attach(name)
+def test_attach_bad_descriptor_raises() -> None:
+    fd = os.open(os.devnull, os.O_RDONLY)
+    os.close(fd)
+    with pytest.raises(RingError, match=f"no ring at 'fd {fd}'"):
+        Ring.attach(fd)
 
 
-@pytest.mark.parametrize(("size", "match"), [(8192, "magic"), (16, "magic")])
-def test_attach_to_foreign_segment_raises(size: int, match: str) -> None:
-    foreign = SharedMemory(create=True, size=size)
-    try:
-        with pytest.raises(RingError, match=f"'{foreign.name}' is not a valid ring: {match}"):
-            Ring.attach(foreign.name)
-    finally:
-        foreign.close()
-        foreign.unlink()
+@pytest.mark.parametrize(("size", "match"), [(8192, "magic"), (16, "magic"), (0, "magic")])
+def test_attach_to_foreign_segment_raises_and_closes_it(size: int, match: str) -> None:
+    fd = _memfd(size)
+    with pytest.raises(RingError, match=f"'foreign' is not a valid ring: {match}"):
+        Ring.attach(fd)
+    assert not _held("foreign", {os.getpid()})  # the ring owned the descriptor: closed
 
 
 def test_attach_rejects_bad_geometry_and_states(ring: Ring) -> None:
-    raw = SharedMemory(name=ring.name)
+    raw = mmap.mmap(ring.fileno(), ring.nbytes)
     try:
-        assert raw.buf is not None
-        raw.buf[64] = 9  # slot 0 state byte
+        raw[64] = 9  # slot 0 state byte
         with pytest.raises(RingError, match="slot state table is corrupt"):
-            Ring.attach(ring.name)
-        raw.buf[64] = 0
-        raw.buf[12:16] = (1000).to_bytes(4, "little")  # n_slots
+            Ring.attach(os.dup(ring.fileno()))
+        raw[64] = 0
+        raw[12:16] = (1000).to_bytes(4, "little")  # n_slots
         with pytest.raises(RingError, match="1000 slots of 10000 bytes do not fit"):
-            Ring.attach(ring.name)
+            Ring.attach(os.dup(ring.fileno()))
     finally:
         raw.close()
 
 
-def _engine_child(name: str) -> None:
-    """Spawned engine: check the READY slots, then publish their digests in a new slot."""
-    ring = Ring.attach(name)
+def _engine_child(conn: multiprocessing.connection.Connection) -> None:
+    """Spawned engine: receive the ring's descriptor, check the READY slots, then publish
+    their digests in a new slot."""
+    ring = Ring.attach(reduction.recv_handle(conn))
     assert ring.states() == [S.READY, S.READY, S.READY, S.FREE]
     digests = b""
     for slot in range(3):
@@ -273,8 +302,11 @@ def test_bytes_cross_to_a_spawned_process(ring: Ring) -> None:
         assert ring.acquire() == slot
         ring.array(slot, ring.slot_bytes)[:] = _pattern(slot, ring.slot_bytes)
         ring.publish(slot)
-    child = multiprocessing.get_context("spawn").Process(target=_engine_child, args=(ring.name,))
+    ctx = multiprocessing.get_context("spawn")
+    here, there = ctx.Pipe()
+    child = ctx.Process(target=_engine_child, args=(there,))
     child.start()
+    reduction.send_handle(here, ring.fileno(), child.pid)  # as an engine gets its ring
     child.join(timeout=60)
     assert child.exitcode == 0
     ring.take(3)
@@ -286,7 +318,7 @@ def test_bytes_cross_to_a_spawned_process(ring: Ring) -> None:
     assert ring.states() == [S.READY, S.READY, S.READY, S.FREE]
 
 
-# --- close and unlink ---------------------------------------------------------------------
+# --- close -------------------------------------------------------------------------------------
 
 
 USES: list[Callable[[Ring], object]] = [
@@ -313,34 +345,33 @@ def test_use_after_close_raises(use: Callable[[Ring], object]) -> None:
             use(ring)
         assert (ring.n_slots, ring.slot_bytes) == (1, 16)
     finally:
-        ring.unlink()
+        ring.close()
 
 
-@needs_dev_shm
-def test_unlink_removes_segment_idempotently() -> None:
+def test_close_lets_go_of_the_segment_and_its_descriptor() -> None:
     ring = Ring.create(1, 16)
-    path = _shm_path(ring.name)
-    assert path.exists()
-    ring.unlink()
-    assert not path.exists()
-    ring.unlink()
-    with pytest.raises(RingError, match="no ring named"):
-        Ring.attach(ring.name)
+    fd = ring.fileno()
+    assert _held(ring.name, {os.getpid()})
     ring.close()
+    assert not _held(ring.name, {os.getpid()})  # no descriptor, no mapping: it is gone
+    assert not os.path.exists(f"/proc/self/fd/{fd}") or "memfd" not in os.readlink(
+        f"/proc/self/fd/{fd}"
+    )
+    with pytest.raises(RingError, match="is closed"):
+        ring.fileno()
 
 
-def test_context_manager_closes_and_unlinks() -> None:
+def test_context_manager_closes_both_sides() -> None:
     with Ring.create(1, 16) as ring:
         name = ring.name
-        with Ring.attach(name) as other:
+        with Ring.attach(os.dup(ring.fileno())) as other:
             other.acquire()
         with pytest.raises(RingError, match="is closed"):
             other.states()
         assert ring.state(0) is S.FILLING
     with pytest.raises(RingError, match="is closed"):
         ring.states()
-    with pytest.raises(RingError, match="no ring named"):
-        Ring.attach(name)
+    assert not _held(name, {os.getpid()})
 
 
 def test_close_with_live_views_does_not_crash() -> None:
@@ -358,12 +389,11 @@ def test_close_with_live_views_does_not_crash() -> None:
     arr[0] = 1
     from_view[:2] = 7
     sub[0] = 3
-    ring.unlink()
-    if HAS_DEV_SHM:
-        assert not _shm_path(ring.name).exists()
     assert arr[0] == 1
+    assert _held(ring.name, {os.getpid()})  # mapped by the arrays alone
     del arr, from_view, sub, view
     gc.collect()
+    assert not _held(ring.name, {os.getpid()})  # unmapped with the last of them
 
 
 def test_dropping_a_ring_with_live_views_is_quiet() -> None:
@@ -376,106 +406,87 @@ def test_dropping_a_ring_with_live_views_is_quiet() -> None:
     gc.collect()
     arr[:] = 1  # the caller's views stay usable
     view[0] = 2
+    assert arr.tolist() == [1] * 8
     del arr, view
     gc.collect()
-    with Ring.attach(name) as again:
-        assert again.array(0, 8).tolist() == [1] * 8
-        again.unlink()
+    assert not _held(name, {os.getpid()})
 
 
-# --- resource tracker, in fresh interpreters (their own tracker, stderr captured) ---------
+# --- nothing outlives its processes, in fresh interpreters (stderr captured) -------------
 
 _SCRIPT = textwrap.dedent(
     """
-    import multiprocessing, os, signal, sys, time
+    import os, subprocess, sys, time
     from asyncstream.engine._ring import Ring
 
-    def engine(name):
-        ring = Ring.attach(name)
-        slot = ring.acquire()
-        ring.view(slot)[:5] = b"hello"
-        ring.publish(slot)
+    ENGINE = (
+        "import os, sys, time\\n"
+        "from asyncstream.engine._ring import Ring\\n"
+        "ring = Ring.attach(int(sys.argv[1]))\\n"
+        "slot = ring.acquire()\\n"
+        "ring.view(slot)[:5] = b'hello'\\n"
+        "ring.publish(slot)\\n"
+        "print('ready', flush=True)\\n"
+        "time.sleep(float(sys.argv[2]))\\n"
+    )
+
+    ring = Ring.create(2, 4096, tag="tracker")
+    engine = subprocess.Popen(
+        [sys.executable, "-c", ENGINE, str(ring.fileno()), sys.argv[2]],
+        pass_fds=[ring.fileno()], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
+        text=True,
+    )
+    assert engine.stdout.readline() == "ready\\n"
+    ring.take(0)
+    assert bytes(ring.view(0)[:5]) == b"hello"
+    print(ring.name, engine.pid, flush=True)
+    if sys.argv[1] == "close":
         ring.close()
-
-    def owner(conn):
-        ring = Ring.create(1, 4096, tag="orphan")
-        conn.send(ring.name)
+        engine.wait()
+    else:
         time.sleep(60)
-
-    if __name__ == "__main__":
-        ctx = multiprocessing.get_context("spawn")
-        if sys.argv[1] == "child-owner":
-            here, there = ctx.Pipe()
-            child = ctx.Process(target=owner, args=(there,))
-            child.start()
-            name = here.recv()
-            os.kill(child.pid, signal.SIGKILL)
-            child.join()
-            print(name, os.path.exists("/dev/shm/" + name), flush=True)
-            sys.exit(0)
-        ring = Ring.create(2, 4096, tag="tracker")
-        child = ctx.Process(target=engine, args=(ring.name,))
-        child.start()
-        child.join()
-        assert child.exitcode == 0
-        ring.take(0)
-        assert bytes(ring.view(0)[:5]) == b"hello"
-        print(ring.name, flush=True)
-        if sys.argv[1] == "unlink":
-            ring.close()
-            ring.unlink()
-        else:
-            time.sleep(60)
     """
 )
 
 
-def _run_script(tmp_path: Path, mode: str) -> subprocess.Popen[str]:
+def _run_script(tmp_path: Path, mode: str, engine_sleep: float) -> subprocess.Popen[str]:
     script = tmp_path / "owner.py"
     script.write_text(_SCRIPT)
     return subprocess.Popen(
-        [sys.executable, str(script), mode],
+        [sys.executable, str(script), mode, str(engine_sleep)],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
+        env={**os.environ, "PYTHONPATH": str(Path(__file__).parent.parent)},
     )
 
 
-@needs_dev_shm
-def test_attach_in_spawned_child_then_unlink_is_quiet(tmp_path: Path) -> None:
-    proc = _run_script(tmp_path, "unlink")
-    out, err = proc.communicate(timeout=60)  # EOF only once the tracker has exited too
+def test_a_ring_handed_to_a_process_is_gone_with_both_quietly(tmp_path: Path) -> None:
+    proc = _run_script(tmp_path, "close", 0.5)
+    out, err = proc.communicate(timeout=60)
     assert proc.returncode == 0, err
-    assert not _shm_path(out.strip()).exists()
+    name = out.split()[0]
+    assert name.startswith("tracker-")
+    assert _wait_gone(name), f"{name} is still held"
     for noise in ("leaked", "KeyError", "Traceback", "Warning"):
         assert noise not in err, err
 
 
-@needs_dev_shm
-def test_sigkilled_owner_segment_is_removed_by_tracker(tmp_path: Path) -> None:
-    # A spawned engine attached and exited first: had it unregistered, this would leak.
-    proc = _run_script(tmp_path, "kill")
+def test_sigkilled_owner_s_ring_lives_while_its_engine_maps_it_then_is_gone(
+    tmp_path: Path,
+) -> None:
+    proc = _run_script(tmp_path, "kill", 60)
     assert proc.stdout is not None
-    name = proc.stdout.readline().strip()
-    assert name.startswith("tracker-"), proc.communicate(timeout=60)[1]
-    assert _shm_path(name).exists()
-    proc.send_signal(signal.SIGKILL)
-    _, err = proc.communicate(timeout=30)
-    assert proc.returncode == -signal.SIGKILL
-    assert _wait_gone(_shm_path(name), timeout=10.0), f"{name} leaked; tracker said: {err}"
-    assert "leaked shared_memory" in err  # it was the tracker that removed it
-    assert "KeyError" not in err
-
-
-@needs_dev_shm
-def test_sigkilled_spawned_child_owner_is_removed_when_tree_exits(tmp_path: Path) -> None:
-    # A spawned child shares its parent's tracker: its segment outlives its SIGKILL and is
-    # removed once the parent (the last process holding the tracker) exits.
-    proc = _run_script(tmp_path, "child-owner")
-    out, err = proc.communicate(timeout=60)
-    assert proc.returncode == 0, err
-    name, existed_after_kill = out.split()
-    assert name.startswith("orphan-")
-    assert existed_after_kill == "True"
-    assert _wait_gone(_shm_path(name), timeout=10.0), f"{name} leaked; tracker said: {err}"
-    assert "leaked shared_memory" in err
+    line = proc.stdout.readline().split()
+    assert line, proc.communicate(timeout=60)[1]
+    assert line[0].startswith("tracker-")
+    name, engine = line[0], int(line[1])
+    try:
+        assert _held(name, {proc.pid, engine})
+        proc.send_signal(signal.SIGKILL)
+        proc.communicate(timeout=30)
+        assert proc.returncode == -signal.SIGKILL
+        assert _held(name, {engine})  # the engine still maps it: its memory lives on
+    finally:
+        os.kill(engine, signal.SIGKILL)  # (a real engine sees its pipe close and exits)
+    assert _wait_gone(name), f"{name} leaked"

@@ -22,8 +22,8 @@ import json
 import logging
 import os
 import pickle
-import stat
 import tarfile
+import time
 import traceback
 import tracemalloc
 from collections.abc import Iterator
@@ -31,6 +31,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from _procs import engine_pids, segments
 
 from asyncstream import (
     AccessDeniedError,
@@ -82,9 +83,10 @@ def tar_of(members: list[tuple[str, bytes]]) -> bytes:
     return buf.getvalue()
 
 
-def our_segments() -> set[str]:
-    prefix = f"asyncstream-{os.getpid()}-"
-    return {n for n in os.listdir("/dev/shm") if n.startswith(prefix)}
+def our_segments(holders: set[int] | None = None) -> set[str]:
+    """The rings this process made that a live process (of ``holders``; any) holds, or
+    named in /dev/shm."""
+    return segments((f"asyncstream-{os.getpid()}-",), holders)
 
 
 @pytest.fixture(scope="module")
@@ -197,21 +199,26 @@ def test_a_failing_stream_shows_no_credentials_anywhere(
 # --------------------------------------------------------------------------- shared memory
 
 
-def test_the_ring_is_owner_only_and_gone_after_close(
+def test_the_ring_has_no_name_is_held_by_its_engine_alone_and_gone_after_close(
     s3_server: LocalS3, shards: dict[str, str]
 ) -> None:
-    """Ring.create alone: tests/test_ring.py. Here: the ring a stream makes and shares."""
+    """Ring.create alone: tests/test_ring.py. Here: the ring a stream makes and shares,
+    by descriptor, with its engine process and nobody else; no name to open it by."""
     before = our_segments()
     with ShardStream(shards["good"], s3=s3_server.options(), chunk_bytes=1024) as stream:
         it = iter(stream)
         next(it)  # the engine has attached to the ring and written into it
         mine = our_segments() - before
         assert len(mine) == 1
-        for name in mine:
-            info = os.stat(f"/dev/shm/{name}")
-            assert stat.S_IMODE(info.st_mode) == 0o600
-            assert info.st_uid == os.getuid()
+        (engine,) = engine_pids()
+        assert our_segments({os.getpid(), engine}) - before == mine
+        others = {int(p) for p in os.listdir("/proc") if p.isdigit()} - {os.getpid(), engine}
+        assert not our_segments(others) & mine  # no other process holds it
+        assert not set(os.listdir("/dev/shm")) & mine  # named nowhere
         assert len(list(it)) == 5
+    deadline = time.monotonic() + 10  # the engine process lets go of it as it exits
+    while our_segments() & mine and time.monotonic() < deadline:
+        time.sleep(0.05)
     assert our_segments() & mine == set()
 
 

@@ -20,7 +20,7 @@ from typing import Any
 
 import pytest
 from _jpegs import jpeg_of
-from _procs import alive
+from _procs import alive, segments
 from torch.utils.data import DataLoader
 
 from asyncstream import (
@@ -33,7 +33,7 @@ from asyncstream import (
     StateError,
     pack,
 )
-from asyncstream.engine._ring import shm_free
+from asyncstream.engine._segment import room
 from asyncstream.testing import FaultPlan, FaultProxy
 from tests._foreign import write_foreign_shards
 
@@ -463,7 +463,7 @@ def test_persistent_workers_follow_set_epoch(dataset: dict[str, Any], context: s
     workers = [starts[1], starts[3]]
     assert not [pid for pid in workers if alive(pid)]
     prefixes = tuple(f"asyncstream-{pid}-" for pid in workers)
-    assert not [n for n in os.listdir("/dev/shm") if n.startswith(prefixes)]  # their rings
+    assert not segments(prefixes)  # their rings: held by no process, named nowhere
 
 
 def test_state_loaded_before_persistent_workers_start(dataset: dict[str, Any]) -> None:
@@ -600,7 +600,7 @@ def test_a_forked_copy_of_an_engine_cannot_be_used_and_closes_harmlessly(
         assert os.waitstatus_to_exitcode(status) == 0
         rest = keys_of(it)  # the parent's engine and ring are intact
         assert len(rest) == 119
-        assert os.path.exists(f"/dev/shm/{engine.ring.name}")
+        assert engine.ring.name in segments((engine.ring.name,), {os.getpid()})
 
 
 def test_the_ring_is_sized_to_what_the_dataset_can_use(tmp_path: Path) -> None:
@@ -612,15 +612,19 @@ def test_the_ring_is_sized_to_what_the_dataset_can_use(tmp_path: Path) -> None:
         assert sorted(keys_of(s)) == sorted(data.keys)  # and the epoch is whole
 
 
-def test_a_ring_that_cannot_fit_dev_shm_is_refused_at_construction(tmp_path: Path) -> None:
-    free = shm_free()
-    if free is None:
-        pytest.skip("no /dev/shm on this system")
+def test_a_ring_that_cannot_fit_memory_is_refused_at_construction(tmp_path: Path) -> None:
+    """A ring is a memfd (/dev/shm's size does not bind): refused where the memory its
+    segment can take (the machine's, or the container's limit) cannot hold it, with the
+    size to ask for."""
+    found = room()
+    if found is None:
+        pytest.skip("the memory free here cannot be read")
+    free = found.free
     shard = tmp_path / "huge.tar"
     with shard.open("wb") as f:  # sparse: no disk used, nothing is read at construction
         f.truncate(free + (1 << 30))
     with pytest.raises(
-        ValueError, match=r"rings need \d+ MiB .* /dev/shm has \d+ MiB free.*shm-size"
+        ValueError, match=r"rings .* \d+ MiB of memory needed, .* at least \d+ MiB more memory"
     ):
         ShardStream(str(shard), samples_per_shard=1, chunk_bytes=free + (1 << 30))
 
@@ -630,9 +634,10 @@ def test_a_node_whose_ranks_rings_cannot_fit_is_refused_up_front(
 ) -> None:
     """Each rank of the node (torchrun's LOCAL_WORLD_SIZE) runs its own ring: the stream is
     refused when all of them together would not fit, with the total, before any starts."""
-    free = shm_free()
-    if free is None:
-        pytest.skip("no /dev/shm on this system")
+    found = room()
+    if found is None:
+        pytest.skip("the memory free here cannot be read")
+    free = found.free
     shard = tmp_path / "shard.tar"
     with shard.open("wb") as f:
         f.truncate(64 << 20)
@@ -687,5 +692,4 @@ def test_a_clean_exit_with_persistent_workers_warns_of_no_leak(tmp_path: Path) -
     assert "Traceback" not in result.stderr
     pids = {line.split()[1] for line in result.stderr.splitlines() if line.startswith("pid ")}
     assert len(pids) == 3  # the script and its two workers, each named in its segments
-    left = os.listdir("/dev/shm") if os.path.isdir("/dev/shm") else []
-    assert not [n for n in left if n.startswith("asyncstream-") and n.split("-")[1] in pids]
+    assert not segments(tuple(f"asyncstream-{pid}-" for pid in pids))  # held nowhere

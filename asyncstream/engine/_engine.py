@@ -14,10 +14,10 @@ Chunks are submitted in the order the consumer will need them and taken by id
 
 Failure and death: a chunk that fails permanently or outlasts its retries raises at its
 place in the order. A killed engine process is seen by the consumer at once (end of file
-on its connection), a killed consumer by the engine, which then unlinks the ring and
-exits. The ring belongs to the consumer's resource tracker, which also removes it if the
-consumer is killed. Engines still open at exit, in a DataLoader worker's finalizers or on
-its SIGTERM are closed here, so neither a process nor a ring outlives its consumer.
+on its connection), a killed consumer by the engine, which then exits. The ring has no
+name (:mod:`._ring`): its memory goes with the last process that maps it, a killed one
+included. Engines still open at exit, in a DataLoader worker's finalizers or on its
+SIGTERM are closed here, so no process outlives its consumer.
 """
 
 from __future__ import annotations
@@ -36,6 +36,7 @@ import time
 import weakref
 from collections.abc import Sequence
 from dataclasses import dataclass
+from multiprocessing import reduction
 from multiprocessing.connection import Connection
 from typing import Any, Literal
 
@@ -147,6 +148,8 @@ class Engine:
             self._conn, self._proc = adopted if adopted is not None else spawn()
             try:
                 self._conn.send(Hello(self.ring.name, self.config))
+                # The ring's descriptor, right behind: the one segment the engine reaches.
+                reduction.send_handle(self._conn, self.ring.fileno(), self._proc.pid)
             except OSError as exc:  # the process died before it could be told anything
                 raise self._died() from exc
         else:
@@ -156,13 +159,18 @@ class Engine:
 
             ours, theirs = multiprocessing.Pipe(duplex=True)
             self._conn = ours
+            ring_fd = os.dup(self.ring.fileno())  # the engine's own, closed with its ring
             self._thread = threading.Thread(
                 target=run_engine,
-                args=(theirs, self.ring.name, self.config, False),
+                args=(theirs, ring_fd, self.ring.name, self.config),
                 name="asyncstream-engine",
                 daemon=True,
             )
-            self._thread.start()
+            try:
+                self._thread.start()
+            except BaseException:
+                os.close(ring_fd)
+                raise
         # Not waiting for "started" lets the engine boot while the caller sets up; a
         # broken set-up still fails at the first wait, before any data.
 
@@ -306,7 +314,7 @@ class Engine:
             )
 
     def close(self, *, wait: bool = False) -> None:
-        """Stop the engine and remove the ring. Idempotent.
+        """Stop the engine and let go of the ring. Idempotent.
 
         Args:
             wait: wait (at most 10 s, then kill) for the engine process to exit. Without
@@ -339,7 +347,6 @@ class Engine:
             if self._conn is not None:
                 self._conn.close()
             self.ring.close()
-            self.ring.unlink()
 
     def __enter__(self) -> Engine:
         return self
@@ -359,8 +366,7 @@ def _close_engine(ref: weakref.ref[Engine]) -> None:
 
 @atexit.register
 def _close_live_engines() -> None:
-    """At exit, close every engine still open, so their rings are unlinked by us (not
-    reported as leaked by the resource tracker) and their processes are reaped."""
+    """At exit, close every engine still open, so their processes are reaped."""
     for engine in list(_LIVE):
         with contextlib.suppress(Exception):
             engine.close(wait=True)
@@ -371,12 +377,12 @@ def _close_on_sigterm() -> None:
 
     Persistent workers are still alive when the main process exits, and multiprocessing's
     exit hook SIGTERMs daemonic children, so their finalizers never run: each worker's
-    ring would stay registered with the resource tracker, which then removes it and warns
-    of a leak that is none. The handler closes the live engines (unlinking their rings),
-    then hands the signal to the handler there was before, and ends the worker with
-    status 0 (unless SIGTERM was ignored): it was being shut down, and a worker dead of a
-    signal makes torch's watchdog in the main process raise ``RuntimeError`` during its
-    exit. It ends the worker even when that handler returns: a handler inherited from the
+    engine would be cut off mid-work. The handler closes the live engines (their rings,
+    whose memory goes with the worker anyway), then hands the signal to the handler there
+    was before, and ends the worker with status 0 (unless SIGTERM was ignored): it was
+    being shut down, and a worker dead of a signal makes torch's watchdog in the main
+    process raise ``RuntimeError`` during its exit. It ends the worker even when that
+    handler returns: a handler inherited from the
     main process, such as PyTorch Lightning's (which records the signal for the training
     loop and returns), would otherwise leave the worker alive, and the main process's exit
     (multiprocessing joins its daemonic children after SIGTERMing them) waiting forever.

@@ -6,7 +6,9 @@ of the consumer; either way the two sides talk over one duplex
 types below (small named tuples: cheap to pickle, matched by type).
 
 At start, a process (not a thread, which is handed them directly) first receives
-:class:`Hello`: the ring's name and the :class:`~._config.EngineConfig`. Then:
+:class:`Hello`: the ring's label and the :class:`~._config.EngineConfig`, then, right
+behind it on the same socket, the ring's descriptor (``SCM_RIGHTS``,
+:func:`multiprocessing.reduction.send_handle`): the ring has no name to attach by. Then:
 
     consumer -> engine   Fetch(chunks)                    more work, in need order
                          Release(slot)                    a slot went back to FREE
@@ -24,8 +26,7 @@ each id exactly once, with :class:`ChunkReady` or :class:`ChunkFailed`, in the o
 downloads finish (the consumer takes them by id, so what it sees never depends on network
 timing). Errors travel pickled, with their traceback as text (:func:`with_remote_cause`
 chains it to the error raised at the consumer). End of file on the connection means the
-other side is gone: the consumer then reports the engine dead; the engine unlinks the
-ring and exits.
+other side is gone: the consumer then reports the engine dead; the engine exits.
 """
 
 from __future__ import annotations
@@ -53,7 +54,8 @@ __all__ = [
 
 
 class Hello(NamedTuple):
-    """The first message to an engine process: what to attach to and how to fetch."""
+    """The first message to an engine process: the ring's label (its descriptor follows)
+    and how to fetch."""
 
     ring_name: str
     config: EngineConfig

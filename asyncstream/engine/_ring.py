@@ -1,8 +1,10 @@
-"""A ring of fixed-size slots in one POSIX shared-memory segment.
+"""A ring of fixed-size slots in one shared-memory segment that has no name.
 
-The consumer (training) process owns the ring: it creates the segment and finally unlinks it.
-The engine (a spawned child process, or a thread) attaches by name, downloads byte ranges into
-slots and publishes them; the consumer reads them zero-copy and hands them back::
+The consumer (training) process owns the ring: it creates the segment (:mod:`._segment`: a
+memfd where the kernel has them, so a container's small /dev/shm does not bind) and hands
+its file descriptor to the engine (a child process: over their connection, ``SCM_RIGHTS``;
+or a thread: a duplicate), which maps it, downloads byte ranges into slots and publishes
+them; the consumer reads them zero-copy and hands them back::
 
             engine: acquire()         engine: publish()         consumer: take()
       FREE ─────────────────▶ FILLING ─────────────────▶ READY ─────────────────▶ IN_USE
@@ -18,10 +20,9 @@ serialize ``acquire()``. A state byte is no notification: say which slot moved o
 Layout: a 64-byte header (magic, version, geometry), one state byte per slot, then the slots,
 each starting on a 4096-byte boundary.
 
-Cleanup: ``SharedMemory`` registers the segment with multiprocessing's resource tracker, which
-unlinks what is still registered once every process sharing it has exited, SIGKILL included.
-Spawned, forked and forkserver children share their parent's tracker, whose registry is a set:
-:meth:`Ring.attach` registers again and never unregisters (that would drop the owner's entry).
+Cleanup: the segment has no name, so nothing is left to remove: its memory goes with the
+last descriptor and mapping of it, whichever process holds them, on a close, an exception or
+a SIGKILL alike. The engine reaches this segment only through the descriptor it was given.
 """
 
 from __future__ import annotations
@@ -31,15 +32,14 @@ import enum
 import mmap
 import os
 import re
-import secrets
 import struct
 import weakref
-from multiprocessing import resource_tracker
-from multiprocessing.shared_memory import SharedMemory
 from types import TracebackType
 from typing import TYPE_CHECKING
 
 from asyncstream._exceptions import AsyncStreamError
+
+from ._segment import check, create, shm_free
 
 if TYPE_CHECKING:
     import numpy as np
@@ -65,29 +65,14 @@ _MAX_BYTES = 1 << 40
 _TAG = re.compile(r"[A-Za-z0-9_.][A-Za-z0-9_.-]{0,11}")  # "<tag>-<pid>-<8 hex>" <= 30 chars
 
 
-def shm_free() -> int | None:
-    """Bytes free in /dev/shm, or ``None`` where there is none (shared memory lives
-    elsewhere there)."""
-    if not os.path.isdir("/dev/shm"):
-        return None
-    st = os.statvfs("/dev/shm")
-    return st.f_bavail * st.f_frsize
-
-
 def check_room(nbytes: int, hint: str = "use fewer or smaller slots") -> None:
-    """Refuse a ring larger than the free space in /dev/shm: tmpfs accepts any size, then
-    kills the process with SIGBUS at the first write past its end.
+    """Refuse a ring larger than the memory its segment can take (see
+    :func:`~._segment.check`): a write past it is a SIGBUS (/dev/shm) or the OOM killer.
 
     Raises:
-        ValueError: with both numbers and the two ways out.
+        ValueError: with both numbers, the size to ask for and the ways out.
     """
-    free = shm_free()
-    if free is not None and nbytes > free:
-        raise ValueError(
-            f"a ring of {nbytes / 2**20:.0f} MiB does not fit the {free / 2**20:.0f} MiB "
-            f"free in /dev/shm: {hint}, or enlarge /dev/shm (docker run --shm-size=..., "
-            "or a Kubernetes emptyDir with medium: Memory)"
-        )
+    check(nbytes, f"a ring of {-(-nbytes // 2**20)} MiB", hint)
 
 
 def local_ranks() -> int:
@@ -97,35 +82,43 @@ def local_ranks() -> int:
 
 
 def check_node_room(ring_bytes: int, workers: int, hint: str) -> int:
-    """Refuse rings that /dev/shm cannot hold for every reader of this node, up front.
+    """Refuse rings that this node cannot hold for every reader, up front.
 
     Every rank of the node (``LOCAL_WORLD_SIZE``) runs ``max(1, workers)`` readers (the
     rank itself, or each of its DataLoader workers), each with a ring of ``ring_bytes``.
     Checked before any of them allocates, so the node is refused with its total rather
-    than by a SIGBUS in whichever reader comes last.
+    than by a SIGBUS or the OOM killer in whichever reader comes last.
 
     Returns:
         The node's total ring bytes.
 
     Raises:
-        ValueError: the total does not fit the free space in /dev/shm; the message gives
-            ranks, workers, the ring and the total.
+        ValueError: the total does not fit the memory segments can take (the machine's or
+            the container's; /dev/shm where there is no memfd); the message gives ranks,
+            workers, the ring, the total and the size to ask for.
     """
     ranks, readers = local_ranks(), max(1, workers)
     total = ranks * readers * ring_bytes
-    free = shm_free()
-    if free is not None and total > free:
-        raise ValueError(
-            f"this node's rings need {total / 2**20:.0f} MiB ({ranks} rank(s) x {readers} "
-            f"reader(s) x {ring_bytes / 2**20:.0f} MiB) and /dev/shm has "
-            f"{free / 2**20:.0f} MiB free: {hint}, or enlarge /dev/shm (docker run "
-            "--shm-size=..., or a Kubernetes emptyDir with medium: Memory)"
-        )
+    what = (
+        f"this node's rings ({ranks} rank(s) x {readers} reader(s) x {ring_bytes / 2**20:.0f} MiB)"
+    )
+    check(total, what, hint)
     return total
 
 
 class RingError(AsyncStreamError, RuntimeError):
-    """An illegal slot transition, a closed ring, or a segment that is gone or is no ring."""
+    """An illegal slot transition, a closed ring, or a descriptor that holds no ring."""
+
+
+def _label(fd: int) -> str:
+    """The name a segment shows in ``/proc/self/fd`` (``/memfd:<name> (deleted)``), or
+    ``""`` where it cannot be read."""
+    try:
+        target = os.readlink(f"/proc/self/fd/{fd}")
+    except OSError:
+        return ""
+    target = target.removesuffix(" (deleted)")
+    return target.removeprefix("/memfd:").removeprefix("/dev/shm/")
 
 
 class SlotState(enum.IntEnum):
@@ -137,23 +130,10 @@ class SlotState(enum.IntEnum):
     IN_USE = 3
 
 
-class _Segment(SharedMemory):
-    """``SharedMemory`` that can let go of its mapping while views of it are still alive."""
-
-    _mmap: mmap.mmap | None  # CPython internals (3.8-3.13), declared for the type checker
-    _fd: int
-    _name: str
-
-    def detach(self) -> None:
-        try:
-            self.close()
-        except BufferError:
-            # Views are alive: orphan the mmap (it unmaps itself when the last view dies) so
-            # that close() and __del__ never retry it, and close the descriptor now.
-            self._mmap = None
-            if self._fd >= 0:
-                os.close(self._fd)
-                self._fd = -1
+def _unmap(mapping: mmap.mmap) -> None:
+    """Unmap now, or, while views of it are alive, when the last of them dies."""
+    with contextlib.suppress(BufferError):
+        mapping.close()
 
 
 def _layout(n_slots: int, slot_bytes: int) -> tuple[int, int, int]:
@@ -166,31 +146,38 @@ def _layout(n_slots: int, slot_bytes: int) -> tuple[int, int, int]:
 class Ring:
     """``n_slots`` slots of ``slot_bytes`` each in one shared-memory segment.
 
-    Make one with :meth:`create` (the owner) or :meth:`attach` (the other side). Properties stay
-    readable after :meth:`close`; everything else raises :class:`RingError`.
+    Make one with :meth:`create` (the owner) or :meth:`attach` (the other side, given a
+    descriptor of it: :meth:`fileno`). Properties stay readable after :meth:`close`;
+    everything else raises :class:`RingError`.
     """
 
-    def __init__(self, shm: _Segment, n_slots: int, slot_bytes: int, *, owner: bool) -> None:
-        assert shm.buf is not None
-        self._shm, self._buf, self._name, self._owner = shm, shm.buf, shm.name, owner
+    def __init__(
+        self, fd: int, mapping: mmap.mmap, name: str, n_slots: int, slot_bytes: int
+    ) -> None:
+        self._fd, self._name = fd, name
+        self._mapping: mmap.mmap | None = mapping
+        self._buf = memoryview(mapping)
+        self._size = len(mapping)
         self._n_slots, self._slot_bytes = n_slots, slot_bytes
         self._data_offset, self._stride, _ = _layout(n_slots, slot_bytes)
-        self._states = shm.buf[_STATES_AT : _STATES_AT + n_slots]
+        self._states = self._buf[_STATES_AT : _STATES_AT + n_slots]
         self._views: list[weakref.ref[memoryview]] = []
         self._prune_at = 64
-        self._closed = self._unlinked = False
+        self._closed = False
 
     @classmethod
     def create(cls, n_slots: int, slot_bytes: int, *, tag: str = "asyncstream") -> Ring:
-        """Create a ring, all slots FREE, in a new 0600 segment named ``<tag>-<pid>-<hex>``.
+        """Create a ring, all slots FREE, in a new segment (0600, no name anywhere: see
+        :mod:`._segment`) labelled ``<tag>-<pid>-<hex>``.
 
         Args:
             n_slots: number of slots, 1 to 2**20.
             slot_bytes: usable bytes per slot, at least 1.
-            tag: name prefix, 1 to 12 characters of ``[A-Za-z0-9_.-]``.
+            tag: label prefix, 1 to 12 characters of ``[A-Za-z0-9_.-]``.
 
         Raises:
-            ValueError: a bad argument, or a ring larger than the free space in /dev/shm.
+            ValueError: a bad argument, or a ring larger than the memory its segment can
+                take (the message says how much to ask for).
         """
         if not 1 <= n_slots <= _MAX_SLOTS:
             raise ValueError(f"n_slots must be between 1 and {_MAX_SLOTS}, got {n_slots}")
@@ -202,58 +189,69 @@ class Ring:
         if total > _MAX_BYTES:
             raise ValueError(f"a ring of {total} bytes exceeds the limit of {_MAX_BYTES} bytes")
         check_room(total)
-        while True:
-            name = f"{tag}-{os.getpid()}-{secrets.token_hex(4)}"
-            with contextlib.suppress(FileExistsError):
-                shm = _Segment(name=name, create=True, size=total)  # SharedMemory uses 0600
-                break
-        assert shm.buf is not None
-        _HEADER.pack_into(shm.buf, 0, _MAGIC, _VERSION, n_slots, slot_bytes)
-        return cls(shm, n_slots, slot_bytes, owner=True)
+        fd = create(tag, total)
+        try:
+            mapping = mmap.mmap(fd, total)
+        except BaseException:
+            os.close(fd)
+            raise
+        _HEADER.pack_into(mapping, 0, _MAGIC, _VERSION, n_slots, slot_bytes)
+        name = _label(fd) or f"{tag}-{os.getpid()}"
+        return cls(fd, mapping, name, n_slots, slot_bytes)
 
     @classmethod
-    def attach(cls, name: str, *, foreign: bool = False) -> Ring:
-        """Attach to the ring named ``name``, created by another process or thread.
+    def attach(cls, fd: int, name: str = "") -> Ring:
+        """Attach to a ring created by another process or thread, given a descriptor of
+        its segment, which the ring then owns (closed with it, or here on an error).
 
         Args:
-            name: the segment name.
-            foreign: the caller is a process that does not share the owner's resource
-                tracker (not a multiprocessing child): the segment is then dropped from the
-                caller's own tracker, so that its exit does not remove the owner's segment.
+            fd: a descriptor of the segment (received, or a duplicate of :meth:`fileno`).
+            name: the ring's label, for messages (default: read from the descriptor).
 
         Raises:
-            RingError: no segment has this name, or it does not hold a ring of this version.
+            RingError: the descriptor is no segment, or it does not hold a ring of this
+                version.
         """
+        name = name or _label(fd) or f"fd {fd}"
         try:
-            shm = _Segment(name=name)
-        except FileNotFoundError as exc:
-            msg = f"no ring named {name!r}: the segment is gone or was never created"
-            raise RingError(msg) from exc
-        if foreign:
-            # Python < 3.13 registers attached segments too; this tracker is ours alone.
-            resource_tracker.unregister(shm._name, "shared_memory")
-        assert shm.buf is not None
+            size = os.fstat(fd).st_size
+            mapping = mmap.mmap(fd, size) if size else None
+        except (OSError, ValueError) as exc:
+            with contextlib.suppress(OSError):
+                os.close(fd)
+            raise RingError(f"no ring at {name!r}: {exc}") from exc
         magic, version, n_slots, slot_bytes = b"", 0, 0, 0
-        if shm.size >= _STATES_AT:
-            magic, version, n_slots, slot_bytes = _HEADER.unpack_from(shm.buf)
+        if mapping is not None and size >= _STATES_AT:
+            magic, version, n_slots, slot_bytes = _HEADER.unpack_from(mapping)
         if magic != _MAGIC:
             problem = f"magic {magic!r} is not {_MAGIC!r}"
         elif version != _VERSION:
             problem = f"version {version} is not {_VERSION}"
         elif not (1 <= n_slots <= _MAX_SLOTS and slot_bytes >= 1) or (
-            _layout(n_slots, slot_bytes)[2] > shm.size
+            _layout(n_slots, slot_bytes)[2] > size
         ):
-            problem = f"{n_slots} slots of {slot_bytes} bytes do not fit in {shm.size} bytes"
-        elif max(shm.buf[_STATES_AT : _STATES_AT + n_slots]) > max(SlotState):
+            problem = f"{n_slots} slots of {slot_bytes} bytes do not fit in {size} bytes"
+        elif max(mapping[_STATES_AT : _STATES_AT + n_slots]) > max(SlotState):  # type: ignore[index]
             problem = "its slot state table is corrupt"
         else:
-            return cls(shm, n_slots, slot_bytes, owner=False)
-        shm.detach()
+            assert mapping is not None
+            return cls(fd, mapping, name, n_slots, slot_bytes)
+        if mapping is not None:
+            mapping.close()
+        os.close(fd)
         raise RingError(f"shared memory {name!r} is not a valid ring: {problem}")
+
+    def fileno(self) -> int:
+        """The segment's descriptor here, to hand to the engine (``SCM_RIGHTS``, or a
+        duplicate for a thread): the one way to reach this ring."""
+        if self._fd < 0:
+            raise RingError(f"ring {self._name!r} is closed")
+        return self._fd
 
     @property
     def name(self) -> str:
-        """The segment name, to pass to :meth:`attach`."""
+        """The segment's label (``<tag>-<pid>-<hex>``, as ``/proc/PID/fd`` shows it):
+        for messages and leak checks; the segment itself is reached by descriptor."""
         return self._name
 
     @property
@@ -269,7 +267,7 @@ class Ring:
     @property
     def nbytes(self) -> int:
         """Size of the whole segment, header included."""
-        return self._shm.size
+        return self._size
 
     def _check(self, slot: int = 0) -> None:
         if self._closed:
@@ -351,7 +349,8 @@ class Ring:
         return np.frombuffer(self._slice(slot, nbytes), dtype=np.uint8)
 
     def close(self) -> None:
-        """Detach from the segment (idempotent); the segment lives on until unlinked.
+        """Let go of the segment here (idempotent): its mapping and descriptor. The memory
+        goes with the last descriptor and mapping of it, in whichever process.
 
         Views from :meth:`view` are released. Numpy arrays over the ring that are still alive
         stay valid and keep the mapping; it is unmapped when the last of them dies.
@@ -361,21 +360,19 @@ class Ring:
         self._closed = True
         views = [ref() for ref in self._views]
         self._views.clear()
-        for view in (*views, self._states):
+        for view in (*views, self._states, self._buf):
             if view is not None:
                 with contextlib.suppress(BufferError):  # exported further: dies with its user
                     view.release()
-        self._shm.detach()
+        self._let_go()
 
-    def unlink(self) -> None:
-        """Remove the segment, normally the owner's job; idempotent.
-
-        Processes still attached keep their mapping, but no new attach succeeds.
-        """
-        if not self._unlinked:
-            self._unlinked = True
-            with contextlib.suppress(FileNotFoundError):  # unlinked by another Ring already
-                self._shm.unlink()  # also unregisters it from the resource tracker
+    def _let_go(self) -> None:
+        mapping, self._mapping = self._mapping, None
+        if mapping is not None:
+            _unmap(mapping)  # or, orphaned here, when the last view of it dies
+        if self._fd >= 0:
+            fd, self._fd = self._fd, -1
+            os.close(fd)
 
     def __enter__(self) -> Ring:
         return self
@@ -386,16 +383,13 @@ class Ring:
         exc: BaseException | None,
         tb: TracebackType | None,
     ) -> None:
-        """Close, and unlink if this side created the ring."""
+        """Close."""
         self.close()
-        if self._owner:
-            self.unlink()
 
     def __del__(self) -> None:
-        # Detach but leave live views alone; SharedMemory.__del__ would raise BufferError.
-        shm: _Segment | None = getattr(self, "_shm", None)
-        if shm is not None:
-            shm.detach()
+        # Let go but leave live views alone (they keep the mapping until they die).
+        if hasattr(self, "_fd"):
+            self._let_go()
 
     def __repr__(self) -> str:
         free = "closed" if self._closed else f"free={self.free_count()}"

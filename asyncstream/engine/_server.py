@@ -5,9 +5,9 @@ protocol of :mod:`._protocol`.
 :func:`run_engine` is the entry point in the engine's thread (``mode="thread"``) and in
 its own process, where :func:`serve` (``python -m asyncstream.engine FD``) first reads the
 :class:`~._protocol.Hello`. A blocking reader thread hands each message to the loop. End
-of file on the connection (the consumer was killed) makes the engine unlink the ring and
-exit: nobody else will. The ring otherwise belongs to the consumer, whose resource
-tracker also removes it if the consumer is killed.
+of file on the connection (the consumer was killed) makes the engine exit. The ring is
+reached by the descriptor the consumer handed over, the one segment this process can
+touch; its memory goes with the last process that maps it.
 """
 
 from __future__ import annotations
@@ -19,6 +19,7 @@ import signal
 import threading
 import traceback
 from collections.abc import Sequence
+from multiprocessing import reduction
 from multiprocessing.connection import Connection
 from typing import Any
 
@@ -47,21 +48,16 @@ __all__ = ["run_engine", "serve"]
 class _Server:
     """The engine side: runs inside the engine's own event loop."""
 
-    def __init__(
-        self, conn: Connection, ring_name: str, config: EngineConfig, foreign: bool
-    ) -> None:
+    def __init__(self, conn: Connection, ring: Ring, config: EngineConfig) -> None:
         self.conn = conn
-        self.foreign = foreign
-        self.ring_name = ring_name
+        self.ring = ring
         self.config = config
-        self.orphaned = False
         self.stores: dict[StoreKey, Store] = {}
         self.scheduler: Scheduler | None = None
 
     async def run(self) -> None:
         loop = asyncio.get_running_loop()
         self.stop = asyncio.Event()
-        self.ring = Ring.attach(self.ring_name, foreign=self.foreign)
         try:
             self.scheduler = Scheduler(
                 self.ring,
@@ -87,8 +83,6 @@ class _Server:
                 for store in self.stores.values():
                     await store.aclose()
         finally:
-            if self.orphaned:
-                self.ring.unlink()  # the consumer died: nobody else will
             self.ring.close()
 
     @staticmethod
@@ -198,21 +192,22 @@ class _Server:
         try:
             self.conn.send(message)
         except (BrokenPipeError, EOFError, OSError):
-            self.orphaned = True
             self.stop.set()
 
 
-def run_engine(conn: Connection, ring_name: str, config: EngineConfig, foreign: bool) -> None:
+def run_engine(conn: Connection, ring_fd: int, ring_name: str, config: EngineConfig) -> None:
     """Run the engine until it is stopped, in the engine's process or thread.
 
     Args:
         conn: the engine's end of the connection to the consumer.
-        ring_name: the ring to attach.
+        ring_fd: a descriptor of the ring's segment, this engine's to close.
+        ring_name: the ring's label, for messages.
         config: the engine's settings.
-        foreign: the ring was created by another process (whose resource tracker owns it).
     """
-    server = _Server(conn, ring_name, config, foreign)
+    ring: Ring | None = None
     try:
+        ring = Ring.attach(ring_fd, ring_name)  # the descriptor is the ring's from here
+        server = _Server(conn, ring, config)
         try:
             import uvloop
         except ImportError:  # pragma: no cover - uvloop is a dependency on Linux and macOS
@@ -225,6 +220,8 @@ def run_engine(conn: Connection, ring_name: str, config: EngineConfig, foreign: 
         if not isinstance(exc, Exception):
             raise
     finally:
+        if ring is not None:
+            ring.close()
         conn.close()
 
 
@@ -254,6 +251,7 @@ def serve(fd: int, idle_limit: float | None = None, preload: Sequence[str] = ())
         if idle_limit is not None and not conn.poll(idle_limit):
             return  # nobody adopted it
         hello: Hello = conn.recv()
-    except (EOFError, OSError):
-        return  # the consumer died before it sent anything
-    run_engine(conn, hello.ring_name, hello.config, True)
+        ring_fd = reduction.recv_handle(conn)  # the ring, right behind its Hello
+    except (EOFError, OSError, RuntimeError):  # RuntimeError: a message without the ring
+        return  # the consumer died before it sent everything
+    run_engine(conn, ring_fd, hello.ring_name, hello.config)

@@ -232,12 +232,13 @@ def rusage() -> tuple[float, float]:
 
 
 def mapped_shm_bytes() -> int:
-    """Bytes of ``/dev/shm`` segments this process has mapped now (each segment once)."""
+    """Bytes of shared-memory segments this process has mapped now (each segment once):
+    ``/dev/shm`` ones and memfds (asyncstream's rings and batch buffers)."""
     segments: dict[str, int] = {}
     with open("/proc/self/maps") as maps:
         for line in maps:
             parts = line.split(maxsplit=5)
-            if len(parts) == 6 and parts[5].startswith("/dev/shm/"):
+            if len(parts) == 6 and parts[5].startswith(("/dev/shm/", "/memfd:")):
                 start, _, end = parts[0].partition("-")
                 name = parts[5].strip()
                 segments[name] = segments.get(name, 0) + int(end, 16) - int(start, 16)
