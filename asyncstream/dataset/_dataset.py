@@ -14,6 +14,9 @@ from, first that answers, per shard:
 Which shards make the dataset is the index's to say (:mod:`._opener`: stale shards,
 splits, an index that disagrees with the store). The cache is opened only when a shard
 has no index to count it.
+
+Under ``torch.distributed`` the job opens once: rank 0 plans, the other ranks take its
+plan (:mod:`._shared`), and shards without a count are counted between them.
 """
 
 from __future__ import annotations
@@ -33,6 +36,7 @@ from ._index import folder_of
 from ._index_cache import IndexCache
 from ._opener import Opener
 from ._resolve import resolve_shards, resolve_urls
+from ._shared import natural, once, shared_open, text
 from ._trust import Scope, TrustIndexURLs
 
 __all__ = ["Dataset", "DatasetPlan", "IndexInfo", "open_dataset", "plan_dataset"]
@@ -125,6 +129,48 @@ class DatasetPlan:
     info: IndexInfo
     hint: str
     withheld: frozenset[str] = frozenset()
+
+    def as_data(self) -> dict[str, Any]:
+        """Plain data (JSON), for the ranks that take rank 0's plan (:mod:`._shared`)."""
+        info = self.info
+        return {
+            "shards": [[s.url, s.size, s.etag] for s in self.shards],
+            "counts": self.counts,
+            "uncovered": self.uncovered,
+            "indexes": [list(i) for i in info.indexes],
+            "split": info.split,
+            "sources": info.sources,
+            "stale": info.stale,
+            "stale_examples": list(info.stale_examples),
+            "hint": self.hint,
+            "withheld": sorted(self.withheld),
+        }
+
+    @classmethod
+    def from_data(cls, data: Any) -> DatasetPlan:
+        """The plan of :meth:`as_data`, every field checked.
+
+        Raises:
+            TypeError, ValueError, KeyError, AttributeError: data that is not a plan.
+        """
+        shards = [Shard(text(u), natural(n), _optional(e)) for u, n, e in data["shards"]]
+        counts = {text(u): natural(n) for u, n in data["counts"].items()}
+        uncovered = [natural(i) for i in data["uncovered"]]
+        if not set(counts) <= {s.url for s in shards} or any(i >= len(shards) for i in uncovered):
+            raise ValueError("counts or positions of shards that are not in the plan")
+        info = IndexInfo(
+            indexes=tuple((text(kind), text(url)) for kind, url in data["indexes"]),
+            split=_optional(data["split"]),
+            sources={text(k): natural(n) for k, n in data["sources"].items()},
+            stale=natural(data["stale"]),
+            stale_examples=tuple(text(u) for u in data["stale_examples"]),
+        )
+        withheld = frozenset(text(o) for o in data["withheld"])
+        return cls(shards, counts, uncovered, info, text(data["hint"]), withheld)
+
+
+def _optional(value: object) -> str | None:
+    return None if value is None else text(value)
 
 
 def _hint(urls: Sequence[str], shards: Sequence[Shard]) -> str:
@@ -247,15 +293,23 @@ def open_dataset(
     """
     cache = IndexCache.open(index_cache) if samples_per_shard is None else None
     try:
-        plan = plan_dataset(
-            urls,
-            options,
-            samples_per_shard=samples_per_shard,
-            split=split,
-            strict=strict,
-            cache=cache,
-            trust_index_urls=trust_index_urls,
-        )
+
+        def make_plan() -> DatasetPlan:
+            return plan_dataset(
+                urls,
+                options,
+                samples_per_shard=samples_per_shard,
+                split=split,
+                strict=strict,
+                cache=cache,
+                trust_index_urls=trust_index_urls,
+            )
+
+        # Under torch.distributed, rank 0 opens and the others take its plan (:mod:`._shared`).
+        if shared_open() is None:
+            plan = make_plan()
+        else:
+            plan = once(make_plan, DatasetPlan.as_data, DatasetPlan.from_data)
         counting = counting or CountSettings(s3=options)
         counting = replace(counting, withhold=counting.withhold | plan.withheld)
         counted = _count_rest(plan, counting, cache, progress)

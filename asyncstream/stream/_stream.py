@@ -80,8 +80,10 @@ class ShardStream(IterableDataset[dict[str, Any]]):
     Sample counts (the plan needs them to split ranks exactly) come from an index read at
     construction (asyncstream's ``asyncstream.json`` or another tool's: a wids index,
     ``_info.json``, ``sizes.json``, img2dataset ``*_stats.json``), else the local index
-    cache, else a count through the fetch engine (under ``torch.distributed`` the ranks
-    split it, so every rank must build the stream); under a prefix, a shard the index does
+    cache, else a count through the fetch engine. Under ``torch.distributed`` the job opens
+    the dataset once: rank 0 opens it and the other ranks take its result (shards, sizes,
+    counts), and the ranks split any counting, so every rank must build the same streams
+    in the same order (docs/frameworks.md); under a prefix, a shard the index does
     not list is left out with a :class:`~asyncstream.StaleShardWarning`; ``stats()["index"]``
     says which index was used. A list of :class:`~asyncstream.Source` mixes datasets in
     one stream, each epoch taking each source's share, each sample naming its source in
