@@ -230,7 +230,7 @@ def test_workers_batches_stay_intact_while_held_and_buffers_are_reused(
     workers = {handle[0] for _, handle in mapped}
     assert len(workers) == 2
     # The loops' last values: a batch, its bytes, a worker's flags and mapped buffers.
-    old = array = _ = buffers = None
+    old = image = _ = buffers = None
     gc.collect()
     assert not shm_names(workers)  # every buffer gone (the workers exited, forget)
     assert len(mapped) <= 2 * 8 < batches  # a few buffers a worker, not one per batch
