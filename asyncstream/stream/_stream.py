@@ -70,7 +70,10 @@ class ShardStream(IterableDataset[dict[str, Any]]):
     loaded state's, else ``chunk_bytes``, capped at the largest shard), ``window`` capped
     at the number of shards plus two and ``prefetch`` at the dataset's number of blocks;
     the 1 is the engine's hedge slot, none with ``hedge=False`` (:attr:`ring_bytes`). A
-    ring larger than the free space in /dev/shm is refused at construction.
+    ring larger than the memory rings can take is refused at construction: rings are
+    ``memfd`` segments, bound by the machine's or the container's memory, not by
+    /dev/shm (which they use, named for no longer than their opening, only where
+    ``memfd_create`` is refused).
 
     The fetch engine runs in a process of its own, started at construction so that its
     start overlaps the dataset's open; the first iteration's engine takes it over. Not
@@ -136,8 +139,8 @@ class ShardStream(IterableDataset[dict[str, Any]]):
         ValueError: bad arguments (a ``split`` the index does not have; ``cache_dir`` not
             a folder that can be created, or one another user could write into: owned by
             another user or writable by group or others; ``cache_limit`` not a positive
-            integer or given without ``cache_dir``), or a ring that does not fit the free
-            space in /dev/shm (the message gives both sizes and the fixes). With sources:
+            integer or given without ``cache_dir``), or a ring that does not fit the memory
+            rings can take (the message gives both sizes and the fixes). With sources:
             an empty source, weights zero in total, an ``epoch_size`` the absolute counts
             do not fit, two sources of one name, or a ``window`` smaller than the number
             of sources; the message names the source. An error opening a source starts
@@ -261,11 +264,12 @@ class ShardStream(IterableDataset[dict[str, Any]]):
 
         Args:
             workers: DataLoader workers per rank.
-            check: refuse a total larger than the free space in /dev/shm (do it before
-                the readers start: their rings take that space).
+            check: refuse a total larger than the memory rings can take (the machine's
+                or the container's; do it before the readers start: their rings take it).
 
         Raises:
-            ValueError: ``check`` and /dev/shm cannot hold the total (the message gives it).
+            ValueError: ``check`` and the memory cannot hold the total (the message
+                gives it).
         """
         _count_at_least("workers", workers, 0)
         if not check:
