@@ -23,9 +23,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from asyncstream.order import _journal, _shuffle
-from asyncstream.order._mix import Blend
-from asyncstream.order._shuffle import WindowShuffle
 from tests._fuzz import FUZZ
+from tests.test_native_draw import Driven
 
 
 @contextmanager
@@ -40,49 +39,22 @@ def draw_path(native: bool, limit: int) -> Iterator[None]:
         _shuffle.NATIVE, _journal._MIN_LIMIT = saved
 
 
-class Driven:
+def make(
+    sizes: list[int], chunk: int, *, window: int, mode: str, shuffle: bool, blend: bool
+) -> Driven:
     """A shuffle over pieces of ``sizes[p]`` samples in chunks of ``chunk`` samples, as
-    ``simulate_window_order`` drives it (a blend over two sources when ``blend``)."""
-
-    def __init__(
-        self, sizes: list[int], chunk: int, *, window: int, mode: str, shuffle: bool, blend: bool
-    ) -> None:
-        self.sizes, self.chunk = sizes, chunk
-        groups = [p % 2 for p in range(len(sizes))] if blend else None
-        totals = [sum(sizes[0::2]), sum(sizes[1::2])]
-        self.shuffle: WindowShuffle[int] = WindowShuffle(
-            len(sizes),
-            window=window,
-            key=0x5EED ^ len(sizes),
-            mode=mode,  # type: ignore[arg-type]
-            shuffle=shuffle,
-            groups=groups,
-            blend=Blend(totals) if blend else None,
-        )
-        self.next_start: dict[int, int] = {}
-
-    def _chunk(self, piece: int, start: int) -> list[int]:
-        stop = min(start + self.chunk, self.sizes[piece])
-        self.next_start[piece] = start + self.chunk
-        return [piece * 10_000 + i for i in range(start, stop)]
-
-    def serve(self) -> bool:
-        """Serve what the shuffle needs until it can draw; False at the end."""
-        s = self.shuffle
-        while True:
-            need = s.need()
-            if need.kind == "draw":
-                return True
-            if need.kind == "done":
-                return False
-            if need.kind == "open":
-                s.open(self._chunk(need.piece, 0))
-            else:
-                piece = s.lanes[need.lane].piece
-                if self.next_start[piece] < self.sizes[piece]:
-                    s.refill(need.lane, self._chunk(piece, self.next_start[piece]))
-                else:
-                    s.close(need.lane)
+    ``simulate_window_order`` drives it (``test_native_draw``'s driver; a blend over two
+    sources, the pieces alternating, when ``blend``)."""
+    return Driven(
+        sizes,
+        chunk,
+        window=window,
+        key=0x5EED ^ len(sizes),
+        mode=mode,
+        shuffle=shuffle,
+        groups=[p % 2 for p in range(len(sizes))] if blend else None,
+        totals=[sum(sizes[0::2]), sum(sizes[1::2])] if blend else None,
+    )
 
 
 @FUZZ
@@ -110,7 +82,7 @@ def test_every_snapshot_makes_the_state_it_was_taken_at(
 ) -> None:
     taken: list[tuple[Any, dict[str, Any]]] = []
     with draw_path(native, limit):
-        driven = Driven(sizes, chunk, window=window, mode=mode, shuffle=shuffle, blend=blend)
+        driven = make(sizes, chunk, window=window, mode=mode, shuffle=shuffle, blend=blend)
         s = driven.shuffle
         while True:
             if data.draw(st.booleans(), label="snapshot"):
@@ -132,7 +104,7 @@ def test_every_snapshot_makes_the_state_it_was_taken_at(
 
 
 def test_a_snapshot_never_changes_and_makes_new_lists() -> None:
-    driven = Driven([40, 25, 33], 10, window=2, mode="samples", shuffle=True, blend=False)
+    driven = make([40, 25, 33], 10, window=2, mode="samples", shuffle=True, blend=False)
     s = driven.shuffle
     driven.serve()
     s.draw_many(3)
@@ -148,7 +120,7 @@ def test_a_snapshot_never_changes_and_makes_new_lists() -> None:
 
 
 def test_a_draw_put_back_past_a_snapshot_leaves_it_as_taken() -> None:
-    driven = Driven([30, 30], 30, window=2, mode="shards", shuffle=True, blend=False)
+    driven = make([30, 30], 30, window=2, mode="shards", shuffle=True, blend=False)
     s = driven.shuffle
     driven.serve()
     s.draw_many(1)
@@ -161,7 +133,7 @@ def test_a_draw_put_back_past_a_snapshot_leaves_it_as_taken() -> None:
 
 
 def test_a_snapshot_is_made_in_another_thread_while_the_shuffle_goes_on() -> None:
-    driven = Driven([400] * 6, 100, window=4, mode="samples", shuffle=True, blend=False)
+    driven = make([400] * 6, 100, window=4, mode="samples", shuffle=True, blend=False)
     s = driven.shuffle
     taken = []
     while driven.serve():
@@ -179,7 +151,7 @@ def test_a_snapshot_is_made_in_another_thread_while_the_shuffle_goes_on() -> Non
 
 
 def test_a_reset_starts_a_new_base() -> None:
-    driven = Driven([20, 20, 20], 20, window=3, mode="samples", shuffle=True, blend=False)
+    driven = make([20, 20, 20], 20, window=3, mode="samples", shuffle=True, blend=False)
     s = driven.shuffle
     for _ in range(3):
         driven.serve()
