@@ -17,7 +17,7 @@ from typing import Any
 from ..order._shuffle import Lane
 from ..shards._tar import Records
 from ..shards._tarfast import native_dicts
-from ._lanes import Item, LaneReader
+from ._lanes import Item, LaneReader, lane_places
 
 __all__ = ["Emit", "sample_dict"]
 
@@ -84,11 +84,7 @@ class Emit:
         views = self.views
         dicts = native_dicts()
         if dicts is not None:  # the loop in C (asyncstream/shards/_records.c)
-            lanes_c = [
-                (reader.records, reader.view, reader.shard.url, reader.first)
-                for reader in (lane.meta["reader"] for lane in lanes)
-            ]
-            out = dicts(lanes_c, indices, samples, views, sample_dict)
+            out = dicts(lane_places(lanes), indices, samples, views, sample_dict)
         else:
             out = self._run(lanes, indices, samples)
         if self.sources:

@@ -19,7 +19,7 @@ before the piece's offset), so their chunks are always the shard's own.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -34,7 +34,7 @@ from ..stores._store import ChunkRequest
 if TYPE_CHECKING:
     from ._settings import StreamSettings
 
-__all__ = ["ChunkReader", "Item", "LaneReader", "chunk_count", "fetch_offset"]
+__all__ = ["ChunkReader", "Item", "LaneReader", "chunk_count", "fetch_offset", "lane_places"]
 
 Item = int  # a sample by its index in the shard: its record is records[index - first]
 _EMPTY = memoryview(b"")
@@ -279,3 +279,14 @@ class ChunkReader:
             lane.view, lane.records = _EMPTY, []
             self.engine().release(lane.ready.slot)
             lane.ready = None
+
+
+def lane_places(lanes: Sequence[Any]) -> list[tuple[Records, memoryview, str, int]]:
+    """Each window lane's ``(records, view, url, first)``: where a run of draws finds its
+    samples, as ``_tarwalk.deliver`` and ``_tarwalk.dicts`` (and ``take``'s Python loop)
+    read them, looked up once a run. ``lanes`` are the shuffle's, each holding its
+    :class:`LaneReader` as ``meta["reader"]``."""
+    return [
+        (reader.records, reader.view, reader.shard.url, reader.first)
+        for reader in (lane.meta["reader"] for lane in lanes)
+    ]

@@ -44,7 +44,7 @@ from ..order._shuffle import Lane, Need, WindowShuffle, mix_key
 from ..shards._tarfast import native_deliver
 from ._checkpoint import Checkpoint, StageStates, StateSnapshot
 from ._emit import Emit
-from ._lanes import ChunkReader, Item, LaneReader
+from ._lanes import ChunkReader, Item, LaneReader, lane_places
 from ._plansource import PlanSource
 from ._prefetch import soonest
 from ._settings import StreamSettings
@@ -324,12 +324,10 @@ class EpochRun(Iterator[dict[str, Any]]):
                     self._serve(need)
                     continue
                 indices, samples = shuffle.draw_many(n - taken)
+                # Each lane's records, ring view, url and first sample, looked up once a run.
+                lanes = lane_places(shuffle.lanes)
                 if deliver is not None:  # the loop in C (asyncstream/shards/_records.c)
-                    lanes_c = [
-                        (reader.records, reader.view, reader.shard.url, reader.first)
-                        for reader in (lane.meta["reader"] for lane in shuffle.lanes)
-                    ]
-                    done, going, error = deliver(lanes_c, indices, samples, sink)
+                    done, going, error = deliver(lanes, indices, samples, sink)
                     emit.emitted += done
                     taken += done
                     if error is not None or not going:
@@ -338,13 +336,8 @@ class EpochRun(Iterator[dict[str, Any]]):
                             raise error
                         return taken
                     continue
-                # Each lane's ring view, url, records and first sample, looked up once a run.
-                lanes = [
-                    (reader.view, reader.shard.url, reader.records, reader.first)
-                    for reader in (lane.meta["reader"] for lane in shuffle.lanes)
-                ]
                 for at, (index, sample) in enumerate(zip(indices, samples, strict=True), 1):
-                    view, url, records, first = lanes[index]
+                    records, view, url, first = lanes[index]
                     emit.emitted += 1
                     taken += 1
                     try:

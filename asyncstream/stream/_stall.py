@@ -33,8 +33,7 @@ class StallMeter:
     """
 
     def __init__(self, window: int = 200) -> None:
-        if isinstance(window, bool) or not isinstance(window, int) or window < 1:
-            raise ValueError(f"window must be an integer >= 1, got {window!r}")
+        _check_window(window)
         self._recent: deque[tuple[float, float]] = deque(maxlen=window)
         self._left: float | None = None  # when the last next() returned
         self._pending_work = 0.0
@@ -123,6 +122,11 @@ class StallMeter:
         }
 
 
+def _check_window(window: int) -> None:
+    if isinstance(window, bool) or not isinstance(window, int) or window < 1:
+        raise ValueError(f"window must be an integer >= 1, got {window!r}")
+
+
 def new_meter(window: int = 200) -> StallMeter:
     """A :class:`StallMeter` for a stream's iterator: where the extension is built, one
     whose figures are kept in C (``_nextc.Meter``: the same figures from the same clock,
@@ -141,6 +145,5 @@ if NEXTC is not None:
         :meth:`report`, which reads the core's figures)."""
 
         def __init__(self, window: int = 200) -> None:
-            if isinstance(window, bool) or not isinstance(window, int) or window < 1:
-                raise ValueError(f"window must be an integer >= 1, got {window!r}")
+            _check_window(window)
             super().__init__(window)  # the C core's
