@@ -9,7 +9,7 @@ costs it microseconds, and :class:`Nginx` can pin it to a CPU of its own (``cpu=
 
 What it serves, from ``root``:
 
-* the web store: ``http://127.0.0.1:PORT/path/to/file`` (and ``https://`` with ``tls``):
+* the web store: ``http://HOST:PORT/path/to/file`` (and ``https://`` with ``tls``):
   ``GET`` and ``HEAD``, single byte ranges (``206``, ``416``), ``ETag`` and
   ``Last-Modified``, ``If-Match``, ``If-Range``, keep-alive;
 * the S3 store, path-style: each folder of ``root`` a bucket, each file under it an
@@ -30,9 +30,11 @@ without its CPU.
 
 It runs as one process (``master_process off``, ``daemon off``) of this user, non-root
 safe: every path (its configuration, logs, pid and temporary folders) lives in a temporary
-prefix of its own, removed on close; it listens on free loopback ports; the kernel stops
-it when the process that started it dies (Linux). nginx with its Lua module is found on
-the machine or unpacked from Debian's packages on first use (:mod:`._nginxinstall`);
+prefix of its own, removed on close; it listens on free ports of ``host`` (loopback by
+default; another address of the network namespace it starts in, a veth's say, for
+clients in other namespaces); the kernel stops it when the process that started it dies
+(Linux). nginx with its Lua module is found on the machine or unpacked from Debian's
+packages on first use (:mod:`._nginxinstall`);
 where it cannot be, :class:`NginxUnavailable` says why (the fixtures skip). One that is
 there but does not start raises :class:`NginxStartError` (the end of its error log).
 
@@ -48,6 +50,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import ipaddress
 import os
 import re
 import shutil
@@ -87,9 +90,9 @@ def _quoted(path: str | Path, what: str) -> str:
     return f'"{text}"'
 
 
-def _free_port() -> int:
+def _free_port(host: str) -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
+        sock.bind((host, 0))
         port: int = sock.getsockname()[1]
         return port
 
@@ -104,7 +107,7 @@ def _child_setup(cpu: int | None) -> None:  # pragma: no cover - runs in the chi
 
 
 class Nginx(Served):
-    """nginx serving ``root`` on free ports of 127.0.0.1, as a context manager (module
+    """nginx serving ``root`` on free ports of ``host``, as a context manager (module
     docstring).
 
     Args:
@@ -114,10 +117,11 @@ class Nginx(Served):
         profile: the link: first-byte delay and per-connection rate (none by default).
         cpu: the CPU to pin nginx to, or None (where the scheduler puts it).
         seed: the seed of the delays' draws.
+        host: the IPv4 address it listens on (one of this network namespace's).
 
     Attributes:
-        url: ``http://127.0.0.1:PORT`` once started.
-        https_url: ``https://127.0.0.1:PORT`` once started with ``tls``, else ``""``.
+        url: ``http://HOST:PORT`` once started.
+        https_url: ``https://HOST:PORT`` once started with ``tls``, else ``""``.
         installation: the nginx that runs (its binary, modules, where it came from).
     """
 
@@ -130,8 +134,10 @@ class Nginx(Served):
         profile: NetworkProfile | None = None,
         cpu: int | None = None,
         seed: int = 0,
+        host: str = "127.0.0.1",
     ) -> None:
         self.root = Path(root).resolve()
+        self.host = str(ipaddress.IPv4Address(host))  # refused here if it is no address
         self.tls = tls
         self.ca_bundle = ca_bundle
         self.profile = profile or NetworkProfile.loopback()
@@ -169,11 +175,11 @@ class Nginx(Served):
         self.refresh()
         error = ""
         for _ in range(_PORT_TRIES):  # a free port may be taken before nginx binds it
-            ports = (_free_port(), _free_port() if self.tls else None)
+            ports = (_free_port(self.host), _free_port(self.host) if self.tls else None)
             error = self._launch(*ports)
             if not error:
-                self.url = f"http://127.0.0.1:{ports[0]}"
-                self.https_url = f"https://127.0.0.1:{ports[1]}" if ports[1] else ""
+                self.url = f"http://{self.host}:{ports[0]}"
+                self.https_url = f"https://{self.host}:{ports[1]}" if ports[1] else ""
                 return self
             if "Address already in use" not in error:
                 break
@@ -208,7 +214,7 @@ class Nginx(Served):
                 break
             with (
                 contextlib.suppress(OSError),
-                socket.create_connection(("127.0.0.1", port), timeout=1),
+                socket.create_connection((self.host, port), timeout=1),
             ):
                 return ""
             time.sleep(0.02)
@@ -259,7 +265,7 @@ class Nginx(Served):
             "events { worker_connections 4096; }",
             "http {",
             "  log_format served '$request_method\\t$uri\\t$status\\t$http_range'",
-            "                    '\\t$body_bytes_sent\\t$connection';",
+            "                    '\\t$body_bytes_sent\\t$connection\\t$remote_addr';",
             f"  access_log {_quoted(prefix / 'access.log', 'prefix')} served;",
             *(
                 f"  {kind}_temp_path {_quoted(prefix / kind, 'prefix')};"
@@ -275,12 +281,12 @@ class Nginx(Served):
             "  sendfile on; tcp_nopush on; tcp_nodelay on; server_tokens off;",
             "  keepalive_timeout 75s; keepalive_requests 1000000;",
             "  server {",
-            f"    listen 127.0.0.1:{port};",
+            f"    listen {self.host}:{port};",
         ]
         if self.tls and tls_port:
             cert, key = self.tls
             lines += [
-                f"    listen 127.0.0.1:{tls_port} ssl;",
+                f"    listen {self.host}:{tls_port} ssl;",
                 f"    ssl_certificate {_quoted(cert, 'certificate')};",
                 f"    ssl_certificate_key {_quoted(key, 'key')};",
                 "    ssl_protocols TLSv1.2 TLSv1.3;",
@@ -346,7 +352,8 @@ class Nginx(Served):
 
     def requests(self) -> list[ServedRequest]:
         """Every request answered so far, from the access log: method, path, ``range``
-        header (where sent) and status."""
+        header (where sent), status, the client's address and the connection's serial
+        number (distinct serials from one address: the connections it opened)."""
         if self._prefix is None:
             return []
         served = []
@@ -357,7 +364,11 @@ class Nginx(Served):
                 if len(fields) < 6 or not fields[2].isdigit():
                     continue
                 headers = {"range": fields[3]} if fields[3] not in ("", "-") else {}
-                served.append(ServedRequest(fields[0], fields[1], headers, int(fields[2])))
+                connection = int(fields[5]) if fields[5].isdigit() else 0
+                client = fields[6] if len(fields) > 6 else ""
+                served.append(
+                    ServedRequest(fields[0], fields[1], headers, int(fields[2]), client, connection)
+                )
         return served
 
     def options(self, *, https: bool = False, **overrides: Any) -> S3Options:

@@ -60,12 +60,16 @@ _REASONS = {
 @dataclass(frozen=True)
 class ServedRequest:
     """One request the server answered: its method, path (no query), header fields (names
-    in lower case) and the status answered."""
+    in lower case) and the status answered; where the server logs them (:class:`Nginx`),
+    the client's address and the server's serial number of the connection it came on
+    (else ``""`` and ``0``)."""
 
     method: str
     path: str
     headers: dict[str, str]
     status: int
+    client: str = ""
+    connection: int = 0
 
 
 @dataclass
