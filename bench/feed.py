@@ -338,16 +338,51 @@ def baseline_package(rev: str, workdir: Path) -> ModuleType:
     ).stdout.split()
     for path in files:
         if path.endswith(".py"):
-            text = subprocess.run(
-                ["git", "show", f"{rev}:{path}"],
-                cwd=root,
-                check=True,
-                capture_output=True,
-                text=True,
-            ).stdout
+            text = _git_show(root, rev, path).replace('"dali_ops._batchc"', f'"{name}._batchc"')
             (target / Path(path).name).write_text(text)
+    if "dali_ops/_batchc.c" in files:
+        _build_batchc(root, rev, target)
     sys.path.insert(0, str(workdir))
     return importlib.import_module(name)
+
+
+def _git_show(root: Path, rev: str, path: str) -> str:
+    return subprocess.run(
+        ["git", "show", f"{rev}:{path}"], cwd=root, check=True, capture_output=True, text=True
+    ).stdout
+
+
+def _build_batchc(root: Path, rev: str, target: Path) -> None:
+    """That revision's batch sink, built into ``target`` with the machine's compiler (as
+    ``setup.py`` builds it, warnings aside), so that its ``dali_ops`` runs its own C sink
+    beside today's rather than today's (whose arguments may differ)."""
+    import sysconfig
+
+    source = target / "src"
+    (source / "shards").mkdir(parents=True, exist_ok=True)
+    (source / "_batchc.c").write_text(_git_show(root, rev, "dali_ops/_batchc.c"))
+    for header in ("_records.h", "_table.h"):
+        try:
+            text = _git_show(root, rev, f"asyncstream/shards/{header}")
+        except subprocess.CalledProcessError:
+            continue  # not at that revision
+        (source / "shards" / header).write_text(text)
+    suffix = sysconfig.get_config_var("EXT_SUFFIX")
+    subprocess.run(
+        [
+            os.environ.get("CC", "gcc"),
+            "-shared",
+            "-fPIC",
+            "-O2",
+            "-std=c11",
+            f"-I{sysconfig.get_paths()['include']}",
+            f"-I{source / 'shards'}",
+            str(source / "_batchc.c"),
+            "-o",
+            str(target / f"_batchc{suffix}"),
+        ],
+        check=True,
+    )
 
 
 # -- parts ------------------------------------------------------------------------------

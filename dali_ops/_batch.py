@@ -75,9 +75,11 @@ STATS_INTERVAL = 1.0  # seconds between snapshots of the stream's statistics
 
 _META_KEY = "json"  # the member in which pack records a sample's source file
 
-Image = bytes | npt.NDArray[np.uint8]
-"""An encoded image of a batch: ``bytes`` (built in the training process) or a 1-D
-``uint8`` array viewing a worker's shared buffer."""
+Spans = list[int] | npt.NDArray[np.int64]
+"""Where each image of a batch lies in its buffer, ``(start, stop)``: a flat list
+``[start, stop, start, stop, ...]`` while the batch is built (no tuple per image, which the
+cyclic garbage collector would track), an ``(n, 2)`` ``int64`` array once it is handed
+over."""
 
 Skipped = tuple[str, str, str, "str | None"]
 """A skipped image: ``(shard URL, key, reason, source file or None)``."""
@@ -91,16 +93,16 @@ class RemoteTraceback(Exception):
 class EncodedBatch:
     """One batch for DALI, or, with ``error`` set, the batch that failed before it.
 
+    A batch's images lie in one buffer, one after the other (``data`` and ``spans``): the
+    producer copies each out of the stream's ring straight into it, and DALI is given the
+    buffer and the spans, not an object per image (see ``_feeds.prepare``).
+
     Attributes:
         state: where to resume to read this batch again (set by the producer): a
             stream state dict, a DataLoader's, or a :class:`~asyncstream.StateSnapshot`
             to make one (:meth:`._feed.Feeder.head_state` makes it).
         keys: each sample's key.
         urls: each sample's shard URL.
-        images: each sample's encoded image: the ``bytes`` copied out of the ring for a
-            batch built in the training process (DALI wraps them as they are, see
-            ``_feeds.prepare``), a 1-D ``uint8`` array viewing a worker's shared buffer for
-            a batch a worker sent (no copy).
         labels: each sample's label.
         metas: each sample's ``json`` member, if it has one (for messages).
         skipped: the images skipped while this batch was built.
@@ -108,20 +110,21 @@ class EncodedBatch:
         error: the error that ended the batch (it is then not fed).
         worker: the DataLoader worker that built it (``-1``: the training process).
         stats: the worker stream's statistics, sent now and then by workers.
-        owner: what keeps the images' memory alive and, once dropped, hands it back to the
-            worker that sent it (:mod:`._shm`).
-        inputs: the images as one DALI ``TensorListCPU`` of views, made by the producer
-            (DALI's source then skips its own per-image checks and conversion, about 5 us
-            an image of the training thread's time; see ``_feeds.prepare``).
-        placed: in a DataLoader worker, the shared buffer the images are written into as
-            they come (then ``images`` stays empty and ``spans`` says where each lies).
-        spans: where each image lies in ``placed``: ``(start, stop)``.
+        placed: while the batch is built, the buffer its images are written into as they
+            come (:class:`~._shm.BatchBuffer`); handed over, it becomes ``data``.
+        spans: where each image lies in the buffer (:data:`Spans`).
+        data: the images' bytes, once the batch is handed over: a view of a buffer of the
+            feed thread's pool, or of a worker's shared buffer.
+        owner: what keeps ``data``'s buffer alive and, once dropped, gives it back to the
+            pool it came from (:mod:`._shm`).
+        inputs: DALI's input for the images, made by the producer: the buffer as one
+            ``TensorListCPU``, each sample's start and length (DALI's source then skips
+            its own per-image checks and conversion; see ``_feeds.prepare``).
     """
 
     state: Any = None
     keys: list[str] = field(default_factory=list)
     urls: list[str] = field(default_factory=list)
-    images: list[Image] = field(default_factory=list)
     labels: list[int] = field(default_factory=list)
     metas: list[bytes | None] = field(default_factory=list)
     skipped: list[Skipped] = field(default_factory=list)
@@ -129,21 +132,51 @@ class EncodedBatch:
     dropped: int = 0
     worker: int = -1
     stats: dict[str, Any] | None = None
+    placed: BatchBuffer | None = None
+    spans: Spans = field(default_factory=list)
+    data: npt.NDArray[np.uint8] | None = None
     owner: Any = None
     inputs: Any = None
-    placed: BatchBuffer | None = None
-    spans: list[tuple[int, int]] = field(default_factory=list)
 
     def __len__(self) -> int:
         return len(self.keys)
 
-    def source_batch(self) -> tuple[Any, npt.NDArray[np.int64]]:
-        """What DALI's external source is given: the images and their labels."""
+    @property
+    def images(self) -> list[npt.NDArray[np.uint8]]:
+        """Each image's bytes, a view of ``data`` (for messages and checks, not the hot
+        path)."""
+        if self.data is None:
+            return []
+        data = self.data
+        return [data[a:b] for a, b in np.asarray(self.spans, dtype=np.int64).reshape(-1, 2)]
+
+    def keep(self) -> None:
+        """Take the buffer the batch was built into, in the process that built it (the
+        feed thread's): ``placed`` becomes ``data``, ``spans`` an array."""
+        self.spans = _span_array(self.spans)
+        if self.placed is not None:
+            if len(self.spans):
+                self.data, self.owner = self.placed.keep()
+            else:
+                self.placed.free()
+            self.placed = None
+
+    def starts_lengths(self) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.int64]]:
+        """Each image's start in ``data`` and its length, as DALI's source gives them to
+        the pipeline's slice: ``(n, 1)`` ``int64`` arrays."""
+        spans = _span_array(self.spans)
+        return np.ascontiguousarray(spans[:, :1]), spans[:, 1:] - spans[:, :1]
+
+    def source_batch(self) -> tuple[Any, ...]:
+        """What DALI's external source is given (a ``packed`` pipeline's four outputs):
+        the images' buffer, their starts and lengths, their labels."""
         labels = np.asarray(self.labels, dtype=np.int64)
         if self.inputs is not None:
-            return self.inputs, labels
-        # DALI's source takes arrays, not bytes (a batch refed after remove(), say)
-        return [np.frombuffer(i, dtype=np.uint8) for i in self.images], labels
+            return (*self.inputs, labels)
+        # without the producer's inputs (a batch refed after remove()): one reference to
+        # the buffer per sample, which DALI's source converts one by one
+        data = np.empty(0, dtype=np.uint8) if self.data is None else self.data
+        return ([data] * len(self.keys), *self.starts_lengths(), labels)
 
     def describe(self, index: int) -> str:
         """Shard, key and source file of the sample at ``index``, for a message."""
@@ -154,11 +187,9 @@ class EncodedBatch:
         keep = [i for i in range(len(self.keys)) if i not in indices]
         self.keys = [self.keys[i] for i in keep]
         self.urls = [self.urls[i] for i in keep]
-        self.images = [self.images[i] for i in keep]
         self.labels = [self.labels[i] for i in keep]
         self.metas = [self.metas[i] for i in keep]
-        if self.spans:
-            self.spans = [self.spans[i] for i in keep]
+        self.spans = _span_array(self.spans)[np.asarray(keep, dtype=np.intp)]
         self.inputs = None
 
     # -- across a process boundary -------------------------------------------------------
@@ -168,10 +199,10 @@ class EncodedBatch:
         (``placed``), which is named rather than sent (see :mod:`._shm`)."""
         buffer = None
         if self.placed is not None:
-            buffer = self.placed.wire() if self.spans else None
+            buffer = self.placed.wire() if len(self.spans) else None
             self.placed.free()  # given back unsent (nothing to send); nothing once sent
             self.placed = None
-        elif self.images:
+        elif len(self.spans):
             raise ValueError("only a batch built into a shared buffer (placed) can be sent")
         error = self.error
         trace = None
@@ -180,7 +211,7 @@ class EncodedBatch:
             error = error.with_traceback(None)
         return {
             "buffer": buffer,
-            "spans": self.spans,
+            "spans": _span_array(self.spans),
             "keys": self.keys,
             "urls": self.urls,
             "labels": self.labels,
@@ -195,13 +226,25 @@ class EncodedBatch:
 
     @classmethod
     def from_wire(cls, wire: dict[str, Any], state: Any, views: BufferViews) -> EncodedBatch:
-        """The batch a worker sent: views into its buffer, mapped by ``views``; the batch
-        holds the buffer, which the worker reuses once the batch is dropped."""
-        images: list[Image] = []
-        lease = None
+        """The batch a worker sent: a view of its buffer, mapped by ``views``; the batch
+        holds the buffer, which the worker reuses once the batch is dropped.
+
+        Raises:
+            ValueError: the spans do not fit the buffer or the samples.
+        """
+        data, lease = None, None
+        spans = _span_array(wire["spans"])
         if wire["buffer"] is not None:
-            view, lease = views.open(wire["buffer"], wire["worker"])
-            images = [view[a:b] for a, b in wire["spans"]]
+            data, lease = views.open(wire["buffer"], wire["worker"])
+        bound = 0 if data is None else len(data)
+        fits = not len(spans) or (
+            spans.min() >= 0 and spans.max() <= bound and bool((spans[:, 0] <= spans[:, 1]).all())
+        )
+        if len(spans) != len(wire["keys"]) or not fits:
+            raise ValueError(
+                f"DataLoader worker {wire['worker']} sent {len(spans)} image spans for "
+                f"{len(wire['keys'])} samples and a buffer of {bound} bytes"
+            )
         error = wire["error"]
         if error is not None and wire["trace"]:
             error.__cause__ = RemoteTraceback(f"in a DataLoader worker:\n{wire['trace']}")
@@ -209,7 +252,6 @@ class EncodedBatch:
             state=state,
             keys=wire["keys"],
             urls=wire["urls"],
-            images=images,
             labels=wire["labels"],
             metas=wire["metas"],
             skipped=wire["skipped"],
@@ -217,8 +259,15 @@ class EncodedBatch:
             dropped=wire["dropped"],
             worker=wire["worker"],
             stats=wire["stats"],
+            spans=spans,
+            data=data,
             owner=lease,
         )
+
+
+def _span_array(spans: Spans) -> npt.NDArray[np.int64]:
+    """``spans`` as an ``(n, 2)`` ``int64`` array (no copy where it is one)."""
+    return np.asarray(spans, dtype=np.int64).reshape(-1, 2)
 
 
 class BatchBuilder:
@@ -283,12 +332,12 @@ class BatchBuilder:
         if not NATIVE or _NATIVE is None:
             return fallback
         placed = batch.placed
+        assert placed is not None  # read_batches gives every batch a buffer
         sink: Callable[[memoryview, str, Any], bool] = _NATIVE.Sink(
             batch.keys,
             batch.urls,
             batch.labels,
             batch.metas,
-            batch.images,
             batch.spans,
             placed,
             self.image_keys,
@@ -339,8 +388,6 @@ class BatchBuilder:
                 rank, image = at, view[start:stop] if owned is None else owned
         if image is not None and label is not None:
             digits = label.tobytes() if isinstance(label, memoryview) else label
-            if batch.placed is None and isinstance(image, memoryview):
-                image = image.tobytes()  # the one copy, out of the ring: checked in place
             # the common sample: a label of digits and an image that passes the checks
             if digits.isdigit() and len(digits) < 19 and check_image(image, self.precheck) is None:
                 _append(batch, record[0], url, image, int(digits), meta)
@@ -406,14 +453,14 @@ def _append(
     label: int,
     meta: bytes | None,
 ) -> None:
-    """Add a checked sample to ``batch``, its image copied once: into the worker's shared
-    buffer (``placed``), or out of the ring here (``bytes`` are viewed as they are)."""
+    """Add a checked sample to ``batch``, its image copied once, into the batch's buffer
+    (``placed``)."""
+    if batch.placed is None:
+        raise ValueError("a batch is built into a buffer (EncodedBatch.placed)")
+    assert isinstance(batch.spans, list)
     batch.keys.append(key)
     batch.urls.append(url)
-    if batch.placed is not None:
-        batch.spans.append(batch.placed.put(data))
-    else:
-        batch.images.append(data.tobytes() if isinstance(data, memoryview) else data)
+    batch.spans.extend(batch.placed.put(data))
     batch.labels.append(label)
     batch.metas.append(meta)
 
@@ -443,10 +490,15 @@ def read_batches(
             its ``to_dict()`` is the stream's ``state_dict()`` then, made only for the
             batch whose state is asked for); ``None``: not taken (DataLoader workers,
             whose DataLoader saves the stream's state itself).
-        pool: a DataLoader worker's shared buffers: each batch's images are copied into
-            one as they come, from the stream's views (``iter_views``: one copy in all),
-            and a batch not handed over gives its buffer back.
+        pool: where each batch's images are copied as they come, from the stream's views
+            (``iter_views``: one copy in all): a DataLoader worker's shared buffers (the
+            batch is handed over by :meth:`EncodedBatch.to_wire`, and a batch not handed
+            over gives its buffer back), or a pool of this process's own
+            (``BufferPool(shared=False)``; ``None``: a new one), whose buffer each batch
+            takes with it (:meth:`EncodedBatch.keep`) before it is yielded.
     """
+    if pool is None:
+        pool = BufferPool(shared=False)
     state = stream.state_snapshot() if track is not None else None
     if track is not None:
         track(state)
@@ -455,9 +507,7 @@ def read_batches(
     batch = None
     try:
         while True:
-            batch = EncodedBatch(
-                state=state, worker=worker, placed=None if pool is None else BatchBuffer(pool)
-            )
+            batch = EncodedBatch(state=state, worker=worker, placed=BatchBuffer(pool))
             ended = builder.build(samples, batch)
             if ended and batch.error is None and drop_last and len(batch) < builder.batch_size:
                 batch.dropped = len(batch)
@@ -469,6 +519,8 @@ def read_batches(
             if (ended and batch.error is None) or now - last_stats > STATS_INTERVAL:
                 last_stats = now
                 batch.stats = stream.stats()
+            if not pool.shared:
+                batch.keep()
             if batch.keys or batch.skipped or batch.dropped or batch.stats or batch.error:
                 yield batch
             if batch.placed is not None:  # not handed over (to_wire takes it): give it back

@@ -65,9 +65,11 @@ typedef struct {
     PyObject *urls;
     PyObject *labels;
     PyObject *metas;
-    PyObject *images;     /* the feed thread's (placed is None): each image's bytes */
-    PyObject *spans;      /* a worker's (placed is not None) */
-    PyObject *placed;     /* the worker's BatchBuffer, or None */
+    PyObject *spans;      /* each image's (start, stop) in placed */
+    PyObject *placed;     /* the batch's BatchBuffer */
+    Py_buffer out;        /* placed.data's bytes, while has_out (see place) */
+    Py_ssize_t used;      /* placed.used, while has_out */
+    int has_out;
     PyObject *image_keys; /* tuple of str */
     PyObject *label_key;  /* str */
     PyObject *meta_key;   /* str */
@@ -77,6 +79,8 @@ typedef struct {
 } Sink;
 
 static PyTypeObject SinkType;
+
+static PyObject *USED, *DATA, *PUT; /* BatchBuffer's names, interned by module_exec */
 
 /* The signatures DALI's decoders.image reads, after the JPEG's (checked first). */
 static const struct {
@@ -324,65 +328,6 @@ copy_bytes(unsigned char *to, const unsigned char *from, Py_ssize_t size)
     }
 }
 
-/* BatchBuffer.put(image): where the buffer has no room yet (put takes or grows one). */
-static PyObject *
-put(Sink *self, PyObject *view, const Member *image)
-{
-    PyObject *seen = member_view(view, image);
-    if (seen == NULL) {
-        return NULL;
-    }
-    PyObject *span = PyObject_CallMethod(self->placed, "put", "O", seen);
-    Py_DECREF(seen);
-    return span;
-}
-
-/* Where a worker's image goes: its span (start, stop) in the shared buffer, written there
- * where it has room, else by BatchBuffer.put. */
-static PyObject *
-place(Sink *self, PyObject *view, const Member *image)
-{
-    PyObject *used_obj = PyObject_GetAttrString(self->placed, "used");
-    if (used_obj == NULL) {
-        return NULL;
-    }
-    Py_ssize_t used = PyLong_AsSsize_t(used_obj);
-    Py_DECREF(used_obj);
-    if (used == -1 && PyErr_Occurred()) {
-        return NULL;
-    }
-    PyObject *data = PyObject_GetAttrString(self->placed, "data");
-    if (data == NULL) {
-        return NULL;
-    }
-    if (data == Py_None) {
-        Py_DECREF(data);
-        return put(self, view, image);
-    }
-    Py_buffer out;
-    if (PyObject_GetBuffer(data, &out, PyBUF_WRITABLE | PyBUF_C_CONTIGUOUS) < 0) {
-        Py_DECREF(data);
-        return NULL;
-    }
-    if (used < 0 || used > out.len || image->size > out.len - used) {
-        PyBuffer_Release(&out);
-        Py_DECREF(data);
-        return put(self, view, image);
-    }
-    copy_bytes((unsigned char *)out.buf + used, image->data, image->size);
-    PyBuffer_Release(&out);
-    Py_DECREF(data);
-    PyObject *stop = PyLong_FromSsize_t(used + image->size);
-    if (stop == NULL) {
-        return NULL;
-    }
-    if (PyObject_SetAttrString(self->placed, "used", stop) < 0) {
-        Py_DECREF(stop);
-        return NULL;
-    }
-    return Py_BuildValue("(nN)", used, stop);
-}
-
 static int
 append_new(PyObject *list, PyObject *item)
 {
@@ -391,6 +336,102 @@ append_new(PyObject *list, PyObject *item)
     }
     int failed = PyList_Append(list, item);
     Py_DECREF(item);
+    return failed;
+}
+
+/* Let go of the cached view of the batch buffer's bytes (before Python code that may grow
+ * or replace the buffer runs, and when the sink goes). */
+static void
+forget_buffer(Sink *self)
+{
+    if (self->has_out) {
+        PyBuffer_Release(&self->out);
+        self->has_out = 0;
+    }
+}
+
+/* Append start and stop to the flat spans list and make stop the buffer's `used`. */
+static int
+add_span(Sink *self, Py_ssize_t start, PyObject *stop)
+{
+    PyObject *first = PyLong_FromSsize_t(start);
+    if (first == NULL) {
+        return -1;
+    }
+    int failed = append_new(self->spans, first) < 0 || PyList_Append(self->spans, stop) < 0 ||
+                 PyObject_SetAttr(self->placed, USED, stop) < 0;
+    return failed ? -1 : 0;
+}
+
+/* BatchBuffer.put(image), which takes or grows a buffer: where the cached one has no room.
+ * Its (start, stop) goes on the flat spans list. */
+static int
+put(Sink *self, PyObject *view, const Member *image)
+{
+    forget_buffer(self);
+    PyObject *seen = member_view(view, image);
+    if (seen == NULL) {
+        return -1;
+    }
+    PyObject *span = PyObject_CallMethodOneArg(self->placed, PUT, seen);
+    Py_DECREF(seen);
+    if (span == NULL) {
+        return -1;
+    }
+    int failed = !PyTuple_CheckExact(span) || PyTuple_GET_SIZE(span) != 2;
+    if (failed) {
+        PyErr_SetString(PyExc_TypeError, "BatchBuffer.put must return (start, stop)");
+    }
+    failed = failed || PyList_Append(self->spans, PyTuple_GET_ITEM(span, 0)) < 0 ||
+             PyList_Append(self->spans, PyTuple_GET_ITEM(span, 1)) < 0;
+    Py_DECREF(span);
+    return failed ? -1 : 0;
+}
+
+/* Copy an image into the batch's buffer: straight into the cached view of its bytes where
+ * it has room (the buffer's `used` read once per view), else by BatchBuffer.put. */
+static int
+place(Sink *self, PyObject *view, const Member *image)
+{
+    if (!self->has_out) {
+        PyObject *data = PyObject_GetAttr(self->placed, DATA);
+        if (data == NULL) {
+            return -1;
+        }
+        if (data == Py_None) {
+            Py_DECREF(data);
+            return put(self, view, image);
+        }
+        int got = PyObject_GetBuffer(data, &self->out, PyBUF_WRITABLE | PyBUF_C_CONTIGUOUS);
+        Py_DECREF(data);
+        if (got < 0) {
+            return -1;
+        }
+        self->has_out = 1;
+        PyObject *used_obj = PyObject_GetAttr(self->placed, USED);
+        if (used_obj == NULL) {
+            return -1;
+        }
+        self->used = PyLong_AsSsize_t(used_obj);
+        Py_DECREF(used_obj);
+        if (self->used == -1 && PyErr_Occurred()) {
+            return -1;
+        }
+    }
+    Py_ssize_t used = self->used;
+    if (used < 0 || used > self->out.len || image->size > self->out.len - used) {
+        return put(self, view, image);
+    }
+    copy_bytes((unsigned char *)self->out.buf + used, image->data, image->size);
+    PyObject *stop = PyLong_FromSsize_t(used + image->size);
+    if (stop == NULL) {
+        return -1;
+    }
+    int failed = add_span(self, used, stop);
+    Py_DECREF(stop);
+    if (!failed) {
+        self->used = used + image->size;
+    }
     return failed;
 }
 
@@ -452,30 +493,8 @@ add(Sink *self, PyObject *view, PyObject *url, const Record *record, const Py_bu
         return ADD_FALLBACK;
     }
 
-    /* The image as the batch keeps it (feed thread) or its span (worker): checked at the
-     * header level on the object the Python sink checks. */
-    PyObject *kept = NULL; /* the feed thread's bytes */
-    if (self->placed == Py_None) {
-        if (image.owned != NULL) {
-            Py_INCREF(image.owned);
-            kept = image.owned;
-        }
-        else {
-            kept = PyBytes_FromStringAndSize(NULL, image.size);
-            if (kept == NULL) {
-                return ADD_ERROR;
-            }
-            copy_bytes((unsigned char *)PyBytes_AS_STRING(kept), image.data, image.size);
-        }
-        if (self->level == LEVEL_HEADER) {
-            int passes = header_passes(self, kept);
-            if (passes != ADD_DONE) {
-                Py_DECREF(kept);
-                return passes;
-            }
-        }
-    }
-    else if (self->level == LEVEL_HEADER) {
+    /* checked at the header level on the view the Python sink checks */
+    if (self->level == LEVEL_HEADER) {
         PyObject *seen = member_view(view, &image);
         if (seen == NULL) {
             return ADD_ERROR;
@@ -495,7 +514,6 @@ add(Sink *self, PyObject *view, PyObject *url, const Record *record, const Py_bu
                        ? Py_NewRef(meta.owned)
                        : PyBytes_FromStringAndSize((const char *)meta.data, meta.size);
         if (meta_obj == NULL) {
-            Py_XDECREF(kept);
             return ADD_ERROR;
         }
     }
@@ -503,17 +521,9 @@ add(Sink *self, PyObject *view, PyObject *url, const Record *record, const Py_bu
     PyObject *key = record->tuple != NULL ? PyTuple_GET_ITEM(record->tuple, 0) : record->row->key;
     int failed = PyList_Append(self->keys, key) < 0 ||
                  PyList_Append(self->urls, url) < 0;
-    if (!failed) {
-        if (kept != NULL) {
-            failed = PyList_Append(self->images, kept) < 0;
-        }
-        else {
-            failed = append_new(self->spans, place(self, view, &image)) < 0;
-        }
-    }
+    failed = failed || place(self, view, &image) < 0;
     failed = failed || append_new(self->labels, PyLong_FromLongLong(value)) < 0 ||
              PyList_Append(self->metas, meta_obj) < 0;
-    Py_XDECREF(kept);
     Py_DECREF(meta_obj);
     return failed ? ADD_ERROR : ADD_DONE;
 }
@@ -546,6 +556,7 @@ sink_vectorcall(PyObject *callable, PyObject *const *args, size_t nargsf, PyObje
         return NULL;
     }
     if (done == ADD_FALLBACK) {
+        forget_buffer(self); /* the Python sink may put into the buffer, or grow it */
         return PyObject_Vectorcall(self->fallback, args, 3, NULL);
     }
     Py_RETURN_TRUE;
@@ -575,6 +586,7 @@ sink_row(PyObject *op, PyObject *view, const Py_buffer *buffer, PyObject *url,
         return -1;
     }
     PyObject *args[3] = {view, url, tuple};
+    forget_buffer(self); /* the Python sink may put into the buffer, or grow it */
     PyObject *going = PyObject_Vectorcall(self->fallback, args, 3, NULL);
     Py_DECREF(tuple);
     if (going == NULL) {
@@ -606,18 +618,22 @@ sink_init(PyObject *op, PyObject *args, PyObject *kwargs)
 {
     Sink *self = (Sink *)op;
     static char *names[] = {
-        "keys", "urls", "labels", "metas", "images", "spans", "placed",
+        "keys", "urls", "labels", "metas", "spans", "placed",
         "image_keys", "label_key", "meta_key", "level", "header", "fallback", NULL,
     };
-    PyObject *keys, *urls, *labels, *metas, *images, *spans, *placed;
+    PyObject *keys, *urls, *labels, *metas, *spans, *placed;
     PyObject *image_keys, *label_key, *meta_key, *header, *fallback;
     int level;
-    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "O!O!O!O!O!O!OO!UUiOO:Sink", names,
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "O!O!O!O!O!OO!UUiOO:Sink", names,
                                      &PyList_Type, &keys, &PyList_Type, &urls, &PyList_Type,
-                                     &labels, &PyList_Type, &metas, &PyList_Type, &images,
+                                     &labels, &PyList_Type, &metas,
                                      &PyList_Type, &spans, &placed,
                                      &PyTuple_Type, &image_keys, &label_key, &meta_key,
                                      &level, &header, &fallback)) {
+        return -1;
+    }
+    if (placed == Py_None) {
+        PyErr_SetString(PyExc_TypeError, "placed must be the batch's BatchBuffer");
         return -1;
     }
     if (!PyUnicode_CheckExact(label_key) || !PyUnicode_CheckExact(meta_key)) {
@@ -638,11 +654,11 @@ sink_init(PyObject *op, PyObject *args, PyObject *kwargs)
         PyErr_SetString(PyExc_TypeError, "fallback and header must be callable");
         return -1;
     }
+    forget_buffer(self);
     Py_XSETREF(self->keys, Py_NewRef(keys));
     Py_XSETREF(self->urls, Py_NewRef(urls));
     Py_XSETREF(self->labels, Py_NewRef(labels));
     Py_XSETREF(self->metas, Py_NewRef(metas));
-    Py_XSETREF(self->images, Py_NewRef(images));
     Py_XSETREF(self->spans, Py_NewRef(spans));
     Py_XSETREF(self->placed, Py_NewRef(placed));
     Py_XSETREF(self->image_keys, Py_NewRef(image_keys));
@@ -663,7 +679,6 @@ sink_traverse(PyObject *op, visitproc visit, void *arg)
     Py_VISIT(self->urls);
     Py_VISIT(self->labels);
     Py_VISIT(self->metas);
-    Py_VISIT(self->images);
     Py_VISIT(self->spans);
     Py_VISIT(self->placed);
     Py_VISIT(self->image_keys);
@@ -678,11 +693,11 @@ static int
 sink_clear(PyObject *op)
 {
     Sink *self = (Sink *)op;
+    forget_buffer(self);
     Py_CLEAR(self->keys);
     Py_CLEAR(self->urls);
     Py_CLEAR(self->labels);
     Py_CLEAR(self->metas);
-    Py_CLEAR(self->images);
     Py_CLEAR(self->spans);
     Py_CLEAR(self->placed);
     Py_CLEAR(self->image_keys);
@@ -725,7 +740,7 @@ sink_call(PyObject *op, PyObject *args, PyObject *kwargs)
 }
 
 PyDoc_STRVAR(sink_doc,
-             "Sink(keys, urls, labels, metas, images, spans, placed, image_keys,\n"
+             "Sink(keys, urls, labels, metas, spans, placed, image_keys,\n"
              "     label_key, meta_key, level, header, fallback)\n"
              "--\n\n"
              "Iteration.take's sink for one batch: sink(view, url, record) adds a common\n"
@@ -772,6 +787,14 @@ static PyMethodDef methods[] = {
 static int
 module_exec(PyObject *module)
 {
+    if (USED == NULL) {
+        USED = PyUnicode_InternFromString("used");
+        DATA = PyUnicode_InternFromString("data");
+        PUT = PyUnicode_InternFromString("put");
+        if (USED == NULL || DATA == NULL || PUT == NULL) {
+            return -1;
+        }
+    }
     if (PyType_Ready(&SinkType) < 0) {
         return -1;
     }

@@ -13,7 +13,6 @@ class Sink:
         urls: list[str],
         labels: list[int],
         metas: list[bytes | None],
-        images: list[Any],
         spans: list[tuple[int, int]],
         placed: Any,
         image_keys: tuple[str, ...],

@@ -30,8 +30,6 @@ from collections import deque
 from dataclasses import dataclass
 from typing import Any, Literal
 
-import numpy as np
-
 from asyncstream import DecodeError, StateSnapshot
 
 from ._batch import EncodedBatch, Skipped
@@ -167,7 +165,7 @@ class Feeder:
             bad = {}
             if batch.error is None:
                 bad = find_undecodable(
-                    [np.frombuffer(image, dtype=np.uint8) for image in batch.images],
+                    batch.images,
                     device=device,
                     device_id=device_id,
                 )

@@ -43,10 +43,11 @@ from collections import deque
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
+import numpy as np
 from nvidia.dali.tensors import TensorCPU, TensorListCPU
 
 from ._batch import BatchBuilder, EncodedBatch, read_batches
-from ._shm import BufferViews
+from ._shm import BufferPool, BufferViews
 
 if TYPE_CHECKING:
     from torchdata.stateful_dataloader import StatefulDataLoader
@@ -84,20 +85,24 @@ class Feed:
 
 
 def prepare(batch: EncodedBatch) -> EncodedBatch:
-    """Give a batch its DALI input: one ``TensorListCPU`` of zero-copy ``TensorCPU``
-    views of its images (``contiguous=False``: nothing copied).
+    """Give a batch its DALI input: its buffer as one ``TensorListCPU`` that repeats a
+    zero-copy ``TensorCPU`` of it once per sample (``TensorListCPU.broadcast``), with each
+    sample's start and length, which the pipeline's slice cuts it by (``packed``: see
+    :func:`~._pipeline.build_pipeline`).
 
     Made here, by the producer, so that DALI's source in the training thread takes the
-    whole batch at once: given a list, DALI's external source checks and converts each
-    item in Python (measured at about 5 us an image of the training thread's time, GIL
-    held, with a list of ``TensorCPU``; more with numpy arrays); given a tensor list, it
-    hands it over in one call.
+    whole batch at once, with no object per image on either side: given a list, DALI's
+    external source checks and converts each item in Python (measured at about 5 us an
+    image of the training thread's time, GIL held); given a tensor list of one view per
+    image, making the views cost the producer 2.2 us an image (``bench/RESULTS.md``); the
+    broadcast costs about 30 us a batch, whatever its size.
     """
-    if batch.images:
-        # bytes are wrapped as they are (uint8, no copy): a third cheaper than an array
-        views = [TensorCPU(image, "") for image in batch.images]
-        # DALI 2.4's type stubs lack the binding's ``contiguous`` argument.
-        batch.inputs = TensorListCPU(views, contiguous=False)  # type: ignore[call-overload]
+    if len(batch.keys) and batch.error is None:
+        data = batch.data if batch.data is not None else np.empty(0, dtype=np.uint8)
+        # DALI 2.4's type stubs lack the binding's static ``broadcast``.
+        broadcast = TensorListCPU.broadcast  # type: ignore[attr-defined]
+        whole = broadcast(TensorCPU(data, ""), len(batch.keys))
+        batch.inputs = (whole, *batch.starts_lengths())
     return batch
 
 
@@ -114,15 +119,24 @@ class ThreadFeed(Feed):
         builder: makes the batches.
         depth: batches built ahead at most.
         drop_last: drop the pass's last batch when it is short.
+        pool: the buffers the batches are built into (``BufferPool(shared=False)``), kept
+            by the loader across passes so that a pass reuses the last one's.
     """
 
     def __init__(
-        self, stream: ShardStream, builder: BatchBuilder, *, depth: int, drop_last: bool
+        self,
+        stream: ShardStream,
+        builder: BatchBuilder,
+        *,
+        depth: int,
+        drop_last: bool,
+        pool: BufferPool,
     ) -> None:
         super().__init__()
         self.stream = stream
         self.builder = builder
         self.drop_last = drop_last
+        self.pool = pool
         self._depth = depth
         self._cond = threading.Condition()
         self._ready: deque[EncodedBatch] = deque()
@@ -140,7 +154,7 @@ class ThreadFeed(Feed):
 
     def _run(self) -> None:
         produced = read_batches(
-            self.stream, self.builder, drop_last=self.drop_last, track=self._track
+            self.stream, self.builder, drop_last=self.drop_last, track=self._track, pool=self.pool
         )
         try:
             while True:

@@ -123,17 +123,29 @@ def _attach(handle: Handle) -> npt.NDArray[np.uint8]:
 
 
 class BufferPool:
-    """A worker's batch buffers; a batch writes its images into one
+    """A producer's batch buffers; a batch writes its images into one
     (:class:`BatchBuffer`), which is free again once the training process lets go of the
-    batch."""
+    batch.
 
-    def __init__(self) -> None:
+    Args:
+        shared: a DataLoader worker's buffers, in segments the training process maps
+            (``True``); ``False``: plain memory, for the batches a thread of the training
+            process builds (:meth:`BatchBuffer.keep`), reused all the same.
+    """
+
+    def __init__(self, *, shared: bool = True) -> None:
         self.pid = os.getpid()
-        self._flags = _Segment(SLOTS)  # kept: its descriptor stays open for the trainer
-        self.flags = self._flags.array  # 1: in use by a batch in flight
-        self.flags[:] = 0
-        self.flags_handle: Handle = self._flags.handle
-        self.buffers: list[_Segment] = []
+        self.shared = shared
+        self.flags_handle: Handle | None = None
+        if shared:
+            self._flags: _Segment | None = _Segment(SLOTS)  # its descriptor stays open
+            self.flags = self._flags.array  # 1: in use by a batch in flight
+            self.flags[:] = 0
+            self.flags_handle = self._flags.handle
+        else:
+            self._flags = None
+            self.flags = np.zeros(SLOTS, dtype=np.uint8)
+        self.buffers: list[_Segment | _Private] = []
         self.made = 0  # buffers allocated in all (reuse shows as few)
         self.hint = 0  # the bytes of the largest batch so far: what a new batch asks for
 
@@ -141,7 +153,7 @@ class BufferPool:
         """A free buffer of at least ``nbytes``, marked in use: its slot (``-1``: one of
         its own, not reused) and its segment."""
         flags = self.flags
-        slot = next((i for i in range(len(self.buffers)) if flags[i] == 0), -1)
+        slot = flags[: len(self.buffers)].tobytes().find(0)  # the first free one, or -1
         if slot < 0 and len(self.buffers) < SLOTS:
             slot = len(self.buffers)
             self.buffers.append(self._allocate(nbytes))
@@ -153,15 +165,19 @@ class BufferPool:
         flags[slot] = 1
         return slot, self.buffers[slot]
 
+    def nbytes(self) -> int:
+        """The memory of the buffers kept."""
+        return sum(buffer.size for buffer in self.buffers)
+
     def free(self, slot: int) -> None:
         """A buffer taken but not sent is free again."""
         if slot >= 0:
             self.flags[slot] = 0
 
-    def _allocate(self, nbytes: int) -> _Segment:
-        segment = _Segment(-(-max(1, nbytes + nbytes // 4) // _GRAIN) * _GRAIN)
+    def _allocate(self, nbytes: int) -> _Segment | _Private:
+        size = -(-max(1, nbytes + nbytes // 4) // _GRAIN) * _GRAIN
         self.made += 1
-        return segment
+        return _Segment(size) if self.shared else _Private(size)
 
 
 class BatchBuffer:
@@ -195,6 +211,20 @@ class BatchBuffer:
             data[: self.used] = self.data[: self.used]
         self.free()
         self.slot, self.segment, self.data = slot, segment, data
+
+    def keep(self) -> tuple[npt.NDArray[np.uint8] | None, _Lease | None]:
+        """Hand the buffer over within this process (a batch built by a thread of the
+        training process): its written bytes and the lease that gives it back to the pool
+        once the batch holding both is dropped; ``(None, None)`` (and the buffer given
+        back) where no image was put."""
+        if self.segment is None:
+            self.free()
+            return None, None
+        self.pool.hint = max(self.pool.hint, self.used)
+        data = self.segment.array[: self.used]
+        lease = _Lease(self.pool.flags, self.slot)
+        self.slot, self.segment, self.data = -1, None, None  # the lease's now
+        return data, lease
 
     def wire(self) -> dict[str, Any] | None:
         """What the training process needs to map the buffer and free it; ``None`` (and

@@ -3,7 +3,7 @@
 Both must build the same batches: images, labels, keys, source files, and the same skips
 and errors, on a tar written by ``tarfile`` (not ``pack``) with every kind of bad sample.
 The records go to the native sink (``_batchc``) or the Python one (``NATIVE = False``),
-into the feed thread's arrays or a worker's shared buffer: all four build the same."""
+into the feed thread's own buffer or a worker's shared one: all four build the same."""
 
 from __future__ import annotations
 
@@ -102,17 +102,17 @@ def batches(
     bulk: bool,
     on_error: Any,
     native: bool = True,
-    placed: bool = False,
+    shared: bool = False,
     precheck: Any = "markers",
 ) -> list[dict[str, Any]]:
     assert _batch._NATIVE is not None, "run `make install` (or setup.py build_ext)"
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(_batch, "NATIVE", native)
-        return _batches(folder, bulk, on_error, placed, precheck)
+        return _batches(folder, bulk, on_error, shared, precheck)
 
 
 def _batches(
-    folder: Path, bulk: bool, on_error: Any, placed: bool, precheck: Any
+    folder: Path, bulk: bool, on_error: Any, shared: bool, precheck: Any
 ) -> list[dict[str, Any]]:
     builder = BatchBuilder(
         8,
@@ -122,23 +122,22 @@ def _batches(
         label_key="cls",
     )
     out = []
-    pool = BufferPool() if placed else None
+    pool = BufferPool(shared=shared)  # a worker's shared buffers, or the feed thread's
     with ShardStream(str(folder), window=2, inflight=2, chunk_bytes=4 << 10, seed=3) as stream:
         samples = stream.iter_views() if bulk else one_at_a_time(iter(stream))
         while True:
-            buffer = None if pool is None else BatchBuffer(pool)
+            buffer = BatchBuffer(pool)
             batch = EncodedBatch(state=None, placed=buffer)
             ended = builder.build(samples, batch)
             error = batch.error
-            if buffer is not None:
-                assert not batch.images
-                data = buffer.data if batch.spans else None
-                images = [bytes(data[a:b]) for a, b in batch.spans] if data else []
-                assert len(images) == len(batch.keys)
-                buffer.free()
-            else:
-                images = list(batch.images)
-                assert all(type(image) is bytes for image in images)
+            batch.keep()  # as read_batches hands a feed thread's batch over
+            images = [bytes(image) for image in batch.images]
+            assert len(images) == len(batch.keys)
+            if not shared:
+                assert batch.placed is None
+                assert (batch.owner is not None) == bool(images)
+            batch.owner = None
+            buffer.free()
             out.append(
                 {
                     "keys": batch.keys,
@@ -154,11 +153,11 @@ def _batches(
                 return out
 
 
-@pytest.mark.parametrize(("native", "placed"), WAYS)
+@pytest.mark.parametrize(("native", "shared"), WAYS)
 def test_records_and_dicts_build_the_same_batches_skipping(
-    folder: Path, native: bool, placed: bool
+    folder: Path, native: bool, shared: bool
 ) -> None:
-    bulk = batches(folder, True, "skip", native, placed)
+    bulk = batches(folder, True, "skip", native, shared)
     dicts = batches(folder, False, "skip")
     assert bulk == dicts
     kept = [k for b in bulk for k in b["keys"]]
@@ -180,11 +179,11 @@ def test_records_and_dicts_build_the_same_batches_skipping(
     assert all(b["error"] is None for b in bulk)
 
 
-@pytest.mark.parametrize(("native", "placed"), WAYS)
+@pytest.mark.parametrize(("native", "shared"), WAYS)
 def test_records_and_dicts_raise_the_same_first_error(
-    folder: Path, native: bool, placed: bool
+    folder: Path, native: bool, shared: bool
 ) -> None:
-    bulk = batches(folder, True, "raise", native, placed)
+    bulk = batches(folder, True, "raise", native, shared)
     dicts = batches(folder, False, "raise")
     assert bulk == dicts
     kind, message = bulk[-1]["error"]
@@ -195,11 +194,11 @@ def test_records_and_dicts_raise_the_same_first_error(
 
 
 @pytest.mark.parametrize("on_error", ["skip", "raise"])
-@pytest.mark.parametrize(("native", "placed"), WAYS)
+@pytest.mark.parametrize(("native", "shared"), WAYS)
 def test_a_bad_label_ends_the_epoch_on_both_paths(
-    label_folder: Path, on_error: str, native: bool, placed: bool
+    label_folder: Path, on_error: str, native: bool, shared: bool
 ) -> None:
-    bulk = batches(label_folder, True, on_error, native, placed)
+    bulk = batches(label_folder, True, on_error, native, shared)
     dicts = batches(label_folder, False, on_error)
     assert bulk == dicts
     kind, message = bulk[-1]["error"]
@@ -210,12 +209,12 @@ def test_a_bad_label_ends_the_epoch_on_both_paths(
 
 @pytest.mark.parametrize("precheck", ["none", "header"])
 @pytest.mark.parametrize("on_error", ["skip", "raise"])
-@pytest.mark.parametrize("placed", [False, True])
+@pytest.mark.parametrize("shared", [False, True])
 def test_every_precheck_level_builds_the_same_batches_both_ways(
-    folder: Path, precheck: str, on_error: str, placed: bool
+    folder: Path, precheck: str, on_error: str, shared: bool
 ) -> None:
-    native = batches(folder, True, on_error, True, placed, precheck)
-    python = batches(folder, True, on_error, False, placed, precheck)
+    native = batches(folder, True, on_error, True, shared, precheck)
+    python = batches(folder, True, on_error, False, shared, precheck)
     assert native == python
     assert native == batches(folder, False, on_error, precheck=precheck)
 

@@ -121,7 +121,10 @@ def test_workers_spread_the_reading_over_processes(folder: Path) -> None:
     assert stats["batch_buffers_bytes"] > 0  # the workers' batch buffers, mapped here
     with make(folder) as loader:
         read_pass(loader, 1)
-        assert loader.stats()["batch_buffers_bytes"] == 0  # a thread feed has none
+        # the feed thread's own buffers, reused: a few batches' worth, in whole MiB
+        kept = loader.stats()["batch_buffers_bytes"]
+        assert kept > 0
+        assert kept % (1 << 20) == 0
 
 
 # -- exact resume --------------------------------------------------------------------------

@@ -148,10 +148,14 @@ def runs(draw: st.DrawFn) -> tuple[bytes, list[tuple[str, Any]]]:
 
 
 @pytest.fixture(scope="module")
-def pools() -> Iterator[tuple[BufferPool, BufferPool]]:
+def pools() -> Iterator[dict[bool, tuple[BufferPool, BufferPool]]]:
+    """Two shared pools (a worker's) and two of the process's own (the feed thread's)."""
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(_shm, "_GRAIN", 64)  # tiny buffers: batches outgrow them
-        yield BufferPool(), BufferPool()
+        yield {
+            shared: (BufferPool(shared=shared), BufferPool(shared=shared))
+            for shared in (True, False)
+        }
 
 
 def unaddressed(text: str) -> str:
@@ -172,10 +176,10 @@ def build(
     view: bytes,
     records: list[tuple[str, Any]],
     use_native: bool,
-    pool: BufferPool | None,
+    pool: BufferPool,
 ) -> dict[str, Any]:
     """Hand the records to one sink as ``take`` does (until it says stop); the batch."""
-    batch = EncodedBatch(placed=None if pool is None else BatchBuffer(pool))
+    batch = EncodedBatch(placed=BatchBuffer(pool))
     calls = []
     try:
         with pytest.MonkeyPatch.context() as patch:
@@ -195,14 +199,11 @@ def build(
 
 def collect(batch: EncodedBatch, calls: list[Any]) -> dict[str, Any]:
     """What the sink's calls made of ``batch``."""
-    if batch.placed is not None:
-        data = batch.placed.data
-        images = [bytes(data[a:b]) for a, b in batch.spans] if data is not None else []
-        used = batch.placed.used
-    else:
-        images = list(batch.images)
-        assert all(type(image) is bytes for image in batch.images)
-        used = None
+    assert batch.placed is not None
+    assert isinstance(batch.spans, list)  # flat while built: no tuple per image
+    spans = [tuple(p) for p in np.asarray(batch.spans, dtype=np.int64).reshape(-1, 2).tolist()]
+    data = batch.placed.data
+    images = [bytes(data[a:b]) for a, b in spans] if data is not None else []
     error = batch.error
     return {
         "calls": calls,
@@ -211,8 +212,8 @@ def collect(batch: EncodedBatch, calls: list[Any]) -> dict[str, Any]:
         "labels": batch.labels,
         "label_types": [type(v) for v in batch.labels],
         "images": images,
-        "spans": batch.spans,
-        "used": used,
+        "spans": spans,
+        "used": batch.placed.used,
         "metas": batch.metas,
         "skipped": [(u, k, unaddressed(why), s) for u, k, why, s in batch.skipped],
         "error": None if error is None else (type(error), unaddressed(str(error))),
@@ -235,12 +236,12 @@ def as_table(record: Any) -> Any:
 
 
 def build_delivered(
-    builder: BatchBuilder, view: bytes, records: list[tuple[str, Any]], pool: BufferPool | None
+    builder: BatchBuilder, view: bytes, records: list[tuple[str, Any]], pool: BufferPool
 ) -> dict[str, Any]:
     """:func:`build` as ``take`` does it natively: every record handed to the native sink
     by ``deliver``, through the C sink protocol where the record is in a table (any other
     through the sink's Python call); the calls as :func:`build` records them."""
-    batch = EncodedBatch(placed=None if pool is None else BatchBuffer(pool))
+    batch = EncodedBatch(placed=BatchBuffer(pool))
     try:
         with pytest.MonkeyPatch.context() as patch:
             patch.setattr(_batch, "NATIVE", True)
@@ -273,24 +274,24 @@ def build_delivered(
         [("jpg", "jpeg", "png"), ("png", "jpg"), ("jpg", "png", "jpg"), ("cls", "jpg"), ()]
     ),
     label_key=st.sampled_from(["cls", "txt", "json", "png"]),
-    placed=st.booleans(),
+    shared=st.booleans(),
 )
 def test_the_native_sink_builds_what_the_python_sink_builds(
-    pools: tuple[BufferPool, BufferPool],
+    pools: dict[bool, tuple[BufferPool, BufferPool]],
     run: tuple[bytes, list[tuple[str, Any]]],
     precheck: Any,
     on_error: Any,
     image_keys: tuple[str, ...],
     label_key: str,
-    placed: bool,
+    shared: bool,
 ) -> None:
     view, records = run
     builder = BatchBuilder(
         64, on_error=on_error, precheck=precheck, image_keys=image_keys, label_key=label_key
     )
-    python = build(builder, view, records, False, pools[0] if placed else None)
-    assert build(builder, view, records, True, pools[1] if placed else None) == python
-    assert build_delivered(builder, view, records, pools[1] if placed else None) == python
+    python = build(builder, view, records, False, pools[shared][0])
+    assert build(builder, view, records, True, pools[shared][1]) == python
+    assert build_delivered(builder, view, records, pools[shared][1]) == python
 
 
 def owned(ext: str, data: bytes) -> tuple[str, int, int, bytes]:
@@ -330,14 +331,14 @@ EDGES: list[tuple[tuple[str, ...], str, list[Any]]] = [
 
 @pytest.mark.parametrize(("image_keys", "label_key", "fields"), EDGES)
 @pytest.mark.parametrize("precheck", ["none", "markers", "header"])
-@pytest.mark.parametrize("placed", [False, True])
+@pytest.mark.parametrize("shared", [False, True])
 def test_edge_samples_build_alike(
-    pools: tuple[BufferPool, BufferPool],
+    pools: dict[bool, tuple[BufferPool, BufferPool]],
     image_keys: tuple[str, ...],
     label_key: str,
     fields: list[Any],
     precheck: Any,
-    placed: bool,
+    shared: bool,
 ) -> None:
     view = b"".join(f[3] for f in fields)
     at, in_view = 0, []
@@ -349,9 +350,9 @@ def test_edge_samples_build_alike(
         builder = BatchBuilder(
             8, on_error=on_error, precheck=precheck, image_keys=image_keys, label_key=label_key
         )
-        python = build(builder, view, records, False, pools[0] if placed else None)
-        assert build(builder, view, records, True, pools[1] if placed else None) == python
-        assert build_delivered(builder, view, records, pools[1] if placed else None) == python
+        python = build(builder, view, records, False, pools[shared][0])
+        assert build(builder, view, records, True, pools[shared][1]) == python
+        assert build_delivered(builder, view, records, pools[shared][1]) == python
 
 
 @pytest.mark.parametrize("extra", [-1, 0, 1])
@@ -370,11 +371,12 @@ def test_images_fill_a_shared_buffer_to_its_last_byte_alike(extra: int) -> None:
     built = []
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(_shm, "_GRAIN", 64)
-        for use_native in (False, True):
-            pool = BufferPool()
-            built.append(build(builder, b"", records, use_native, pool))
-            assert pool.buffers[0].size == size
-    assert built[0] == built[1]
+        for shared in (True, False):
+            for use_native in (False, True):
+                pool = BufferPool(shared=shared)
+                built.append(build(builder, b"", records, use_native, pool))
+                assert pool.buffers[0].size == size
+    assert all(b == built[0] for b in built)
     assert built[0]["images"] == images
 
 
@@ -397,12 +399,10 @@ def test_the_native_markers_check_is_check_images(data: bytes) -> None:
 
 
 def sink(fallback: Callable[..., bool], placed: Any = None, **lists: list[Any]) -> Any:
-    empty: dict[str, list[Any]] = {
-        k: [] for k in ("keys", "urls", "labels", "metas", "images", "spans")
-    }
+    empty: dict[str, list[Any]] = {k: [] for k in ("keys", "urls", "labels", "metas", "spans")}
     return native().Sink(
         **{**empty, **lists},
-        placed=placed,
+        placed=BatchBuffer(BufferPool(shared=False)) if placed is None else placed,
         image_keys=("jpg", "png"),
         label_key="cls",
         meta_key="json",
@@ -417,13 +417,14 @@ def test_a_common_sample_never_reaches_the_python_sink() -> None:
     keys: list[str] = []
     labels: list[int] = []
     metas: list[bytes | None] = []
-    images: list[Any] = []
+    spans: list[int] = []
+    placed = BatchBuffer(BufferPool(shared=False))
 
     def fallback(*args: Any) -> bool:
         handed.append(args)
         return True
 
-    add = sink(fallback, keys=keys, labels=labels, metas=metas, images=images)
+    add = sink(fallback, placed, keys=keys, labels=labels, metas=metas, spans=spans)
     view = memoryview(b"x" + JPEG + b"042" + b'{"a": 1}')
     cls = (len(JPEG) + 1, len(JPEG) + 4)
     assert add(view, "u", ("k", 0, ("jpg", 1, 1 + len(JPEG), None), ("cls", *cls, None)))
@@ -432,9 +433,10 @@ def test_a_common_sample_never_reaches_the_python_sink() -> None:
     assert keys == ["k", "k2"]
     assert labels == [42, 7]
     assert metas == [None, b"{"]
-    assert images[0] == JPEG
-    assert type(images[0]) is bytes
-    assert images[1] is PNG  # an owned image is kept as it is, not copied
+    # both images copied into the batch's buffer, one after the other
+    assert spans == [0, len(JPEG), len(JPEG), len(JPEG) + len(PNG)]
+    assert placed.data is not None
+    assert bytes(placed.data[: placed.used]) == JPEG + PNG
     # anything else is handed over as it came
     odd = ("k3", 0, ("jpg", 1, 1 + len(JPEG), None), ("cls", 0, 0, b" 1"))
     assert add(view, "u", odd)
@@ -445,6 +447,8 @@ def test_a_common_sample_never_reaches_the_python_sink() -> None:
 def test_a_sink_refuses_wrong_arguments() -> None:
     with pytest.raises(TypeError):
         native().Sink([], [], [], [], [], [])
+    with pytest.raises(TypeError):  # a batch is always built into a buffer
+        native().Sink([], [], [], [], [], None, ("jpg",), "cls", "json", 1, None, print)
     with pytest.raises(TypeError):
         sink(fallback=None)  # type: ignore[arg-type]
     add = sink(lambda *args: True)
