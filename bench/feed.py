@@ -470,23 +470,37 @@ def workers(args: argparse.Namespace, packages: dict[str, ModuleType]) -> dict[s
 
 
 def real(args: argparse.Namespace, packages: dict[str, ModuleType]) -> dict[str, Any]:
+    """The realistic run, ``--repeat`` rounds, the packages' order reversed every other
+    round (whichever runs second in a process was seen to run slower): ``runs`` holds the
+    last round's epochs, ``ratios`` each round's steady loader / ceiling, by package."""
     shards = real_shards(args.data, args.images)
     blobs, labels = read_encoded(shards)
-    out: dict[str, Any] = {"images": len(blobs), "mb": sum(map(len, blobs)) / 1e6, "runs": {}}
-    for name, pkg in packages.items():
-        settings = pkg.PipelineSettings(image_size=224, num_threads=args.threads)
-        ceil = ceiling(pkg, settings, blobs, labels, 256, args.device, args.epochs)
-        runs: dict[str, Any] = {"ceiling": ceil}
-        for n in sorted({0, args.real_workers}):
-            epochs = loader_epochs(pkg, shards, settings, 256, args.device, args.epochs, n)
-            runs[f"loader, {n} workers"] = epochs
-            steady = _steady(epochs, lambda e: e["images_per_s"])
-            print(
-                f"real {name} workers {n}: warm-up {epochs[0]['images_per_s']:.0f}, steady "
-                f"{steady:.0f} img/s; ceiling {ceil[0]:.0f} then {_steady(ceil, float):.0f}",
-                flush=True,
-            )
-        out["runs"][name] = runs
+    out: dict[str, Any] = {
+        "images": len(blobs),
+        "mb": sum(map(len, blobs)) / 1e6,
+        "runs": {},
+        "ratios": {},
+    }
+    names = list(packages)
+    for round_ in range(args.repeat):
+        for name in names if round_ % 2 == 0 else names[::-1]:
+            pkg = packages[name]
+            settings = pkg.PipelineSettings(image_size=224, num_threads=args.threads)
+            ceil = ceiling(pkg, settings, blobs, labels, 256, args.device, args.epochs)
+            runs: dict[str, Any] = {"ceiling": ceil}
+            for n in sorted({0, args.real_workers}):
+                epochs = loader_epochs(pkg, shards, settings, 256, args.device, args.epochs, n)
+                runs[f"loader, {n} workers"] = epochs
+                steady = _steady(epochs, lambda e: e["images_per_s"])
+                ratio = steady / _steady(ceil, float)
+                out["ratios"].setdefault(name, {}).setdefault(f"{n} workers", []).append(ratio)
+                print(
+                    f"real {name} workers {n}: warm-up {epochs[0]['images_per_s']:.0f}, steady "
+                    f"{steady:.0f} img/s; ceiling {ceil[0]:.0f} then {_steady(ceil, float):.0f}"
+                    f"; ratio {ratio:.2f}",
+                    flush=True,
+                )
+            out["runs"][name] = runs
     return out
 
 
@@ -623,6 +637,13 @@ def render(out: dict[str, Any]) -> str:
             ],
             rows,
         )
+        for name, by in out["real"].get("ratios", {}).items():
+            for label, ratios in by.items():
+                lines.append(
+                    f"{name}, loader with {label}: loader / ceiling by round "
+                    f"{', '.join(f'{r:.2f}' for r in ratios)}; median "
+                    f"{statistics.median(ratios):.2f}"
+                )
     if "handover" in out:
         lines += _table(
             [

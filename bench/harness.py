@@ -445,7 +445,8 @@ def ring(b: Bench) -> dict[str, Any]:
                     "proxy_cpu_s_per_gb": (cpu_seconds(proxy_pid) - proxy0) / gb,
                     "mb_per_s": read["mb_per_s"],
                     "ring_bytes": read["shm_bytes"],
-                    "requests": read["fetch"].get("requests", 0),
+                    "requests": read["requests"],  # the measured epoch's
+                    "reader_cpu_us_per_get": 1e6 * read["cpu_s"] / max(1, read["requests"]),
                     "inflight_mean": read["fetch"].get("inflight_mean", 0.0),
                     **b.quality(read["keys"], read["labels"]),
                 }

@@ -85,6 +85,7 @@ def read_epoch(config: dict[str, Any]) -> dict[str, Any]:
         "hedge_wins": int(delta("hedge_wins")),
         "throttle_cuts": int(delta("throttle_cuts")),
         "chunks": int(delta("chunks")),
+        "requests": int(delta("requests")),
         "fetch": fetch,
         "keys": keys,
         "labels": labels,

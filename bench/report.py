@@ -274,14 +274,14 @@ def tables(out: dict[str, Any], base: Path | None = None) -> str:
             "rounds; shuffle quality on the class-sorted data.",
             "",
             "| defaults | ring | MB/s | GETs | CPU-s per GB: reader, server, proxy "
-            "| \\|corr\\| | classes/batch |",
-            "|---|---:|---:|---:|---:|---:|---:|",
+            "| reader CPU µs per GET | \\|corr\\| | classes/batch |",
+            "|---|---:|---:|---:|---:|---:|---:|---:|",
         ]
         for name, f in r.items():
             lines.append(
                 f"| {name} | {_mib(f['ring_bytes'])} | {f['mb_per_s']:.0f} | {f['requests']} "
                 f"| {f['reader_cpu_s_per_gb']:.2f}, {f['server_cpu_s_per_gb']:.2f}, "
-                f"{f['proxy_cpu_s_per_gb']:.2f} "
+                f"{f['proxy_cpu_s_per_gb']:.2f} | {f.get('reader_cpu_us_per_get', 0):.0f} "
                 f"| {f['abs_correlation']:.3f} | {f['distinct_classes_per_batch']:.1f} |"
             )
         lines.append("")
