@@ -19,6 +19,9 @@ argument mistakes are additionally ``ValueError`` / ``TypeError`` so that plain
     └── StateError (ValueError)          a state_dict that does not fit this stream
 
     UserWarning
+    ├── MemberOrderWarning               a shard whose samples' members are apart (a tar
+    │                                    of a folder in directory order): most samples
+    │                                    lack members
     ├── StaleShardWarning                a shard under a prefix that the dataset's index
     │                                    does not list: left out, not read
     ├── UnreadShardWarning               a tar archive under a prefix in a format that is
@@ -58,6 +61,7 @@ __all__ = [
     "DecodeError",
     "EngineError",
     "FetchError",
+    "MemberOrderWarning",
     "NotFoundError",
     "PermanentFetchError",
     "ShardURLError",
@@ -205,6 +209,18 @@ class _RedactedWarning(UserWarning):
 
     def __init__(self, *args: object) -> None:
         super().__init__(*(redact(a) if isinstance(a, str) else a for a in args))
+
+
+class MemberOrderWarning(_RedactedWarning):
+    """A shard whose samples' members are not adjacent: most samples lack members.
+
+    A sample is a run of adjacent tar members sharing a key (webdataset's rule). A tar of
+    a folder written in directory order (``tar czf s.tar.gz -C dir .``) puts the members
+    of one key apart, so the shard reads as more samples than it holds, most with fewer
+    members than their key has. Warned once per folder of shards, naming a shard and a
+    key; the fix is to write the tar sorted (``tar --sort=name``, GNU tar) or with
+    ``asyncstream pack``.
+    """
 
 
 class StaleShardWarning(_RedactedWarning):

@@ -69,6 +69,7 @@ from ._workers import make_worker_loader
 __all__ = ["DALIImageLoader"]
 
 _STATE_VERSION = 2
+_STATE_KIND = "asyncstream.DALIImageLoader"  # old states have no kind: accepted
 
 
 class DALIImageLoader:
@@ -344,6 +345,7 @@ class DALIImageLoader:
         else:
             position = self._stream.state_dict()
         return {
+            "kind": _STATE_KIND,
             "version": _STATE_VERSION,
             "batches": batches,
             "rank": self._stream.rank,
@@ -469,12 +471,30 @@ def _one_world(entries: list[dict[str, Any]], loader: DALIImageLoader) -> bool:
     return all(e["world_size"] == loader._stream.world_size for e in entries)
 
 
+def _other_kind(entry: Any) -> str:
+    """What saved ``entry``, which is not a DALIImageLoader state, as a user names it."""
+    if not isinstance(entry, dict):
+        return f"a {type(entry).__name__}, not a state_dict"
+    if "_num_yielded" in entry:
+        return (
+            "a ShardLoader (StatefulDataLoader) state_dict, not a DALIImageLoader's: give it "
+            "to the ShardLoader it came from"
+        )
+    if entry.get("kind") == "asyncstream.ShardStream" or "position" in entry:
+        return "a ShardStream state_dict, not a DALIImageLoader's: give it to the stream"
+    return f"a state_dict of kind {str(entry.get('kind'))[:80]!r}, not a DALIImageLoader's"
+
+
 def _check_entries(state: Any) -> list[dict[str, Any]]:
     """The loader states in ``state`` (one, or one per rank), upgraded to this version."""
     entries = state if isinstance(state, list) else [state]
     out = []
     for entry in entries:
-        if not isinstance(entry, dict) or entry.get("version") not in (1, _STATE_VERSION):
+        if not isinstance(entry, dict) or entry.get("kind", _STATE_KIND) != _STATE_KIND:
+            raise StateError(f"DALIImageLoader.load_state_dict was given {_other_kind(entry)}")
+        if "batches" not in entry and ("_num_yielded" in entry or "position" in entry):
+            raise StateError(f"DALIImageLoader.load_state_dict was given {_other_kind(entry)}")
+        if entry.get("version") not in (1, _STATE_VERSION):
             raise StateError("not a DALIImageLoader state_dict (or another version)")
         batches = entry.get("batches")
         if isinstance(batches, bool) or not isinstance(batches, int) or batches < 0:

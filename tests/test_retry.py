@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import asyncio
+import logging
+import os
 import random
 from typing import Any
 
@@ -10,8 +12,19 @@ import aiohttp
 import botocore.exceptions
 import pytest
 
-from asyncstream import AccessDeniedError, NotFoundError, PermanentFetchError, TransientFetchError
+from asyncstream import (
+    AccessDeniedError,
+    LocalS3,
+    NotFoundError,
+    PermanentFetchError,
+    S3Options,
+    TransientFetchError,
+    resolve_shards,
+)
+from asyncstream.engine._engine import Engine, EngineConfig
 from asyncstream.stores._retry import ChunkFailure, RetryPolicy, Timeouts, classify, retrying
+from asyncstream.stores._store import ChunkRequest
+from asyncstream.testing import FaultProxy
 
 URL = "s3://bucket/shard-0001.tar"
 
@@ -208,3 +221,64 @@ def test_timeouts_validation() -> None:
     with pytest.raises(ValueError, match=r"Timeouts\.stall"):
         Timeouts(stall=0)
     assert "stall=10.0" in repr(Timeouts())
+
+
+# -- retries logged, against a real S3 server behind the fault proxy -------------------------
+
+
+def _retry_records(records: list[logging.LogRecord]) -> list[logging.LogRecord]:
+    return [r for r in records if r.name == "asyncstream" and "retrying in" in r.getMessage()]
+
+
+def test_the_engine_process_logs_each_retry_and_warns_once_about_the_endpoint(
+    proxy: FaultProxy, s3_server: LocalS3, bucket: str, s3_client: Any, caplog: Any
+) -> None:
+    """A 503 twice, then a server that accepts and does not answer (longer than the first
+    byte timeout) three times: five retries at INFO, each with its cause and wait, and
+    past ``warn_after`` one WARNING naming the endpoint, all logged in this process from
+    the engine's own."""
+    s3_client.put_object(Bucket=bucket, Key="shard.tar", Body=b"x" * 3000)
+    url = f"s3://{bucket}/shard.tar"
+    proxy.inject("status", count=2, status=503, match="shard.tar")
+    proxy.inject("latency", count=3, seconds=30, match="shard.tar")
+    policy = RetryPolicy(max_attempts=10, base_delay=0.01, max_delay=0.02, warn_after=0.5)
+    config = EngineConfig(
+        coalesce_bytes=0,
+        hedge=False,
+        retry=policy,
+        timeouts=Timeouts(connect=5, first_byte=0.3, stall=5, chunk=20),
+        s3=S3Options(endpoint_url=proxy.endpoint_url).resolve(),
+    )
+    caplog.set_level(logging.INFO, logger="asyncstream")
+    with Engine(config, n_slots=2, slot_bytes=4096, mode="process") as engine:
+        assert engine.pid is not None
+        assert engine.pid != os.getpid()
+        engine.submit([ChunkRequest(url, 0, 3000)])
+        ready = engine.next(timeout=60)
+        assert bytes(engine.view(ready)) == b"x" * 3000
+        engine.stats()  # a last exchange: every record sent before it has arrived
+    retries = _retry_records(caplog.records)
+    assert [r.levelno for r in retries] == [logging.INFO] * 5
+    causes = [r.getMessage() for r in retries]
+    assert all(url in m for m in causes)
+    assert "attempt 1 failed (slowdown" in causes[0]
+    assert "attempt 3 failed (first_byte: no response within 0.3 s); retrying in" in causes[2]
+    warnings = [r for r in caplog.records if r.levelno == logging.WARNING]
+    assert len(warnings) == 1
+    text = warnings[0].getMessage()
+    assert f"s3://{bucket} at {proxy.endpoint_url}" in text
+    assert "still retrying" in text
+
+
+def test_a_listing_at_open_logs_its_retries(
+    proxy: FaultProxy, bucket: str, s3_client: Any, caplog: Any
+) -> None:
+    s3_client.put_object(Bucket=bucket, Key="a/shard.tar", Body=b"x" * 100)
+    proxy.inject("status", count=2, status=503, method="GET", match="list-type")
+    caplog.set_level(logging.INFO, logger="asyncstream")
+    shards = resolve_shards(f"s3://{bucket}/a/", S3Options(endpoint_url=proxy.endpoint_url))
+    assert [s.url for s in shards] == [f"s3://{bucket}/a/shard.tar"]
+    retries = _retry_records(caplog.records)
+    assert len(retries) == 2
+    assert all(r.levelno == logging.INFO for r in retries)
+    assert "slowdown" in retries[0].getMessage()

@@ -53,11 +53,13 @@ from ._protocol import (
     Fetch,
     FromEngine,
     Hello,
+    Log,
     Release,
     RemoteTraceback,
     Stats,
     Stop,
     ToEngine,
+    log_from_engine,
     with_remote_cause,
 )
 from ._ring import Ring
@@ -273,6 +275,8 @@ class Engine:
                 self._arrived[message.id] = message
             elif isinstance(message, Stats):
                 self._stats = message.stats
+            elif isinstance(message, Log):
+                log_from_engine(message)
             elif isinstance(message, Fatal):
                 raise EngineError(
                     f"the fetch engine failed: {message.error!r}"

@@ -20,6 +20,9 @@ behind it on the same socket, the ring's descriptor (``SCM_RIGHTS``,
                          ChunkFailed(id, error, trace)    at the chunk's place
                          Stats(stats)                     the answer to AskStats
                          Fatal(error, trace)              the engine itself broke
+                         Log(name, level, text)           a record of the engine's
+                                                          ``asyncstream`` logger (a
+                                                          process's: retries, the cache)
 
 Chunk ids are the consumer's: it numbers the chunks it submits, and the engine answers
 each id exactly once, with :class:`ChunkReady` or :class:`ChunkFailed`, in the order
@@ -31,6 +34,7 @@ other side is gone: the consumer then reports the engine dead; the engine exits.
 
 from __future__ import annotations
 
+import logging
 from typing import Any, NamedTuple
 
 from ..stores._store import ChunkRequest
@@ -44,11 +48,13 @@ __all__ = [
     "Fetch",
     "FromEngine",
     "Hello",
+    "Log",
     "Release",
     "Started",
     "Stats",
     "Stop",
     "ToEngine",
+    "log_from_engine",
     "with_remote_cause",
 ]
 
@@ -123,7 +129,23 @@ class Fatal(NamedTuple):
     trace: str
 
 
-FromEngine = Started | ChunkReady | ChunkFailed | Stats | Fatal
+class Log(NamedTuple):
+    """A record of the engine process's ``asyncstream`` logger (INFO and above), its
+    text already formatted and redacted, for the consumer to log as its own."""
+
+    name: str
+    level: int
+    text: str
+
+
+FromEngine = Started | ChunkReady | ChunkFailed | Stats | Fatal | Log
+
+
+def log_from_engine(message: Log) -> None:
+    """Log an engine process's record in the consumer, under its logger (an
+    ``asyncstream`` one), where the consumer's logging configuration handles it."""
+    name = message.name if message.name.split(".", 1)[0] == "asyncstream" else "asyncstream"
+    logging.getLogger(name).log(message.level, "%s", message.text)
 
 
 class RemoteTraceback(Exception):

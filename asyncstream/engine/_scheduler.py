@@ -265,6 +265,7 @@ class Scheduler:
                 policy=self.config.retry,
                 rng=self.rng,
                 on_retry=self._on_retry,
+                endpoint=self._endpoint(first),
             )
         except asyncio.CancelledError:
             for _, _, slot in group[done:]:
@@ -311,11 +312,20 @@ class Scheduler:
                 policy=self.config.retry,
                 rng=self.rng,
                 on_retry=self._on_retry,
+                endpoint=self._endpoint(request),
             )
         finally:
             out.release()
             if parts is not None:
                 self.stats.part_reads += parts.parts
+
+    def _endpoint(self, request: ChunkRequest) -> str | None:
+        """The S3 server a request goes to, for the retries' WARNING (None: its URL's
+        host, or the store's default)."""
+        if not request.url.startswith("s3://"):
+            return None
+        options = dict(self.config.endpoints).get(request.endpoint, self.config.s3)
+        return options.endpoint_url
 
     def _hedge_after(self, request: ChunkRequest) -> float | None:
         """Seconds after which this chunk gets a hedge, or None for no hedge."""

@@ -15,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import importlib
+import logging
 import signal
 import threading
 import traceback
@@ -33,6 +34,7 @@ from ._protocol import (
     Fetch,
     FromEngine,
     Hello,
+    Log,
     Release,
     Started,
     Stats,
@@ -48,7 +50,10 @@ __all__ = ["run_engine", "serve"]
 class _Server:
     """The engine side: runs inside the engine's own event loop."""
 
-    def __init__(self, conn: Connection, ring: Ring, config: EngineConfig) -> None:
+    def __init__(
+        self, conn: Connection, ring: Ring, config: EngineConfig, forward_logs: bool = False
+    ) -> None:
+        self.forward_logs = forward_logs
         self.conn = conn
         self.ring = ring
         self.config = config
@@ -73,6 +78,7 @@ class _Server:
             )
             reader.start()
             install_stores(self.config.registry, self.config.store_settings)
+            forward = _Forward(loop, self._send) if self.forward_logs else None
             try:
                 self._send(Started())
                 scheduling = asyncio.create_task(self.scheduler.run())
@@ -82,6 +88,8 @@ class _Server:
             finally:
                 for store in self.stores.values():
                     await store.aclose()
+                if forward is not None:
+                    forward.close()
         finally:
             self.ring.close()
 
@@ -195,7 +203,14 @@ class _Server:
             self.stop.set()
 
 
-def run_engine(conn: Connection, ring_fd: int, ring_name: str, config: EngineConfig) -> None:
+def run_engine(
+    conn: Connection,
+    ring_fd: int,
+    ring_name: str,
+    config: EngineConfig,
+    *,
+    forward_logs: bool = False,
+) -> None:
     """Run the engine until it is stopped, in the engine's process or thread.
 
     Args:
@@ -203,11 +218,14 @@ def run_engine(conn: Connection, ring_fd: int, ring_name: str, config: EngineCon
         ring_fd: a descriptor of the ring's segment, this engine's to close.
         ring_name: the ring's label, for messages.
         config: the engine's settings.
+        forward_logs: send the records of this process's ``asyncstream`` logger (INFO
+            and above) to the consumer (:class:`~._protocol.Log`): in the engine's own
+            process; a thread's records are the consumer's already.
     """
     ring: Ring | None = None
     try:
         ring = Ring.attach(ring_fd, ring_name)  # the descriptor is the ring's from here
-        server = _Server(conn, ring, config)
+        server = _Server(conn, ring, config, forward_logs)
         try:
             import uvloop
         except ImportError:  # pragma: no cover - uvloop is a dependency on Linux and macOS
@@ -254,4 +272,28 @@ def serve(fd: int, idle_limit: float | None = None, preload: Sequence[str] = ())
         ring_fd = reduction.recv_handle(conn)  # the ring, right behind its Hello
     except (EOFError, OSError, RuntimeError):  # RuntimeError: a message without the ring
         return  # the consumer died before it sent everything
-    run_engine(conn, ring_fd, hello.ring_name, hello.config)
+    run_engine(conn, ring_fd, hello.ring_name, hello.config, forward_logs=True)
+
+
+class _Forward(logging.Handler):
+    """Sends the engine process's ``asyncstream`` records to the consumer, from the
+    loop's thread (the one that sends on the connection), in place of this process's
+    stderr."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop, send: Any) -> None:
+        super().__init__(logging.INFO)
+        self.loop, self.send = loop, send
+        self.logger = logging.getLogger("asyncstream")
+        self.logger.setLevel(logging.INFO)
+        self.logger.propagate = False
+        self.logger.addHandler(self)
+
+    def emit(self, record: logging.LogRecord) -> None:
+        message = Log(record.name, record.levelno, record.getMessage())
+        with contextlib.suppress(RuntimeError):  # the loop is closed: the engine is ending
+            self.loop.call_soon_threadsafe(self.send, message)
+
+    def close(self) -> None:
+        self.logger.removeHandler(self)
+        self.logger.propagate = True
+        super().close()

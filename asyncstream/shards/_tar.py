@@ -61,6 +61,7 @@ from dataclasses import dataclass
 
 from .._exceptions import CorruptTarError, TruncatedShardWarning
 from ._limits import ReadLimits
+from ._memberorder import MemberOrder
 from ._tarentry import BLOCK, EMPTY, EntryParser, looks_compressed
 from ._tarfast import Field, Names, Pending, RangeWalker, Record, Records, new_records
 
@@ -151,6 +152,8 @@ class ShardReader(EntryParser):
         # members, names the walk refuses) and each range's last member, cut by its end.
         self.general_members = 0
         self._doff = start
+        # The first samples of a shard read from its start, for MemberOrderWarning.
+        self._order: MemberOrder | None = MemberOrder(url) if start == 0 else None
 
     @property
     def pending_offset(self) -> int:
@@ -236,6 +239,8 @@ class ShardReader(EntryParser):
             return None
         finally:
             self._data = EMPTY
+        if self._order is not None and (out or self._done) and self._order.see(out, self._done):
+            self._order = None
         return out
 
     def _sticky_error(self) -> CorruptTarError:

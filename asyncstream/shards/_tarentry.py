@@ -39,6 +39,14 @@ _COMPRESSED = (
     (b"\xfd7zXZ\0", "xz", ".tar.xz"),
     (b"(\xb5/\xfd", "zstd", ".tar.zst"),
 )
+# Magic numbers of other files that end up named as shards.
+_NOT_TAR = (
+    (b"\xff\xd8\xff", "a JPEG image"),
+    (b"\x89PNG\r\n\x1a\n", "a PNG image"),
+    (b"PK\x03\x04", "a zip archive"),
+    (b"GIF8", "a GIF image"),
+    (b"RIFF", "a RIFF file (WebP, WAV)"),
+)
 
 
 @dataclass(slots=True)
@@ -56,13 +64,18 @@ Entry = tuple[str | None, str, int, int, int, _Sparse | None]
 
 def looks_compressed(head: bytes | memoryview) -> str:
     """``"; the shard looks gzip-compressed: ..."`` if ``head`` starts like a compressed
-    file, else ``""``: the hint added to the error for a plain-named shard."""
+    file, ``"; not a tar (looks like a JPEG image) ..."`` if like another kind of file
+    (an image, a zip), else ``""``: the hint added to the error for a plain-named shard."""
+    start = bytes(head[:8])
     for magic, kind, suffix in _COMPRESSED:
-        if bytes(head[: len(magic)]) == magic:
+        if start.startswith(magic):
             return (
                 f"; the shard looks {kind}-compressed: name it {suffix} (compression is "
                 "read from the name), or decompress it"
             )
+    for magic, kind in _NOT_TAR:
+        if start.startswith(magic):
+            return f"; not a tar (looks like {kind}): a file named as a shard by mistake?"
     return ""
 
 

@@ -4,12 +4,20 @@ Which errors are retried is decided once, at the edge, by the one table of
 :mod:`asyncstream.stores._errors`: every failure of a chunk download becomes a *cause* (a short
 name that also keys the retry statistics) and a verdict, retry or not (the list is in
 that module's docstring).
+
+Each retry is logged (logger ``asyncstream``) at INFO with its cause and the wait before
+the next attempt; once the retries of one call have lasted ``RetryPolicy.warn_after``
+seconds (30 by default), a WARNING names the endpoint, once for that endpoint until a call
+to it succeeds again. In the engine's process these records are sent to the consumer's
+``asyncstream`` logger (:mod:`asyncstream.engine._server`).
 """
 
 from __future__ import annotations
 
 import asyncio
+import logging
 import random
+import threading
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
@@ -18,9 +26,21 @@ from typing import TypeVar
 from .._exceptions import FetchError, TransientFetchError
 from ._errors import ChunkFailure, verdict
 
-__all__ = ["ChunkFailure", "RetryPolicy", "Timeouts", "classify", "retrying", "retrying_sync"]
+__all__ = [
+    "ChunkFailure",
+    "RetryPolicy",
+    "Timeouts",
+    "classify",
+    "endpoint_name",
+    "retrying",
+    "retrying_sync",
+]
 
 T = TypeVar("T")
+
+_log = logging.getLogger("asyncstream")
+_warned: set[str] = set()  # endpoints warned about, until a call to one succeeds again
+_warned_lock = threading.Lock()
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -36,12 +56,16 @@ class RetryPolicy:
         base_delay: seconds; the backoff scale.
         max_delay: seconds; the backoff cap.
         deadline: seconds for one chunk over all its attempts; no retry starts later.
+        warn_after: seconds of retries of one call after which a WARNING names the
+            endpoint (once per endpoint until it answers again); each retry is logged at
+            INFO.
     """
 
     max_attempts: int = 10
     base_delay: float = 0.05
     max_delay: float = 5.0
     deadline: float = 300.0
+    warn_after: float = 30.0
 
     def __post_init__(self) -> None:
         if self.max_attempts < 1:
@@ -50,6 +74,8 @@ class RetryPolicy:
             raise ValueError("base_delay and max_delay must be >= 0")
         if self.deadline <= 0:
             raise ValueError(f"deadline must be > 0, got {self.deadline}")
+        if self.warn_after < 0:
+            raise ValueError(f"warn_after must be >= 0, got {self.warn_after}")
 
     def backoff(self, retry: int, rng: random.Random) -> float:
         """Seconds to wait before retry number ``retry`` (0 for the first retry)."""
@@ -98,11 +124,52 @@ class _Attempts:
     :func:`retrying_sync`: causes so far, the deadline, the next backoff."""
 
     def __init__(
-        self, url: str, policy: RetryPolicy, rng: random.Random, now: Callable[[], float]
+        self,
+        url: str,
+        policy: RetryPolicy,
+        rng: random.Random,
+        now: Callable[[], float],
+        endpoint: str | None = None,
     ) -> None:
         self.url, self.policy, self.rng, self.now = url, policy, rng, now
+        self.endpoint = endpoint_name(url, endpoint)
         self.start = now()
         self.causes: list[str] = []
+
+    def succeeded(self) -> None:
+        """The call succeeded: after retries, its endpoint may be warned about again."""
+        if self.causes and self.endpoint in _warned:
+            with _warned_lock:
+                _warned.discard(self.endpoint)
+
+    def _log(self, exc: Exception, cause: str, wait: float) -> None:
+        tries = len(self.causes)
+        _log.info(
+            "%s: attempt %d failed (%s: %s); retrying in %.2f s",
+            self.url,
+            tries,
+            cause,
+            str(exc)[:200] or type(exc).__name__,
+            wait,
+        )
+        lasted = self.now() - self.start
+        if lasted < self.policy.warn_after or self.endpoint in _warned:
+            return
+        with _warned_lock:
+            if self.endpoint in _warned:
+                return
+            _warned.add(self.endpoint)
+        _log.warning(
+            "%s has failed for %.1f s (%d attempts on %s, causes: %s); still retrying, "
+            "giving up %g s after the first attempt: check that the endpoint is up and "
+            "reachable",
+            self.endpoint,
+            lasted,
+            tries,
+            self.url,
+            ", ".join(sorted(set(self.causes))),
+            self.policy.deadline,
+        )
 
     def failed(self, exc: Exception) -> tuple[str, float]:
         """The cause of a failed attempt and the wait before the next one.
@@ -128,6 +195,7 @@ class _Attempts:
                 f"causes: {', '.join(self.causes)}); last error: {type(exc).__name__}: {exc}",
                 url=self.url,
             ) from exc
+        self._log(exc, cause, wait)
         return cause, wait
 
 
@@ -140,6 +208,7 @@ async def retrying(
     on_retry: Callable[[str], None] | None = None,
     sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
     clock: Callable[[], float] | None = None,
+    endpoint: str | None = None,
 ) -> T:
     """Run ``attempt`` until it succeeds, a failure is permanent, or the policy runs out.
 
@@ -151,6 +220,8 @@ async def retrying(
         on_retry: called with the cause before each retry (statistics).
         sleep: the backoff's sleep (injectable for tests).
         clock: monotonic seconds (injectable for tests); the event loop's clock by default.
+        endpoint: the server the URL's store talks to (an S3 ``endpoint_url``), named in
+            the retries' WARNING beside the URL's bucket or host.
 
     Raises:
         PermanentFetchError: at once, for a failure that retrying cannot fix.
@@ -158,10 +229,10 @@ async def retrying(
             failure.
         asyncio.CancelledError: never swallowed.
     """
-    attempts = _Attempts(url, policy, rng, clock or asyncio.get_running_loop().time)
+    attempts = _Attempts(url, policy, rng, clock or asyncio.get_running_loop().time, endpoint)
     while True:
         try:
-            return await attempt()
+            result = await attempt()
         except asyncio.CancelledError:
             raise
         except Exception as exc:
@@ -169,6 +240,9 @@ async def retrying(
             if on_retry is not None:
                 on_retry(cause)
             await sleep(wait)
+        else:
+            attempts.succeeded()
+            return result
 
 
 def retrying_sync(
@@ -179,6 +253,7 @@ def retrying_sync(
     rng: random.Random | None = None,
     on_failure: Callable[[Exception], None] | None = None,
     until: float | None = None,
+    endpoint: str | None = None,
 ) -> T:
     """:func:`retrying` for blocking calls (listing, HEAD, small objects at open).
 
@@ -187,11 +262,12 @@ def retrying_sync(
             (a check that turns the failure into a permanent one).
         until: a :func:`time.monotonic` time no wait before a retry passes (the deadline
             of a request at open: :mod:`._deadline`, whose attempt then raises).
+        endpoint: as :func:`retrying`'s.
     """
-    attempts = _Attempts(url, policy, rng or random.Random(), time.monotonic)
+    attempts = _Attempts(url, policy, rng or random.Random(), time.monotonic, endpoint)
     while True:
         try:
-            return attempt()
+            result = attempt()
         except Exception as exc:
             if on_failure is not None:
                 on_failure(exc)
@@ -199,3 +275,14 @@ def retrying_sync(
             if until is not None:
                 wait = min(wait, max(0.0, until - time.monotonic()))
             time.sleep(wait)
+        else:
+            attempts.succeeded()
+            return result
+
+
+def endpoint_name(url: str, endpoint: str | None = None) -> str:
+    """What a retry WARNING names: the URL's scheme and bucket or host, and ``endpoint``
+    (the server) where given: ``s3://bucket at http://10.0.0.5:9000``."""
+    scheme, sep, rest = url.partition("://")
+    where = f"{scheme}://{rest.split('/', 1)[0]}" if sep else url.split("?", 1)[0][:200]
+    return f"{where} at {endpoint}" if endpoint else where

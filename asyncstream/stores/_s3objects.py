@@ -213,6 +213,7 @@ class S3Objects:
                     policy=self._policy,
                     on_failure=on_failure,
                     until=None if deadline is None else deadline.until,
+                    endpoint=self.options.endpoint_url,
                 )
         except FetchError:
             raise

@@ -25,6 +25,11 @@ from typing import Any, cast
 
 from torchdata.stateful_dataloader import StatefulDataLoader
 
+from .._exceptions import StateError
+from ._mapped import MappedStream
+from ._state import STATE_KIND, find_states
+from ._stream import ShardStream
+
 __all__ = ["ShardLoader"]
 
 SET_VITAL = "'set_vital' is deprecated"
@@ -73,7 +78,22 @@ class ShardLoader(StatefulDataLoader):
         return dict(super().state_dict())
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
-        """StatefulDataLoader's: the next iterator starts from ``state_dict``."""
+        """StatefulDataLoader's: the next iterator starts from ``state_dict``.
+
+        The state is checked here, in the main process, before any worker starts: the
+        state of another kind of object (a ``DALIImageLoader``'s, a bare ``ShardStream``'s)
+        and, over a :class:`~asyncstream.ShardStream` or a stage on one, a stream state
+        that the stream refuses (another dataset or configuration, corrupted) raise here
+        rather than in a worker at the first batch.
+
+        Raises:
+            StateError: the state is not a StatefulDataLoader's, or the stream refuses the
+                states inside it.
+        """
+        _check_kind(state_dict, self.num_workers)
+        stream = _stream_of(self.dataset)
+        if stream is not None and any(True for _ in find_states(state_dict)):
+            stream._check_state(state_dict)
         super().load_state_dict(state_dict)
         self.__dict__["_dropped_state"] = None
 
@@ -84,3 +104,42 @@ class ShardLoader(StatefulDataLoader):
         # As DataLoader.__len__ does: torch warns if more samples come than that.
         self._IterableDataset_len_called = len(cast(Sized, self.dataset))
         return int(batches(self.batch_size, num_workers=self.num_workers, drop_last=self.drop_last))
+
+
+_DALI_KIND = "asyncstream.DALIImageLoader"
+
+
+def _kind_of(state: Any) -> str:
+    """What saved ``state``, as a user would name it."""
+    if not isinstance(state, dict):
+        return f"a {type(state).__name__}, not a state_dict"
+    if state.get("kind") == STATE_KIND or ("position" in state and "dataset" in state):
+        return "a ShardStream state_dict (give it to the stream's load_state_dict)"
+    if state.get("kind") == _DALI_KIND or {"batches", "stream"} <= state.keys():
+        return "a DALIImageLoader state_dict (give it to a DALIImageLoader)"
+    return f"a dict with keys {sorted(map(str, state))[:8]}"
+
+
+def _check_kind(state: Any, num_workers: int) -> None:
+    """Refuse a state that is not a StatefulDataLoader's, naming what it is, or one of
+    the other layout (with workers, without)."""
+    if not (isinstance(state, dict) and "_iterator_finished" in state):
+        raise StateError(
+            f"ShardLoader.load_state_dict takes a ShardLoader (StatefulDataLoader) "
+            f"state_dict; this is {_kind_of(state)}"
+        )
+    saved = "_snapshot" in state
+    if saved != (num_workers > 0):
+        raise StateError(
+            f"this ShardLoader state_dict was saved {'with' if saved else 'without'} "
+            f"DataLoader workers and this ShardLoader has num_workers={num_workers}: "
+            "StatefulDataLoader resumes only the same layout (give the stream the states "
+            "inside it, stream.load_state_dict(state), to split them over other workers)"
+        )
+
+
+def _stream_of(dataset: Any) -> ShardStream | None:
+    """The ShardStream under ``dataset`` (itself, or under its stages), else None."""
+    if isinstance(dataset, MappedStream):
+        dataset = dataset.stream
+    return dataset if isinstance(dataset, ShardStream) else None

@@ -5,10 +5,11 @@ stages' states and splits it back into them; this module holds what it builds wi
 :class:`ReaderState` is the position of one reader (one rank, or one DataLoader worker
 of a rank) in one epoch:
 
-* **identity**: the dataset's fingerprint and every setting that decides the order (seed,
-  shuffle, mode, window, chunk size, remainder policy and, for a mixed stream, each
-  source's name, shards and quota); a state of another dataset or configuration is
-  refused;
+* **identity**: the dataset's fingerprint (its shards' relative names, sizes and counts,
+  not where they live: :mod:`._dataset_id`, described beside it as ``dataset_shards``)
+  and every setting that decides the order (seed, shuffle, mode, window, chunk size,
+  remainder policy and, for a mixed stream, each source's name, shards and quota); a
+  state of another dataset or configuration is refused, saying what differs;
 * **where the reader sits**: epoch, topology (rank, world size, worker, workers) and
   *lineage*: ``"base"`` for the epoch's own plan, else a digest naming the resume it
   descends from (below);
@@ -55,7 +56,7 @@ import hashlib
 import json
 import re
 from collections.abc import Iterator, Mapping, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
 from .._exceptions import StateError
@@ -75,6 +76,7 @@ from ..order._position import LaneState, Position
 from ..order._position import corrupted as _bad
 from ..order._position import int_field as _int
 from ..order._position import int_list as _ints
+from ._dataset_id import DatasetId, difference
 
 if TYPE_CHECKING:
     from ._settings import StreamSettings
@@ -129,6 +131,8 @@ class Identity:
     chunk_bytes: int
     remainder: Remainder
     sources: tuple[tuple[str, int, int], ...] = ()  # (name, shards, quota) of each source
+    # The dataset's older fingerprint (accepted) and description (:mod:`._dataset_id`).
+    dataset_id: DatasetId | None = field(default=None, compare=False, repr=False)
 
     @classmethod
     def of(cls, settings: StreamSettings) -> Identity:
@@ -142,13 +146,21 @@ class Identity:
             chunk_bytes=settings.chunk_bytes,
             remainder=settings.remainder,
             sources=tuple((s.name, s.stop - s.first, s.quota) for s in settings.sources),
+            dataset_id=settings.dataset_id,
         )
 
     def as_dict(self) -> dict[str, Any]:
         """Plain JSON data, as a state holds it."""
         out: dict[str, Any] = dict(self.__dict__)
+        del out["dataset_id"]
         out["sources"] = [{"name": n, "shards": k, "quota": q} for n, k, q in self.sources]
         return out
+
+    def described(self) -> dict[str, Any]:
+        """``{"dataset_shards": ...}``, the dataset's description, where known."""
+        if self.dataset_id is None:
+            return {}
+        return {"dataset_shards": self.dataset_id.description()}
 
     def check(self, data: Mapping[str, Any]) -> None:
         """Refuse state data that does not carry this identity, naming the difference."""
@@ -157,7 +169,10 @@ class Identity:
                 raise StateError(
                     f"state_dict has no {name!r}: not a ShardStream state, or corrupted"
                 )
-            if data[name] != value:
+            if name == "dataset" and self.dataset_id is not None:
+                if not self.dataset_id.accepts(data[name]):
+                    raise StateError(difference(data.get("dataset_shards"), self.dataset_id))
+            elif data[name] != value:
                 shown = _SHOWN.get(name, name)
                 what = "another dataset" if name == "dataset" else f"{shown}={data[name]!r}"
                 why = _WHY.get(name, "")
@@ -216,6 +231,7 @@ class ReaderState:
             "lineage": self.lineage,
             "assignment": [segment_to_json(s) for s in self.assignment],
             "position": self.position.to_dict(),
+            **self.identity.described(),
         }
 
     @classmethod

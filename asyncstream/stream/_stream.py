@@ -474,6 +474,15 @@ class ShardStream(IterableDataset[dict[str, Any]]):
         else:  # a DataLoader worker's copy: its state, then the main process's epochs again
             self._loaded.load(states, LOCAL)
 
+    def _check_state(self, state: Any) -> None:
+        """Raise what :meth:`load_state_dict` would for ``state``, loading nothing: a
+        loader checks its workers' states in the main process, where the error is
+        plain (a worker's would come at the first batch, inside its traceback)."""
+        self._check_open()
+        topology = worker_topology(self._rank, self._world_size)
+        settings = Checkpoint(self._settings, topology).adopted(state)
+        Checkpoint(settings, topology).load_all(state)
+
     def stats(self) -> dict[str, Any]:
         """Statistics: samples, shuffle radius and remainder of the current epoch;
         ``fetch``, the engine's counters since it started (kept from one clean epoch to
