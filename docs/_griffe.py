@@ -60,6 +60,14 @@ def _public_tail(rest: str) -> bool:
     return all(part and not part.startswith("_") for part in rest.split("."))
 
 
+def _rendered(found: Object | Alias) -> bool:
+    """Whether mkdocstrings renders a member (it leaves out those with no docstring)."""
+    try:
+        return bool(found.docstring)
+    except Exception:  # an alias to something not loaded
+        return False
+
+
 class _Resolver:
     """Finds a role's target in the loaded packages and the site's identifier for it."""
 
@@ -106,7 +114,7 @@ class _Resolver:
             if path == root or (
                 path.startswith(root + ".") and _public_tail(path[len(root) + 1 :])
             ):
-                return path if path == root or found.docstring else None
+                return path if path == root or _rendered(found) else None
         try:
             canonical = found.canonical_path
         except Exception:
@@ -118,7 +126,7 @@ class _Resolver:
             if canonical == base:
                 return root
             if canonical.startswith(base + ".") and _public_tail(canonical[len(base) + 1 :]):
-                return root + canonical[len(base) :] if found.docstring else None
+                return root + canonical[len(base) :] if _rendered(found) else None
         return None
 
     def resolve(self, owner: Object, target: str) -> str | None:
