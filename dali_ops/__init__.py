@@ -7,9 +7,36 @@ graph it runs, usable on its own with any source of encoded images and labels, a
 ``_loader`` and ``_pipeline`` give the design: copies, exact resume, undecodable images.
 
 This package imports :mod:`asyncstream`; asyncstream never imports it.
+
+The names load on first use, as asyncstream's do: they import PyTorch and DALI (seconds),
+which ``asyncstream --help`` has no use for when it loads ``dali_ops._demo`` to list the
+``demo`` command.
 """
 
-from ._loader import DALIImageLoader
-from ._pipeline import PipelineSettings, build_pipeline
+import importlib
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from ._loader import DALIImageLoader
+    from ._pipeline import PipelineSettings, build_pipeline
 
 __all__ = ["DALIImageLoader", "PipelineSettings", "build_pipeline"]
+
+_LAZY = {
+    "DALIImageLoader": "_loader",
+    "PipelineSettings": "_pipeline",
+    "build_pipeline": "_pipeline",
+}
+
+
+def __getattr__(name: str) -> Any:
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module 'dali_ops' has no attribute {name!r}")
+    value = getattr(importlib.import_module(f".{module}", __name__), name)
+    globals()[name] = value  # once
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(__all__))

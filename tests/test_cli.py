@@ -12,6 +12,7 @@ from _foreign import foreign_shards, write
 
 from asyncstream import LocalS3, StaleShardWarning
 from asyncstream.cli._cli import _parser, human, main, parse_size
+from asyncstream.cli._format import megabytes, plural
 
 
 def test_parse_size_units() -> None:
@@ -22,6 +23,30 @@ def test_parse_size_units() -> None:
     assert human(2048) == "2.0 KiB"
     with pytest.raises(Exception, match="not a size"):
         parse_size("lots")
+
+
+def test_counts_and_sizes_read_as_words() -> None:
+    assert plural(1, "shard") == "1 shard"
+    assert plural(14, "shard") == "14 shards"
+    assert plural(1000, "sample") == "1,000 samples"
+    assert plural(1, "class", "classes") == "1 class"
+    assert megabytes(300_000) == "0.3 MB"
+    assert megabytes(105_400_000) == "105 MB"
+
+
+def test_ls_and_index_of_one_shard_say_one_shard(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    write(tmp_path / "ds", foreign_shards(["a.tar"], [1]))
+    assert main(["ls", str(tmp_path / "ds"), "--samples", "--no-progress"]) == 0
+    summary = capsys.readouterr().out.splitlines()[-1]
+    assert summary.startswith("1 shard, ")
+    assert ", 1 sample; no index; sample counts: 1 shard counted by reading them" in summary
+    assert "shards" not in summary
+    assert main(["index", str(tmp_path / "ds"), "--no-progress"]) == 0
+    line = capsys.readouterr().out
+    assert line.startswith("indexed 1 shard, 1 sample: "), line
+    assert " (0.0 MB at " in line, line
 
 
 def test_pack_600_images_into_20_shards_then_ls(
@@ -99,9 +124,13 @@ def test_ls_says_which_index_gave_the_counts(
     assert "3 shards" in text
     assert "samples unknown for 3 shards (--samples counts them); no index" in text
     assert main(["ls", str(tmp_path / "ds"), "--samples"]) == 0
-    assert "15 samples; no index; counts: 3 counted" in capsys.readouterr().out
+    assert "15 samples; no index; sample counts: 3 shards counted by reading them" in (
+        capsys.readouterr().out
+    )
     assert main(["ls", str(tmp_path / "ds")]) == 0  # counted once: now in the cache
-    assert "15 samples; no index; counts: 3 cache" in capsys.readouterr().out
+    assert "15 samples; no index; sample counts: 3 shards from the local index cache" in (
+        capsys.readouterr().out
+    )
     sizes = tmp_path / "ds" / "sizes.json"
     sizes.write_text(json.dumps({"a.tar": 4, "b.tar": 5}))
     with pytest.warns(StaleShardWarning, match="c.tar"):

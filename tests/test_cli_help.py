@@ -101,3 +101,29 @@ def test_defaults_are_stated_once(capsys: pytest.CaptureFixture[str]) -> None:
     shown = _flat(capsys.readouterr().out)
     assert "bytesperGET(default16MiB)--no-progress" in shown
     assert "(default16MiB)(default" not in shown
+
+
+@pytest.mark.parametrize(
+    "words", [["--help"], ["--version"], ["ls", "--help"], ["serve", "--help"], ["demo", "--help"]]
+)
+def test_help_and_version_import_neither_torch_nor_dali(words: list[str]) -> None:
+    """The command answers at once: its help (the demo's too, which a plugin adds) and
+    ``--version`` load neither PyTorch nor DALI, asserted on a fresh process's modules."""
+    code = (
+        "import json, sys\n"
+        "from asyncstream.cli._cli import main\n"
+        "try:\n"
+        f"    main({words!r})\n"
+        "except SystemExit as exc:\n"
+        "    assert exc.code == 0, exc.code\n"
+        "heavy = sorted(m for m in sys.modules if m.split('.')[0] == 'torch' or "
+        "m.startswith('nvidia.dali'))\n"
+        "print(json.dumps(heavy), file=sys.stderr)\n"
+    )
+    proc = subprocess.run(
+        [sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert proc.stderr.strip().splitlines()[-1] == "[]"
+    if words[0] in ("--help", "demo"):
+        assert "demo" in proc.stdout  # the plugin's command is there all the same

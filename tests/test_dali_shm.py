@@ -298,3 +298,51 @@ def test_a_wire_naming_anything_but_a_worker_s_buffer_is_refused(tmp_path: Path)
     pid, fd, inode, size = sent["handle"]
     with pytest.raises(FileNotFoundError, match="gone"):  # another buffer's inode
         views.open({**sent, "handle": (pid, fd, inode + 1, size)}, worker=1)
+
+
+_KILLED = """
+import os, signal, sys
+from asyncstream import ShardStream
+from dali_ops import DALIImageLoader
+
+stream = ShardStream(sys.argv[1], window=2)
+loader = DALIImageLoader(stream, 8, 64, device="cpu", workers=int(sys.argv[2]))
+batches = iter(loader)
+next(batches)
+next(batches)
+print("read", flush=True)
+os.kill(os.getpid(), signal.SIGKILL)
+"""
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("workers", [0, 2])
+def test_a_sigkilled_training_process_leaves_no_resource_tracker_noise(
+    tmp_path: Path, workers: int
+) -> None:
+    """Killed mid-epoch, nothing is left for multiprocessing's resource tracker to clean
+    up or complain of (``leaked shared_memory``, a ``KeyError`` traceback): rings and batch
+    buffers are memfd segments, registered with no tracker, gone with their last holder."""
+    import signal
+    import subprocess
+    import sys
+
+    from asyncstream import pack
+
+    generate_imagefolder(tmp_path / "images", 32, 4, seed=0, workers=1)
+    pack(tmp_path / "images", tmp_path / "shards", shard_samples=8, workers=1)
+    script = tmp_path / "train.py"
+    script.write_text(_KILLED)
+    root = Path(__file__).resolve().parent.parent
+    done = subprocess.run(
+        [sys.executable, str(script), str(tmp_path / "shards"), str(workers)],
+        capture_output=True,
+        text=True,
+        timeout=240,
+        env={**os.environ, "PYTHONPATH": str(root)},
+        check=False,
+    )
+    assert done.stdout.split() == ["read"], done.stderr
+    assert done.returncode == -signal.SIGKILL
+    for noise in ("leaked", "resource_tracker", "KeyError", "Traceback"):
+        assert noise not in done.stderr, done.stderr

@@ -198,10 +198,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``asyncstream`` command."""
     words = list(sys.argv[1:] if argv is None else argv)
     command = next((word for word in words if not word.startswith("-")), None)
-    # Other packages' commands load only when one may be asked for or listed: dali_ops's
-    # demo imports torch and DALI, seconds that `--version` or `ls` have no use for.
-    wanted = command not in _BUILT_IN if command is not None else not words or "-h" in words
-    parser = _parser(plugins=wanted or "--help" in words)
+    # Other packages' commands load only when one may be asked for or listed (the command
+    # alone, its --help, or a command not built in), never for `--version` or a built-in
+    # command's run or help. Loading one costs its module's imports only: dali_ops's demo
+    # imports torch and DALI when it runs, not to add its parser.
+    if command is None:
+        wanted = not words or "-h" in words or "--help" in words
+    else:
+        wanted = command not in _BUILT_IN
+    parser = _parser(plugins=wanted)
     args = parser.parse_args(words)
     try:
         return int(args.func(args))

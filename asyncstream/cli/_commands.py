@@ -13,7 +13,7 @@ import warnings
 from collections.abc import Callable, Iterator, Sequence
 from typing import TYPE_CHECKING, Any
 
-from ._format import human
+from ._format import human, megabytes, plural
 
 if TYPE_CHECKING:  # imported where used: `asyncstream --version` loads none of them
     from ..dataset._count import CountProgress
@@ -122,11 +122,12 @@ def _print_listing(rows: list[dict[str, Any]], info: IndexInfo, as_json: bool) -
     for r in rows:
         extra = f"  {r.get('samples', '?'):>8} samples" if known else ""
         print(f"{r['url']:<{width}}  {r['size']:>14,} B  {human(r['size']):>10}{extra}")
-    summary = f"{len(rows)} shards, {total:,} bytes ({human(total)})"
+    summary = f"{plural(len(rows), 'shard')}, {plural(total, 'byte')} ({human(total)})"
     if len(known) == len(rows):
-        summary += f", {sum(known):,} samples"
+        summary += f", {plural(sum(known), 'sample')}"
     else:
-        summary += f", samples unknown for {len(rows) - len(known)} shards (--samples counts them)"
+        unknown = plural(len(rows) - len(known), "shard")
+        summary += f", samples unknown for {unknown} (--samples counts them)"
     print(f"{summary}; {info.describe()}")
 
 
@@ -163,9 +164,10 @@ def _cmd_index(args: argparse.Namespace) -> int:
         )
         return 130
     print(
-        f"indexed {result.shards} shards, {result.samples:,} samples: {result.read} read "
-        f"({result.bytes_read / 1e6:,.0f} MB at {result.mb_per_s:,.0f} MB/s), {result.reused} "
-        f"unchanged, {result.cached} from the local index cache; wrote {result.manifest}"
+        f"indexed {plural(result.shards, 'shard')}, {plural(result.samples, 'sample')}: "
+        f"{result.read} read ({megabytes(result.bytes_read)} at {result.mb_per_s:,.1f} MB/s), "
+        f"{result.reused} unchanged, {result.cached} from the local index cache; "
+        f"wrote {result.manifest}"
     )
     return 0
 
@@ -236,16 +238,17 @@ def _cmd_pack(args: argparse.Namespace) -> int:
         )
     if result.skipped:
         print(
-            f"asyncstream: skipped {len(result.skipped)} bad images (--on-error fail refuses "
-            "the pack instead):",
+            f"asyncstream: skipped {plural(len(result.skipped), 'bad image')} (--on-error fail "
+            "refuses the pack instead):",
             file=sys.stderr,
         )
         for image in result.skipped:
             print(f"  {image}", file=sys.stderr)
-    skipped = f", skipped {len(result.skipped)} bad images" if result.skipped else ""
+    skipped = f", skipped {plural(len(result.skipped), 'bad image')}" if result.skipped else ""
+    classes = plural(len(result.classes), "class", "classes")
     print(
-        f"packed {result.samples:,} samples of {len(result.classes)} classes into "
-        f"{len(result.shards)} shards, {human(result.size)}, at {args.dest}{skipped}"
+        f"packed {plural(result.samples, 'sample')} of {classes} into "
+        f"{plural(len(result.shards), 'shard')}, {human(result.size)}, at {args.dest}{skipped}"
     )
     return 0
 

@@ -1,12 +1,12 @@
-"""Sizes and help text for the command line: ``parse_size``, ``human`` and the help
-formatter that states every option's default."""
+"""Sizes, counts and help text for the command line: ``parse_size``, ``human``,
+``megabytes``, ``plural`` and the help formatter that states every option's default."""
 
 from __future__ import annotations
 
 import argparse
 import re
 
-__all__ = ["DefaultsHelpFormatter", "human", "parse_size"]
+__all__ = ["DefaultsHelpFormatter", "human", "megabytes", "parse_size", "plural"]
 
 _UNITS = {"": 1, "b": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40}
 _SIZE_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kmgt]?)(?:i?b)?\s*$", re.IGNORECASE)
@@ -28,6 +28,17 @@ def human(n: float) -> str:
             return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
         n /= 1024
     raise AssertionError("unreachable")
+
+
+def megabytes(n: float) -> str:
+    """Bytes in decimal megabytes, to a tenth below 10 MB: ``"0.3 MB"``, ``"105 MB"``."""
+    mb = n / 1e6
+    return f"{mb:,.1f} MB" if mb < 10 else f"{mb:,.0f} MB"
+
+
+def plural(n: int, noun: str, nouns: str | None = None) -> str:
+    """``n`` and the noun, singular for 1: ``"1 shard"``, ``"14 shards"``, ``"1,000 samples"``."""
+    return f"{n:,} {noun if n == 1 else (nouns or noun + 's')}"
 
 
 class DefaultsHelpFormatter(argparse.HelpFormatter):

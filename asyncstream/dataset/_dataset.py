@@ -43,6 +43,12 @@ __all__ = ["Dataset", "DatasetPlan", "IndexInfo", "open_dataset", "plan_dataset"
 
 _log = logging.getLogger("asyncstream")
 _SOURCES = ("index", "given", "cache", "counted")
+_SOURCE_WORDS = {  # IndexInfo.describe(): where a shard's count came from, in words
+    "index": "from the index",
+    "given": "given (samples_per_shard)",
+    "cache": "from the local index cache",
+    "counted": "counted by reading them",
+}
 _STALE_EXAMPLES = 5
 
 
@@ -92,9 +98,13 @@ class IndexInfo:
         where = f"{self.kind} index {self.url}" if self.indexes else "no index"
         if len(self.indexes) > 1:
             where += f" (and {len(self.indexes) - 1} more)"
-        counts = ", ".join(f"{n} {source}" for source, n in self.sources.items() if n)
+        counts = ", ".join(
+            f"{n} {'shard' if n == 1 else 'shards'} {_SOURCE_WORDS[source]}"
+            for source, n in self.sources.items()
+            if n
+        )
         stale = f"; {self.stale} stale .tar left out" if self.stale else ""
-        return f"{where}{'; counts: ' + counts if counts else ''}{stale}"
+        return f"{where}{'; sample counts: ' + counts if counts else ''}{stale}"
 
 
 @dataclass(frozen=True)

@@ -115,7 +115,7 @@ class ShardStream(IterableDataset[dict[str, Any]]):
             with the same resume; local shards are never cached (docs/cache.md).
         index: where sample counts come from (:class:`~asyncstream.IndexConfig`).
         **flat: each group's settings as flat keyword arguments, as before the config
-            objects (one table maps them, ``asyncstream._config.FLAT``): ``seed``,
+            objects (the API reference lists each with its type and default): ``seed``,
             ``shuffle``, ``window``, ``shuffle_mode``, ``remainder``, ``rank``,
             ``world_size``, ``block_bytes`` (``order``); ``inflight``, ``prefetch``,
             ``chunk_bytes``,

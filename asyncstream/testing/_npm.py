@@ -3,7 +3,8 @@
 :func:`npm_install` puts one pinned version of a package into a cache folder
 (``$XDG_CACHE_HOME`` or ``~/.cache``, then ``asyncstream-tests/<package>-<version>``),
 preferring npm's offline cache, under a file lock so that concurrent test sessions (and
-pytest's workers) install it once. What is missing (``node``, ``npm``, the package
+pytest's workers) install it once, saying on stderr that it is installing (the first
+install takes a minute or so). What is missing (``node``, ``npm``, the package
 registry) is :class:`NpmUnavailable`, for the caller to say as its own "cannot be
 installed here" error.
 """
@@ -16,6 +17,7 @@ import json
 import os
 import shutil
 import subprocess
+import sys
 from pathlib import Path
 
 __all__ = ["NpmUnavailable", "npm_cache_folder", "npm_install"]
@@ -65,6 +67,12 @@ def npm_install(package: str, version: str, script: str, folder: Path | None = N
         found = _installed(folder, package, version, script)
         if found is not None:
             return found
+        print(
+            f"asyncstream.testing: installing {package} {version} from npm into {folder} "
+            "(once; a minute or so)...",
+            file=sys.stderr,
+            flush=True,
+        )
         command = ["npm", "install", "--prefix", str(folder), "--no-audit", "--no-fund"]
         command += ["--no-save", "--prefer-offline", "--loglevel=error", f"{package}@{version}"]
         try:
