@@ -6,6 +6,7 @@ import json
 import math
 import tarfile
 from pathlib import Path
+from typing import Any
 
 import pytest
 from _foreign import foreign_shards, write
@@ -13,6 +14,7 @@ from _foreign import foreign_shards, write
 from asyncstream import LocalS3, StaleShardWarning
 from asyncstream.cli._cli import _parser, human, main, parse_size
 from asyncstream.cli._format import megabytes, plural
+from asyncstream.testing import FaultProxy
 
 
 def test_parse_size_units() -> None:
@@ -269,3 +271,20 @@ def test_serve_refuses_an_invalid_bucket_name_as_pack_does(
         "asyncstream: error: --bucket 'b2' is not a valid bucket name "
         "(3 to 63 lowercase letters, digits, '.' and '-')"
     )
+
+
+def test_ls_says_each_retry_and_quiet_keeps_only_warnings(
+    proxy: FaultProxy, bucket: str, s3_client: Any, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A listing answered 503 twice: `ls` says each retry on stderr (its cause and the
+    wait), not silence; with --quiet, nothing but the result."""
+    s3_client.put_object(Bucket=bucket, Key="a/shard.tar", Body=b"x" * 100)
+    url, endpoint = f"s3://{bucket}/a/", ["--endpoint-url", proxy.endpoint_url]
+    proxy.inject("status", count=2, status=503, method="GET", match="list-type")
+    assert main(["ls", url, *endpoint, "--no-progress"]) == 0
+    said = [line for line in capsys.readouterr().err.splitlines() if "retrying in" in line]
+    assert len(said) == 2
+    assert all(line.startswith("asyncstream: ") and "slowdown" in line for line in said)
+    proxy.inject("status", count=2, status=503, method="GET", match="list-type")
+    assert main(["--quiet", "ls", url, *endpoint, "--no-progress"]) == 0
+    assert "retrying in" not in capsys.readouterr().err

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import importlib.metadata
+import logging
 import sys
 from collections.abc import Sequence
 from typing import Any
@@ -40,6 +41,12 @@ def _parser(plugins: bool = True) -> argparse.ArgumentParser:
         formatter_class=DefaultsHelpFormatter,
     )
     parser.add_argument("--version", action="version", version=f"%(prog)s {_version()}")
+    parser.add_argument(
+        "-q",
+        "--quiet",
+        action="store_true",
+        help="warnings and errors only (by default each retried request is said too)",
+    )
     sub = parser.add_subparsers(dest="command", required=True)
 
     def s3_flags(p: argparse.ArgumentParser) -> None:
@@ -194,6 +201,30 @@ def _plugins(sub: Any) -> None:
         entry.load()(sub)
 
 
+class _Stderr(logging.Handler):
+    """The command's own handler: ``asyncstream: message`` on stderr as it is now (a test's
+    captured stderr included), so that a slow store is not silence: a request retried is
+    said at INFO, with its cause and the wait, and retries past 30 s warn."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.setFormatter(logging.Formatter("asyncstream: %(message)s"))
+
+    def emit(self, record: logging.LogRecord) -> None:
+        try:
+            print(self.format(record), file=sys.stderr, flush=True)
+        except Exception:  # as logging's own handlers do: never raise into the caller
+            self.handleError(record)
+
+
+def _log_to_stderr(level: int) -> None:
+    """Send the library's log records at ``level`` and above to stderr, once per process."""
+    logger = logging.getLogger("asyncstream")
+    if not any(isinstance(h, _Stderr) for h in logger.handlers):
+        logger.addHandler(_Stderr())
+    logger.setLevel(level)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``asyncstream`` command."""
     words = list(sys.argv[1:] if argv is None else argv)
@@ -208,6 +239,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         wanted = command not in _BUILT_IN
     parser = _parser(plugins=wanted)
     args = parser.parse_args(words)
+    _log_to_stderr(logging.WARNING if args.quiet else logging.INFO)
     try:
         return int(args.func(args))
     except (AsyncStreamError, ValueError, OSError, ImportError) as exc:
