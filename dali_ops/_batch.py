@@ -94,8 +94,8 @@ class EncodedBatch:
     """One batch for DALI, or, with ``error`` set, the batch that failed before it.
 
     A batch's images lie in one buffer, one after the other (``data`` and ``spans``): the
-    producer copies each out of the stream's ring straight into it, and DALI is given the
-    buffer and the spans, not an object per image (see ``_feeds.prepare``).
+    producer copies each out of the stream's ring straight into it (no object per image
+    while it builds), and ``_feeds.prepare`` makes DALI's input of it.
 
     Attributes:
         state: where to resume to read this batch again (set by the producer): a
@@ -117,9 +117,11 @@ class EncodedBatch:
             feed thread's pool, or of a worker's shared buffer.
         owner: what keeps ``data``'s buffer alive and, once dropped, gives it back to the
             pool it came from (:mod:`._shm`).
-        inputs: DALI's input for the images, made by the producer: the buffer as one
-            ``TensorListCPU``, each sample's start and length (DALI's source then skips
-            its own per-image checks and conversion; see ``_feeds.prepare``).
+        inputs: DALI's input for the images, one ``TensorListCPU`` made by the producer
+            (DALI's source then skips its own per-image checks and conversion; see
+            ``_feeds.prepare``).
+        held: what ``inputs`` views besides ``data`` (the images padded to one length),
+            kept as long as the batch.
     """
 
     state: Any = None
@@ -137,6 +139,7 @@ class EncodedBatch:
     data: npt.NDArray[np.uint8] | None = None
     owner: Any = None
     inputs: Any = None
+    held: Any = None
 
     def __len__(self) -> int:
         return len(self.keys)
@@ -161,22 +164,14 @@ class EncodedBatch:
                 self.placed.free()
             self.placed = None
 
-    def starts_lengths(self) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.int64]]:
-        """Each image's start in ``data`` and its length, as DALI's source gives them to
-        the pipeline's slice: ``(n, 1)`` ``int64`` arrays."""
-        spans = _span_array(self.spans)
-        return np.ascontiguousarray(spans[:, :1]), spans[:, 1:] - spans[:, :1]
-
-    def source_batch(self) -> tuple[Any, ...]:
-        """What DALI's external source is given (a ``packed`` pipeline's four outputs):
-        the images' buffer, their starts and lengths, their labels."""
+    def source_batch(self) -> tuple[Any, npt.NDArray[np.int64]]:
+        """What DALI's external source is given: the images and their labels."""
         labels = np.asarray(self.labels, dtype=np.int64)
         if self.inputs is not None:
-            return (*self.inputs, labels)
-        # without the producer's inputs (a batch refed after remove()): one reference to
-        # the buffer per sample, which DALI's source converts one by one
-        data = np.empty(0, dtype=np.uint8) if self.data is None else self.data
-        return ([data] * len(self.keys), *self.starts_lengths(), labels)
+            return self.inputs, labels
+        # without the producer's inputs (a batch refed after remove()): a view per image,
+        # which DALI's source converts one by one
+        return self.images, labels
 
     def describe(self, index: int) -> str:
         """Shard, key and source file of the sample at ``index``, for a message."""
@@ -190,7 +185,7 @@ class EncodedBatch:
         self.labels = [self.labels[i] for i in keep]
         self.metas = [self.metas[i] for i in keep]
         self.spans = _span_array(self.spans)[np.asarray(keep, dtype=np.intp)]
-        self.inputs = None
+        self.inputs = self.held = None
 
     # -- across a process boundary -------------------------------------------------------
 

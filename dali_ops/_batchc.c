@@ -779,8 +779,81 @@ markers(PyObject *module, PyObject *data)
     return PyBool_FromLong(passes);
 }
 
+PyDoc_STRVAR(pad_doc,
+             "pad(data, spans, out, /)\n--\n\n"
+             "Copy image i, data[spans[i, 0]:spans[i, 1]], to the start of row i of out (n rows\n"
+             "of len(out) // n bytes, n = len(spans) // 2, spans int64) and zero the rest of\n"
+             "the row, with the GIL released. Raises ValueError where a span falls outside\n"
+             "data or is longer than a row, and writes nothing then.");
+
+static PyObject *
+pad(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
+{
+    (void)module;
+    if (nargs != 3) {
+        PyErr_SetString(PyExc_TypeError, "pad takes (data, spans, out)");
+        return NULL;
+    }
+    Py_buffer data, spans, out;
+    if (PyObject_GetBuffer(args[0], &data, PyBUF_SIMPLE) < 0) {
+        return NULL;
+    }
+    if (PyObject_GetBuffer(args[1], &spans, PyBUF_SIMPLE) < 0) {
+        PyBuffer_Release(&data);
+        return NULL;
+    }
+    if (PyObject_GetBuffer(args[2], &out, PyBUF_WRITABLE | PyBUF_C_CONTIGUOUS) < 0) {
+        PyBuffer_Release(&spans);
+        PyBuffer_Release(&data);
+        return NULL;
+    }
+    const char *problem = NULL;
+    Py_ssize_t n = spans.len / (Py_ssize_t)(2 * sizeof(int64_t));
+    Py_ssize_t row = n > 0 ? out.len / n : 0;
+    if (spans.len % (Py_ssize_t)(2 * sizeof(int64_t)) != 0) {
+        problem = "spans must be int64 (start, stop) pairs";
+    }
+    else if (n > 0 && out.len % n != 0) {
+        problem = "out must hold a whole number of rows, one per span";
+    }
+    const unsigned char *from = (const unsigned char *)data.buf;
+    unsigned char *to = (unsigned char *)out.buf;
+    for (Py_ssize_t i = 0; problem == NULL && i < n; i++) {
+        int64_t pair[2];
+        memcpy(pair, (const char *)spans.buf + i * (Py_ssize_t)sizeof(pair), sizeof(pair));
+        if (pair[0] < 0 || pair[0] > pair[1] || pair[1] > (int64_t)data.len) {
+            problem = "a span falls outside the data";
+        }
+        else if (pair[1] - pair[0] > (int64_t)row) {
+            problem = "a span is longer than a row";
+        }
+    }
+    if (problem == NULL) {
+        Py_BEGIN_ALLOW_THREADS
+        for (Py_ssize_t i = 0; i < n; i++) {
+            int64_t pair[2];
+            memcpy(pair, (const char *)spans.buf + i * (Py_ssize_t)sizeof(pair), sizeof(pair));
+            Py_ssize_t size = (Py_ssize_t)(pair[1] - pair[0]);
+            if (size > 0) {
+                memcpy(to + i * row, from + pair[0], (size_t)size);
+            }
+            memset(to + i * row + size, 0, (size_t)(row - size));
+        }
+        Py_END_ALLOW_THREADS
+    }
+    PyBuffer_Release(&out);
+    PyBuffer_Release(&spans);
+    PyBuffer_Release(&data);
+    if (problem != NULL) {
+        PyErr_SetString(PyExc_ValueError, problem);
+        return NULL;
+    }
+    Py_RETURN_NONE;
+}
+
 static PyMethodDef methods[] = {
     {"markers", markers, METH_O, markers_doc},
+    {"pad", (PyCFunction)(void (*)(void))pad, METH_FASTCALL, pad_doc},
     {NULL, NULL, 0, NULL},
 };
 

@@ -26,3 +26,8 @@ class Sink:
 
 def markers(data: bytes | memoryview, /) -> bool:
     """Whether ``data`` passes ``check_image``'s ``"markers"`` level."""
+
+def pad(data: Any, spans: Any, out: Any, /) -> None:
+    """Copy image ``i``, ``data[spans[i, 0]:spans[i, 1]]``, to the start of row ``i`` of
+    ``out`` and zero the rest of the row (the GIL released); ``ValueError`` where a span
+    falls outside ``data`` or is longer than a row."""

@@ -46,6 +46,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 from nvidia.dali.tensors import TensorCPU, TensorListCPU
 
+from . import _batch
 from ._batch import BatchBuilder, EncodedBatch, read_batches
 from ._shm import BufferPool, BufferViews
 
@@ -84,25 +85,46 @@ class Feed:
         """Stop producing (after the batch being built, if any)."""
 
 
-def prepare(batch: EncodedBatch) -> EncodedBatch:
-    """Give a batch its DALI input: its buffer as one ``TensorListCPU`` that repeats a
-    zero-copy ``TensorCPU`` of it once per sample (``TensorListCPU.broadcast``), with each
-    sample's start and length, which the pipeline's slice cuts it by (``packed``: see
-    :func:`~._pipeline.build_pipeline`).
+PAD_LIMIT = 1.5
+"""Images are padded to one length where that makes the batch at most this many times
+larger (see :func:`prepare`)."""
 
-    Made here, by the producer, so that DALI's source in the training thread takes the
-    whole batch at once, with no object per image on either side: given a list, DALI's
-    external source checks and converts each item in Python (measured at about 5 us an
-    image of the training thread's time, GIL held); given a tensor list of one view per
-    image, making the views cost the producer 2.2 us an image (``bench/RESULTS.md``); the
-    broadcast costs about 30 us a batch, whatever its size.
+
+def prepare(batch: EncodedBatch) -> EncodedBatch:
+    """Give a batch its DALI input, one ``TensorListCPU``, made here by the producer so that
+    DALI's source in the training thread takes the whole batch at once (given a list, it
+    checks and converts each item in Python: about 5 us an image of the training thread's
+    time, GIL held).
+
+    Where the images are of about one size (padded to the longest, the batch is at most
+    :data:`PAD_LIMIT` times larger), they are copied into one ``(n, longest)`` array, each
+    image at the start of its row and zeros after it (``_batchc.pad``, the GIL released),
+    which DALI wraps as one dense tensor list: no object per image, 0.2 us an image where a
+    ``TensorCPU`` view per image cost 4 (1 kB images, ``bench/RESULTS.md``). DALI's
+    decoders stop at an image's end (a JPEG's end marker, a PNG's IEND, a RIFF's length),
+    so the zeros after it are never read as image: the outputs are the same, checked by
+    ``tests/test_dali_feed.py``. Otherwise (sizes far apart, as photographs are, where the
+    copy and the decode dwarf a view's cost) each image is a zero-copy ``TensorCPU`` view
+    of the batch's buffer. Cutting the images out inside the pipeline instead (one
+    broadcast buffer and ``fn.slice``) was tried and dropped: the slice cost DALI's threads
+    3 us an image, and those threads are what the loader waits for.
     """
-    if len(batch.keys) and batch.error is None:
-        data = batch.data if batch.data is not None else np.empty(0, dtype=np.uint8)
-        # DALI 2.4's type stubs lack the binding's static ``broadcast``.
-        broadcast = TensorListCPU.broadcast  # type: ignore[attr-defined]
-        whole = broadcast(TensorCPU(data, ""), len(batch.keys))
-        batch.inputs = (whole, *batch.starts_lengths())
+    if not len(batch.keys) or batch.error is not None:
+        return batch
+    data = batch.data if batch.data is not None else np.empty(0, dtype=np.uint8)
+    spans = np.ascontiguousarray(batch.spans, dtype=np.int64).reshape(-1, 2)
+    lengths = spans[:, 1] - spans[:, 0]
+    longest = int(lengths.max())
+    native = _batch._NATIVE if _batch.NATIVE else None  # no pad in C: a view per image
+    if native is not None and len(spans) * longest <= PAD_LIMIT * max(1, int(lengths.sum())):
+        padded = np.empty((len(spans), max(1, longest)), dtype=np.uint8)
+        native.pad(data, spans, padded)
+        batch.held = padded
+        batch.inputs = TensorListCPU(padded, "")
+    else:
+        views = [TensorCPU(data[a:b], "") for a, b in spans.tolist()]
+        # DALI 2.4's type stubs lack the binding's ``contiguous`` argument.
+        batch.inputs = TensorListCPU(views, contiguous=False)  # type: ignore[call-overload]
     return batch
 
 

@@ -93,7 +93,6 @@ class PipelineDriver:
             device=self.device,
             device_id=self.device_id,
             seed=seed,
-            packed=True,
         )
         self.counters.builds += 1
         self.scheduled = False

@@ -1,13 +1,10 @@
 """The DALI graph: decode, augment, normalise; fed batch by batch from Python.
 
-The pipeline has one input, an ``fn.external_source`` called once per iteration for a
-whole batch. Its two outputs are a list of 1-D ``uint8`` arrays (the encoded images) and an
-``int64`` array of labels; or, ``packed``, four: the batch's images in one buffer, given as
-many times as there are samples (a ``TensorListCPU.broadcast`` of one view: no object per
-image), each sample's start and length in it (``(n, 1)`` ``int64``), which ``fn.slice``
-cuts the images by (a copy of each in DALI's threads, outside the GIL), and the labels.
-Batches may be shorter than ``batch_size`` (DALI's batch size is a maximum), which is how a
-final partial batch or a batch that lost a sample goes through.
+The pipeline has one input, an ``fn.external_source`` with two outputs, called once per
+iteration for a whole batch: the encoded images (a list of 1-D ``uint8`` arrays, or a
+``TensorListCPU`` of them) and an ``int64`` array of labels. Batches may be shorter than
+``batch_size`` (DALI's batch size is a maximum), which is how a final partial batch or a
+batch that lost a sample goes through.
 
 Training, as DALI's own ResNet-50 example does it: ``decoders.image_random_crop`` decodes
 only a random window (area and aspect ratio drawn as torchvision's ``RandomResizedCrop``
@@ -58,10 +55,9 @@ __all__ = [
 IMAGENET_MEAN = (0.485 * 255, 0.456 * 255, 0.406 * 255)
 IMAGENET_STD = (0.229 * 255, 0.224 * 255, 0.225 * 255)
 
-Batch = tuple[Any, ...]
-"""What a source returns per call: the encoded images and their labels (a list of arrays
-and an array), or, for a ``packed`` pipeline, the images' buffer, their starts, their
-lengths and their labels."""
+Batch = tuple[Any, npt.NDArray[np.int64]]
+"""What a source returns per call: the encoded images (a list of 1-D ``uint8`` arrays, or a
+``TensorListCPU`` of them) and their labels."""
 
 # nvJPEG's buffers, preallocated for ImageNet's largest images (DALI's ResNet-50 example).
 _MIXED_DECODER = {
@@ -150,7 +146,6 @@ def build_pipeline(
     device: Literal["cpu", "mixed"] = "cpu",
     device_id: int | None = None,
     seed: int | None = None,
-    packed: bool = False,
 ) -> Any:
     """A built pipeline whose outputs are ``(images NCHW, labels)``.
 
@@ -165,8 +160,6 @@ def build_pipeline(
             the GPU (nvJPEG, hardware decoder where there is one) and returns GPU outputs.
         device_id: the GPU for ``"mixed"``; ignored for ``"cpu"`` (a CPU-only pipeline).
         seed: overrides ``settings.seed``.
-        packed: the source returns ``(buffer, starts, lengths, labels)`` rather than
-            ``(images, labels)`` (the module's docstring).
 
     Returns:
         The built pipeline. Drive it with ``schedule_run`` / ``outputs`` (or ``run``).
@@ -188,32 +181,14 @@ def build_pipeline(
     size = [s.image_size, s.image_size]
     linear: dict[str, Any] = {"interp_type": DALIInterpType.INTERP_LINEAR, "antialias": True}
     with pipe:
-        if packed:
-            whole, starts, lengths, labels = fn.external_source(
-                source=source,
-                num_outputs=4,
-                batch=True,
-                dtype=[
-                    DALIDataType.UINT8,
-                    DALIDataType.INT64,
-                    DALIDataType.INT64,
-                    DALIDataType.INT64,
-                ],
-                ndim=[1, 1, 1, 0],
-                no_copy=True,
-            )
-            jpegs = fn.slice(
-                whole, starts, lengths, axes=[0], normalized_anchor=False, normalized_shape=False
-            )
-        else:
-            jpegs, labels = fn.external_source(
-                source=source,
-                num_outputs=2,
-                batch=True,
-                dtype=[DALIDataType.UINT8, DALIDataType.INT64],
-                ndim=[1, 0],
-                no_copy=True,
-            )
+        jpegs, labels = fn.external_source(
+            source=source,
+            num_outputs=2,
+            batch=True,
+            dtype=[DALIDataType.UINT8, DALIDataType.INT64],
+            ndim=[1, 0],
+            no_copy=True,
+        )
         mirror: Any = 0
         crop_at: dict[str, Any] = {}
         if s.train:

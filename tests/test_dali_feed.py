@@ -348,14 +348,58 @@ def test_after_a_resumed_pass_the_next_pass_is_the_next_epoch(
     assert after == following
 
 
+@pytest.fixture(scope="module")
+def uniform(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Shards of 32 x 32 JPEGs of about one size (900 to 1,100 bytes): the feed pads them
+    to one length in one array (see ``_feeds.prepare``)."""
+    from PIL import Image
+
+    root = tmp_path_factory.mktemp("dali-uniform")
+    rng = np.random.default_rng(0)
+    for i in range(N_IMAGES):
+        (root / "images" / f"c{i % 4}").mkdir(parents=True, exist_ok=True)
+        pixels = rng.integers(64, 192, (32, 32, 3), dtype=np.uint8)
+        Image.fromarray(pixels).save(root / "images" / f"c{i % 4}" / f"{i:04d}.jpg", quality=60)
+    pack(root / "images", str(root / "shards"), shard_samples=20, shard_bytes=None, workers=1)
+    return root / "shards"
+
+
+def test_the_feed_pads_images_of_one_size_and_views_the_others(folder: Path, uniform: Path) -> None:
+    """``prepare`` gives DALI one dense array of the images padded with zeros where that
+    costs little memory, and a view of each where sizes are far apart."""
+    from dali_ops._feeds import prepare
+
+    kinds = {}
+    for name, shards in (("photographs", folder), ("tiny", uniform)):
+        with ShardStream(str(shards), shuffle=False) as stream:
+            builder = _batch.BatchBuilder(
+                BATCH, on_error="raise", precheck="markers", image_keys=("jpg",), label_key="cls"
+            )
+            batch = next(_batch.read_batches(stream, builder, drop_last=False))
+            prepare(batch)
+            sizes = [len(image) for image in batch.images]
+            if batch.held is not None:
+                rows = batch.held
+                assert rows.shape == (len(sizes), max(sizes))
+                for row, image, size in zip(rows, batch.images, sizes, strict=True):
+                    assert bytes(row[:size]) == bytes(image)
+                    assert not row[size:].any()
+            kinds[name] = "padded" if batch.held is not None else "views"
+            assert len(batch.inputs) == len(sizes)
+    assert kinds == {"photographs": "views", "tiny": "padded"}
+
+
+@pytest.mark.parametrize("data", ["folder", "uniform"])
 @pytest.mark.parametrize("workers", [0, 2])
 def test_the_loader_s_images_are_dali_s_own_over_the_same_bytes(
-    folder: Path, workers: int, native: bool
+    request: pytest.FixtureRequest, data: str, workers: int, native: bool
 ) -> None:
-    """Each batch the loader hands out (its images given to DALI as one tensor list of
-    views into the batch's memory, in a thread or from workers' shared buffers) is what
-    the same pipeline makes of the same encoded bytes given as a plain list, pixel for
-    pixel, in the loader's order."""
+    """Each batch the loader hands out (its images given to DALI as one tensor list: views
+    into the batch's memory, or, for images of about one size, one array of them padded
+    with zeros; in a thread or from workers' shared buffers) is what the same pipeline
+    makes of the same encoded bytes given as a plain list, pixel for pixel, in the
+    loader's order."""
+    folder: Path = request.getfixturevalue(data)
     with ShardStream(str(folder), shuffle=False) as stream:
         encoded = {(s["__url__"], s["__key__"]): (s["jpg"], int(s["cls"])) for s in stream}
     got = []

@@ -504,3 +504,49 @@ def test_deliver_adds_a_tables_common_sample_with_no_python_call() -> None:
     unset = native().Sink.__new__(native().Sink)
     taken, going, error = deliver(lanes, [0], [10], unset)
     assert (taken, going, type(error)) == (1, False, TypeError)
+
+
+def pad_reference(data: bytes, spans: np.ndarray, rows: int, row: int) -> bytes:
+    out = bytearray(rows * row)
+    for i, (a, b) in enumerate(spans.tolist()):
+        out[i * row : i * row + b - a] = data[a:b]
+    return bytes(out)
+
+
+@FUZZ
+@given(
+    data=st.binary(max_size=200),
+    cuts=st.lists(st.tuples(st.integers(-2, 210), st.integers(-2, 210)), max_size=8),
+    extra=st.integers(-3, 3),
+)
+def test_pad_copies_each_image_to_its_row_or_refuses(
+    data: bytes, cuts: list[tuple[int, int]], extra: int
+) -> None:
+    """``pad`` is the Python reference above for spans that fit, and a ValueError (with
+    ``out`` untouched) for a span outside the data or longer than a row."""
+    spans = np.array(cuts, dtype=np.int64).reshape(-1, 2)
+    lengths = spans[:, 1] - spans[:, 0]
+    row = max(0, int(lengths.max()) + extra) if len(spans) else 0
+    out = np.full((len(spans), row), 7, dtype=np.uint8)
+    fits = bool(
+        ((spans[:, 0] >= 0) & (spans[:, 0] <= spans[:, 1]) & (spans[:, 1] <= len(data))).all()
+        and (lengths <= row).all()
+    )
+    if fits:
+        native().pad(data, spans, out)
+        assert out.tobytes() == pad_reference(data, spans, len(spans), row)
+    else:
+        with pytest.raises(ValueError, match="span"):
+            native().pad(data, spans, out)
+        assert (out == 7).all()
+
+
+def test_pad_refuses_spans_that_are_not_pairs_and_rows_that_do_not_divide() -> None:
+    with pytest.raises(ValueError, match="pairs"):
+        native().pad(b"abc", np.zeros(3, dtype=np.int64), np.zeros(4, dtype=np.uint8))
+    with pytest.raises(ValueError, match="rows"):
+        native().pad(b"abc", np.zeros((2, 2), dtype=np.int64), np.zeros(5, dtype=np.uint8))
+    with pytest.raises(BufferError):
+        native().pad(b"abc", np.zeros((1, 2), dtype=np.int64), b"read-only")
+    with pytest.raises(TypeError):
+        native().pad(b"abc", np.zeros((1, 2), dtype=np.int64))  # type: ignore[call-arg]
