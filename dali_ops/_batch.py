@@ -291,6 +291,17 @@ class BatchBuilder:
         self.image_keys = image_keys
         self.label_key = label_key
         self._image_rank = {k: i for i, k in enumerate(image_keys)}
+        self._pool: BufferPool | None = None  # made at the first pass with no pool given
+
+    def pool(self) -> BufferPool:
+        """The buffers of batches built in this process with no pool given (the feed
+        thread's), kept across passes so that a pass reuses the buffers of the last."""
+        if self._pool is None:
+            self._pool = BufferPool(shared=False)
+        return self._pool
+
+    def __getstate__(self) -> dict[str, Any]:  # sent to DataLoader workers: no buffers
+        return {**self.__dict__, "_pool": None}
 
     def build(self, samples: Iterator[dict[str, Any]], batch: EncodedBatch) -> bool:
         """Fill ``batch`` from ``samples``; returns whether the samples are exhausted.
@@ -489,11 +500,11 @@ def read_batches(
             (``iter_views``: one copy in all): a DataLoader worker's shared buffers (the
             batch is handed over by :meth:`EncodedBatch.to_wire`, and a batch not handed
             over gives its buffer back), or a pool of this process's own
-            (``BufferPool(shared=False)``; ``None``: a new one), whose buffer each batch
-            takes with it (:meth:`EncodedBatch.keep`) before it is yielded.
+            (``None``: :meth:`BatchBuilder.pool`), whose buffer each batch takes with it
+            (:meth:`EncodedBatch.keep`) before it is yielded.
     """
     if pool is None:
-        pool = BufferPool(shared=False)
+        pool = builder.pool()
     state = stream.state_snapshot() if track is not None else None
     if track is not None:
         track(state)

@@ -48,7 +48,7 @@ from nvidia.dali.tensors import TensorCPU, TensorListCPU
 
 from . import _batch
 from ._batch import BatchBuilder, EncodedBatch, read_batches
-from ._shm import BufferPool, BufferViews
+from ._shm import BufferViews
 
 if TYPE_CHECKING:
     from torchdata.stateful_dataloader import StatefulDataLoader
@@ -141,8 +141,6 @@ class ThreadFeed(Feed):
         builder: makes the batches.
         depth: batches built ahead at most.
         drop_last: drop the pass's last batch when it is short.
-        pool: the buffers the batches are built into (``BufferPool(shared=False)``), kept
-            by the loader across passes so that a pass reuses the last one's.
     """
 
     def __init__(
@@ -152,13 +150,11 @@ class ThreadFeed(Feed):
         *,
         depth: int,
         drop_last: bool,
-        pool: BufferPool,
     ) -> None:
         super().__init__()
         self.stream = stream
         self.builder = builder
         self.drop_last = drop_last
-        self.pool = pool
         self._depth = depth
         self._cond = threading.Condition()
         self._ready: deque[EncodedBatch] = deque()
@@ -176,7 +172,7 @@ class ThreadFeed(Feed):
 
     def _run(self) -> None:
         produced = read_batches(
-            self.stream, self.builder, drop_last=self.drop_last, track=self._track, pool=self.pool
+            self.stream, self.builder, drop_last=self.drop_last, track=self._track
         )
         try:
             while True:

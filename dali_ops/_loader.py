@@ -62,7 +62,7 @@ from ._feed import Counters, Feeder
 from ._feeds import Feed, ThreadFeed, WorkerFeed
 from ._pass import PipelineDriver
 from ._pipeline import PipelineSettings
-from ._shm import BufferPool, BufferViews
+from ._shm import BufferViews
 from ._stages import StallWatch
 from ._workers import make_worker_loader
 
@@ -195,7 +195,6 @@ class DALIImageLoader:
         self._watch = StallWatch(stall_warning)
         self._workers_loader: Any = None  # the StatefulDataLoader, while workers=N
         self._views: BufferViews | None = None  # the workers' batch buffers, mapped here
-        self._pool: BufferPool | None = None  # the feed thread's batch buffers, reused
         self._workers_state: Any = None  # a DataLoader state to give it before its next pass
         self._feed: Feed | None = None
         self._resume: Any = None  # saved position while no pass runs
@@ -260,11 +259,7 @@ class DALIImageLoader:
     def _make_feed(self) -> Feed:
         depth = self.prefetch_batches
         if not self.workers:
-            if self._pool is None:
-                self._pool = BufferPool(shared=False)
-            return ThreadFeed(
-                self._stream, self._builder, depth=depth, drop_last=self.drop_last, pool=self._pool
-            )
+            return ThreadFeed(self._stream, self._builder, depth=depth, drop_last=self.drop_last)
         if self._workers_loader is None:
             if self._views is None:
                 self._views = BufferViews()  # before the workers start (see BufferViews)
@@ -427,7 +422,7 @@ class DALIImageLoader:
             "ring_bytes": self._stream.ring_bytes,
             "node_ring_bytes": self._stream.node_ring_bytes(self.workers, check=False),
             "batch_buffers_bytes": (0 if self._views is None else self._views.nbytes())
-            + (0 if self._pool is None else self._pool.nbytes()),
+            + self._builder.pool().nbytes(),
             "stream": stream,
         }
 

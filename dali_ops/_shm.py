@@ -197,8 +197,10 @@ class BatchBuffer:
     def put(self, data: Any) -> tuple[int, int]:
         """Copy ``data`` (bytes-like) in; returns where it lies: ``(start, stop)``."""
         start, stop = self.used, self.used + len(data)
-        if self.data is None or stop > len(self.data):
+        if self.data is None:
             self._grow(stop)
+        elif stop > len(self.data):  # twice as large at least: a batch grows a few times
+            self._grow(max(stop, 2 * len(self.data)))
         assert self.data is not None
         self.data[start:stop] = data
         self.used = stop
