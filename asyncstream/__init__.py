@@ -7,8 +7,7 @@ the fetch engine's process, importing this package too, has no use for; the othe
 import botocore, numpy or moto, which ``asyncstream --version`` has no use for.
 """
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from ._exceptions import (
     AccessDeniedError,
@@ -30,6 +29,7 @@ from ._exceptions import (
     UnreadIndexWarning,
     UnreadShardWarning,
 )
+from ._lazy import lazy_names
 
 if TYPE_CHECKING:
     from ._config import CacheConfig, FetchConfig, IndexConfig, OrderConfig
@@ -145,14 +145,4 @@ _LAZY = {
 }
 
 
-def __getattr__(name: str) -> Any:
-    module = _LAZY.get(name)
-    if module is None:
-        raise AttributeError(f"module 'asyncstream' has no attribute {name!r}")
-    value = getattr(importlib.import_module(f".{module}", __name__), name)
-    globals()[name] = value  # once
-    return value
-
-
-def __dir__() -> list[str]:
-    return sorted(set(globals()) | set(__all__))
+__getattr__, __dir__ = lazy_names(__name__, _LAZY, __all__)

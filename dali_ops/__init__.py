@@ -13,8 +13,9 @@ which ``asyncstream --help`` has no use for when it loads ``dali_ops._demo`` to 
 ``demo`` command.
 """
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from asyncstream._lazy import lazy_names
 
 if TYPE_CHECKING:
     from ._loader import DALIImageLoader
@@ -29,14 +30,4 @@ _LAZY = {
 }
 
 
-def __getattr__(name: str) -> Any:
-    module = _LAZY.get(name)
-    if module is None:
-        raise AttributeError(f"module 'dali_ops' has no attribute {name!r}")
-    value = getattr(importlib.import_module(f".{module}", __name__), name)
-    globals()[name] = value  # once
-    return value
-
-
-def __dir__() -> list[str]:
-    return sorted(set(globals()) | set(__all__))
+__getattr__, __dir__ = lazy_names(__name__, _LAZY, __all__)

@@ -46,19 +46,25 @@ def key(sample: dict[str, Any]) -> str:
     return f"{sample['__key__']}|{sample['__url__'].rsplit('/', 1)[-1]}"
 
 
+def read_and_save(stream: ShardStream) -> tuple[list[str], dict[str, Any]]:
+    """Epoch 1's keys, and the state saved after its first ``AFTER`` samples."""
+    stream.set_epoch(1)
+    whole = [key(s) for s in stream]
+    stream.set_epoch(1)
+    samples = iter(stream)
+    for _ in range(AFTER):
+        next(samples)
+    state = stream.state_dict()
+    del samples
+    return whole, state
+
+
 @pytest.mark.parametrize(("saved_on", "resumed_on"), [("s3", "local"), ("local", "s3")])
 def test_a_state_resumes_exactly_on_the_same_shards_moved(
     shards: ForeignShards, on_s3: str, s3_server: LocalS3, saved_on: str, resumed_on: str
 ) -> None:
     with where(saved_on, shards, on_s3, s3_server) as stream:
-        stream.set_epoch(1)
-        whole = [key(s) for s in stream]
-        stream.set_epoch(1)
-        samples = iter(stream)
-        for _ in range(AFTER):
-            next(samples)
-        state = stream.state_dict()
-        del samples
+        whole, state = read_and_save(stream)
     assert state["dataset_shards"]["where"][0].startswith(
         "s3://" if saved_on == "s3" else "file://"
     )
@@ -119,15 +125,8 @@ def test_a_state_of_an_older_asyncstream_still_loads(shards: ForeignShards) -> N
     """Older states name the dataset by a fingerprint over full URLs, sizes, ETags and
     counts, and have no ``dataset_shards``: accepted where the shards still are."""
     with ShardStream(str(shards.folder), **STREAM) as stream:
-        stream.set_epoch(1)
-        whole = [key(s) for s in stream]
-        stream.set_epoch(1)
-        samples = iter(stream)
-        for _ in range(AFTER):
-            next(samples)
-        state = stream.state_dict()
+        whole, state = read_and_save(stream)
         legacy = stream._settings.dataset_id.legacy
-        del samples
     old = {k: v for k, v in state.items() if k != "dataset_shards"}
     old["dataset"] = legacy
     assert legacy != state["dataset"]
