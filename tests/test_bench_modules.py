@@ -60,11 +60,11 @@ def test_index_benchmark_resumes_without_rereading(tmp_path: Path) -> None:
 def test_tarread_benchmark_reads_every_compression_of_the_same_samples(tmp_path: Path) -> None:
     data = _run_module("bench.tarread", tmp_path / "tarread.json")
     assert data["reader"]["samples_per_cpu_s"] > 0
-    assert {r["samples"] for r in data["stream"].values()} == {120}
+    assert {r["samples"] for r in data["stream"].values()} == {40}  # every sample (--quick)
     assert list(data["compressed"]) == [".tar", ".tar.gz", ".tar.zst", ".tar.xz", ".tar.bz2"]
     for row in data["compressed"].values():
         for source in ("local files", "S3, loopback"):
-            assert row[source]["samples"] == 120
+            assert row[source]["samples"] == 40
             assert all(math.isfinite(n) and n >= 0 for n in numbers(row[source]))
 
 
