@@ -122,7 +122,8 @@ def main() -> None:
         help="a folder to keep the generated shards in and reuse (default: a new one)",
     )
     args = parser.parse_args()
-    images, per_shard = (120, 20) if args.quick else (1200, 100)
+    # --quick is a smoke run (tests/test_bench_modules.py): every part, at its smallest.
+    images, per_shard = (40, 10) if args.quick else (1200, 100)
     out: dict[str, Any] = {
         "date": time.strftime("%Y-%m-%d"),
         "machine": f"{platform.machine()}, {os.cpu_count()} cores, "
@@ -133,7 +134,9 @@ def main() -> None:
         root = Path(tmp)
         plain = Path(args.data) if args.data else root / "plain"
         if not list(plain.glob("*.tar")):
-            generate_imagefolder(root / "images", images, 100, seed=0)
+            # A pool of processes costs more than it saves on a quick run's 40 images.
+            workers = 1 if args.quick else None
+            generate_imagefolder(root / "images", images, 100, seed=0, workers=workers)
             pack(
                 root / "images",
                 str(plain),
@@ -152,7 +155,7 @@ def main() -> None:
         for index in plain.glob("*.json"):  # the manifest: no counting pass on either side
             client.put_object(Bucket="tarread", Key=f"plain/{index.name}", Body=index.read_bytes())
         if "reader" in args.parts:
-            runs = [reader_alone(data, 2.0 if args.quick else 5.0) for _ in range(args.repeat)]
+            runs = [reader_alone(data, 0.5 if args.quick else 5.0) for _ in range(args.repeat)]
             out["reader"] = best(runs, "samples_per_cpu_s")
             print(
                 f"reader alone: {out['reader']['samples_per_cpu_s']:,.0f} samples/CPU-s", flush=True

@@ -1,12 +1,14 @@
 """The benchmark harness itself, at its smallest: every scenario runs and its JSON, tables
-and plots are well formed. (Figures are not judged here: that is what the benchmark is for.)"""
+and plots are well formed. (Figures are not judged here: that is what the benchmark is for.)
+The focused benchmark modules (``python -m bench.tarread`` and the others) are tested in
+tests/test_bench_modules.py, a file of its own so that the two pytest workers share them.
+"""
 
 from __future__ import annotations
 
 import json
 import math
 import os
-import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -16,20 +18,7 @@ import pytest
 
 from bench.harness import SCENARIOS
 from bench.report import BEGIN, END
-
-ROOT = Path(__file__).resolve().parent.parent
-
-
-def _numbers(value: Any) -> list[float]:
-    if isinstance(value, bool):
-        return []
-    if isinstance(value, int | float):
-        return [float(value)]
-    if isinstance(value, dict):
-        return [n for v in value.values() for n in _numbers(v)]
-    if isinstance(value, list):
-        return [n for v in value for n in _numbers(v)]
-    return []
+from tests._benchrun import ROOT, numbers
 
 
 @pytest.fixture(scope="module")
@@ -72,9 +61,9 @@ def test_every_scenario_runs_and_the_json_is_complete(quick_run: dict[str, Any])
     assert "torch" in env["versions"]
     assert data["dataset"]["images"] == 160
     for name, figures in data["scenarios"].items():
-        numbers = _numbers(figures)
-        assert numbers, name
-        assert all(math.isfinite(n) for n in numbers), name
+        found = numbers(figures)
+        assert found, name
+        assert all(math.isfinite(n) for n in found), name
         assert figures["seconds"] > 0
     systems = data["scenarios"]["loader"]["systems"]
     for name in ("asyncstream", "naive"):
@@ -224,190 +213,3 @@ def test_the_nginx_profile_is_refused_with_an_endpoint() -> None:
     proc = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=60)
     assert proc.returncode == 2
     assert "--profile nginx" in proc.stderr
-
-
-def _run_module(module: str, out: Path) -> dict[str, Any]:
-    proc = subprocess.run(
-        [sys.executable, "-m", module, "--quick", "--repeat", "1", "--json", str(out)],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
-    assert proc.returncode == 0, proc.stderr[-4000:]
-    figures: dict[str, Any] = json.loads(out.read_text())
-    return figures
-
-
-@pytest.mark.timeout(700)
-def test_scale_benchmark_opens_indexed_datasets_in_one_request(tmp_path: Path) -> None:
-    data = _run_module("bench.scale", tmp_path / "scale.json")
-    assert [(r["shards"], r["samples"]) for r in data["rows"]] == [
-        (64, 64_000),
-        (1_000, 10_000_000),
-    ]
-    for row in data["rows"]:
-        assert row["requests"] == 1  # the manifest, nothing else
-        assert all(math.isfinite(n) and n >= 0 for n in _numbers(row))
-        assert row["state_bytes_fresh"] < row["state_bytes_mid_epoch_max"] < 1 << 20
-
-
-@pytest.mark.timeout(700)
-def test_index_benchmark_resumes_without_rereading(tmp_path: Path) -> None:
-    data = _run_module("bench.index", tmp_path / "index.json")
-    assert data["raw_mb_per_s"] > 0
-    assert data["index_mb_per_s"] > 0
-    resume = data["resume"]
-    assert resume["second_run_cached_shards"] == resume["interrupted_after_shards"] == 2
-    assert resume["second_run_bytes"] <= resume["unfinished_shard_bytes"] * 1.05
-    assert resume["third_run_unchanged_shards"] == 4
-    assert resume["third_run_bytes"] < 100_000  # the manifest and listing, no shard
-
-
-@pytest.mark.timeout(700)
-def test_tarread_benchmark_reads_every_compression_of_the_same_samples(tmp_path: Path) -> None:
-    data = _run_module("bench.tarread", tmp_path / "tarread.json")
-    assert data["reader"]["samples_per_cpu_s"] > 0
-    assert {r["samples"] for r in data["stream"].values()} == {120}
-    assert list(data["compressed"]) == [".tar", ".tar.gz", ".tar.zst", ".tar.xz", ".tar.bz2"]
-    for row in data["compressed"].values():
-        for source in ("local files", "S3, loopback"):
-            assert row[source]["samples"] == 120
-            assert all(math.isfinite(n) and n >= 0 for n in _numbers(row[source]))
-
-
-@pytest.mark.timeout(700)
-def test_samplecost_benchmark_measures_both_revisions_in_rounds(tmp_path: Path) -> None:
-    from asyncstream import pack
-    from asyncstream.testing import generate_imagefolder
-
-    generate_imagefolder(tmp_path / "images", 40, 2, seed=0, workers=1)
-    pack(tmp_path / "images", str(tmp_path / "shards"), shard_samples=10, shard_bytes=None)
-    out = tmp_path / "samplecost.json"
-    has_git = shutil.which("git") is not None and (
-        subprocess.run(
-            ["git", "-C", str(ROOT), "rev-parse", "HEAD"], capture_output=True
-        ).returncode
-        == 0
-    )
-    sides = ["before", "after"] if has_git else ["after"]  # no git checkout: no baseline
-    proc = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "bench.samplecost",
-            "--url",
-            str(tmp_path / "shards"),
-            "--s3",
-            *(["--baseline", "HEAD"] if has_git else []),
-            "--rounds",
-            "2",
-            "--epochs",
-            "2",
-            "--json",
-            str(out),
-        ],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
-    assert proc.returncode == 0, proc.stderr[-4000:]
-    data = json.loads(out.read_text())
-    for source in ("local files", "S3, loopback"):
-        assert list(data[source]) == ["iter", "take"]
-        for path in data[source].values():
-            assert list(path) == sides
-            for side in path.values():
-                assert side["samples"] == 40
-                assert all(math.isfinite(n) and n >= 0 for n in _numbers(side))
-    assert "| S3, loopback | take | after |" in proc.stdout
-
-
-def test_bombs_benchmark_reads_each_bomb_in_a_capped_child(tmp_path: Path) -> None:
-    """Today's reader refuses every bomb of ``bench.bombs`` (each in its own child)."""
-    out = tmp_path / "bombs.json"
-    proc = subprocess.run(
-        [sys.executable, "-m", "bench.bombs", "--json", str(out)],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
-    assert proc.returncode == 0, proc.stderr[-4000:]
-    rows = json.loads(out.read_text())
-    assert [(r["bomb"], r["side"]) for r in rows] == [
-        ("sparse", "today"),
-        ("sparse", "today"),
-        ("gzip", "today"),
-        ("zstd", "today"),
-    ]
-    assert all(r["outcome"] == "CorruptTarError" for r in rows), rows
-    assert all(r["shard"] < 1 << 20 and r["claims"] >= 512 << 20 for r in rows)
-    assert all(math.isfinite(r["peak_mib"]) for r in rows), rows
-
-
-@pytest.mark.timeout(600)
-def test_endtoend_benchmark_reads_local_files_and_https_both_ways(tmp_path: Path) -> None:
-    """``bench.endtoend`` feeds every image from local files and over HTTPS, and reports
-    finite costs per image."""
-    out = tmp_path / "endtoend.json"
-    proc = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "bench.endtoend",
-            *("--images", "24", "--data", str(tmp_path), "--rounds", "1", "--epochs", "1"),
-            *("--sides", "after", "--json", str(out)),
-        ],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=500,
-    )
-    assert proc.returncode == 0, proc.stderr[-4000:]
-    data = json.loads(out.read_text())
-    for source in ("local files", "HTTPS, loopback"):
-        assert list(data[source]) == ["after"]
-        for side in data[source].values():
-            assert side["images"] == 24
-            assert all(math.isfinite(n) and n > 0 for n in _numbers(side))
-    assert "| HTTPS, loopback | after |" in proc.stdout
-
-
-@pytest.mark.timeout(300)
-def test_blenddraw_benchmark_drains_the_blended_window_and_takes_a_mixed_stream(
-    tmp_path: Path,
-) -> None:
-    from asyncstream import pack
-    from asyncstream.testing import generate_imagefolder
-
-    generate_imagefolder(tmp_path / "images", 20, 2, seed=0, workers=1)
-    pack(tmp_path / "images", str(tmp_path / "shards"), shard_samples=10, shard_bytes=None)
-    out = tmp_path / "blenddraw.json"
-    proc = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "bench.blenddraw",
-            "--url",
-            str(tmp_path / "shards"),
-            *("--rounds", "2", "--epochs", "2", "--pieces", "12", "--piece", "30"),
-            *("--chunk", "7", "--window", "3"),
-            "--json",
-            str(out),
-        ],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=280,
-    )
-    assert proc.returncode == 0, proc.stderr[-4000:]
-    data = json.loads(out.read_text())
-    for side in ("before", "after"):
-        alone = data["draw alone"][side]
-        assert alone["samples"] == 12 * 30  # every sample of the pieces, drawn once
-        assert 0 < alone["draw_many_us_per_sample"] <= alone["us_per_sample"]
-    assert list(data["take"]) == ["after"]  # no --baseline: this tree alone
-    assert data["take"]["after"]["samples"] == 2 * 20  # the folder twice, weight 1 each
-    assert data["take"]["after"]["consumer_us_per_sample"] > 0

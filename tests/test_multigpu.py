@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import textwrap
 from pathlib import Path
 
@@ -85,12 +86,18 @@ JOB = textwrap.dedent(
 )
 
 
+# Before the fix, about 1 run in 4 aborted or hung (3 of 10 measured): 6 runs in a row in
+# every test run (make check, CI) miss such a regression about 1 time in 6 (0.75 ** 6); the
+# soak, 20 in a row (1 in 300), with ASYNCSTREAM_SOAK=1, after touching the exit path.
+RUNS = 20 if os.environ.get("ASYNCSTREAM_SOAK", "") not in ("", "0") else 6
+
+
 @pytest.mark.slow
-def test_torchrun_2_ranks_2_workers_exits_cleanly_20_times_in_a_row(tmp_path: Path) -> None:
+def test_torchrun_2_ranks_2_workers_exits_cleanly_many_times_in_a_row(tmp_path: Path) -> None:
     data = write_foreign_shards(tmp_path / "shards", 0, counts=[5, 7, 6, 6], jpg_bytes=(50, 200))
     script = tmp_path / "job.py"
     script.write_text(JOB)
-    for run in range(20):
+    for run in range(RUNS):
         result = torchrun(script, str(data.folder), str(tmp_path), timeout=120)
         assert result.returncode == 0, f"run {run}: {result.stderr[-3000:]}"
         ranks = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(2)]
