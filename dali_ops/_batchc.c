@@ -783,8 +783,18 @@ PyDoc_STRVAR(pad_doc,
              "pad(data, spans, out, /)\n--\n\n"
              "Copy image i, data[spans[i, 0]:spans[i, 1]], to the start of row i of out (n rows\n"
              "of len(out) // n bytes, n = len(spans) // 2, spans int64) and zero the rest of\n"
-             "the row, with the GIL released. Raises ValueError where a span falls outside\n"
-             "data or is longer than a row, and writes nothing then.");
+             "the row, with the GIL released; True. False, with nothing written, unless every\n"
+             "image is a JPEG whose end marker lies in its last 64 bytes (a decoder stops\n"
+             "there, so it never reads the zeros; a truncated image must fail as it is).\n"
+             "Raises ValueError where a span falls outside data or is longer than a row.");
+
+/* Whether data[0:size] is a JPEG that ends (its end marker in the last EOI_WINDOW bytes). */
+static int
+jpeg_ends(const unsigned char *data, Py_ssize_t size)
+{
+    return size >= 3 && data[0] == 0xff && data[1] == 0xd8 && data[2] == 0xff &&
+           markers_pass(data, size);
+}
 
 static PyObject *
 pad(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
@@ -818,6 +828,7 @@ pad(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
     }
     const unsigned char *from = (const unsigned char *)data.buf;
     unsigned char *to = (unsigned char *)out.buf;
+    int eligible = 1;
     for (Py_ssize_t i = 0; problem == NULL && i < n; i++) {
         int64_t pair[2];
         memcpy(pair, (const char *)spans.buf + i * (Py_ssize_t)sizeof(pair), sizeof(pair));
@@ -827,8 +838,11 @@ pad(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
         else if (pair[1] - pair[0] > (int64_t)row) {
             problem = "a span is longer than a row";
         }
+        else if (!jpeg_ends(from + pair[0], (Py_ssize_t)(pair[1] - pair[0]))) {
+            eligible = 0;
+        }
     }
-    if (problem == NULL) {
+    if (problem == NULL && eligible) {
         Py_BEGIN_ALLOW_THREADS
         for (Py_ssize_t i = 0; i < n; i++) {
             int64_t pair[2];
@@ -848,7 +862,7 @@ pad(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
         PyErr_SetString(PyExc_ValueError, problem);
         return NULL;
     }
-    Py_RETURN_NONE;
+    return PyBool_FromLong(eligible);
 }
 
 static PyMethodDef methods[] = {

@@ -27,7 +27,8 @@ class Sink:
 def markers(data: bytes | memoryview, /) -> bool:
     """Whether ``data`` passes ``check_image``'s ``"markers"`` level."""
 
-def pad(data: Any, spans: Any, out: Any, /) -> None:
+def pad(data: Any, spans: Any, out: Any, /) -> bool:
     """Copy image ``i``, ``data[spans[i, 0]:spans[i, 1]]``, to the start of row ``i`` of
-    ``out`` and zero the rest of the row (the GIL released); ``ValueError`` where a span
-    falls outside ``data`` or is longer than a row."""
+    ``out`` and zero the rest of the row (the GIL released): ``True``. ``False``, with
+    nothing written, unless every image is a JPEG whose end marker lies in its last 64
+    bytes; ``ValueError`` where a span falls outside ``data`` or is longer than a row."""

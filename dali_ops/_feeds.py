@@ -100,10 +100,12 @@ def prepare(batch: EncodedBatch) -> EncodedBatch:
     :data:`PAD_LIMIT` times larger), they are copied into one ``(n, longest)`` array, each
     image at the start of its row and zeros after it (``_batchc.pad``, the GIL released),
     which DALI wraps as one dense tensor list: no object per image, 0.2 us an image where a
-    ``TensorCPU`` view per image cost 4 (1 kB images, ``bench/RESULTS.md``). DALI's
-    decoders stop at an image's end (a JPEG's end marker, a PNG's IEND, a RIFF's length),
-    so the zeros after it are never read as image: the outputs are the same, checked by
-    ``tests/test_dali_feed.py``. Otherwise (sizes far apart, as photographs are, where the
+    ``TensorCPU`` view per image cost 4 (1 kB images, ``bench/RESULTS.md``). Only where
+    every image is a JPEG whose end marker lies in its last 64 bytes: the decoder stops
+    there, so the zeros after it are never read (the outputs are the same, checked by
+    ``tests/test_dali_feed.py``), while a truncated image, or another format, is decoded as
+    it is and fails as it would (padded, libjpeg would read the zeros as more of a
+    truncated scan and decode it). Otherwise (sizes far apart, as photographs are, where the
     copy and the decode dwarf a view's cost) each image is a zero-copy ``TensorCPU`` view
     of the batch's buffer. Cutting the images out inside the pipeline instead (one
     broadcast buffer and ``fn.slice``) was tried and dropped: the slice cost DALI's threads
@@ -116,9 +118,12 @@ def prepare(batch: EncodedBatch) -> EncodedBatch:
     lengths = spans[:, 1] - spans[:, 0]
     longest = int(lengths.max())
     native = _batch._NATIVE if _batch.NATIVE else None  # no pad in C: a view per image
+    padded = None
     if native is not None and len(spans) * longest <= PAD_LIMIT * max(1, int(lengths.sum())):
         padded = np.empty((len(spans), max(1, longest)), dtype=np.uint8)
-        native.pad(data, spans, padded)
+        if not native.pad(data, spans, padded):
+            padded = None  # not every image a JPEG that ends: each decoded as it is
+    if padded is not None:
         batch.held = padded
         batch.inputs = TensorListCPU(padded, "")
     else:

@@ -15,6 +15,7 @@ sanitize`` runs them under AddressSanitizer in bounded time.
 from __future__ import annotations
 
 import io
+import itertools
 import json
 import re
 from collections.abc import Callable, Iterator
@@ -513,18 +514,38 @@ def pad_reference(data: bytes, spans: np.ndarray, rows: int, row: int) -> bytes:
     return bytes(out)
 
 
+def jpeg_ends(image: bytes) -> bool:
+    """What ``pad`` requires of every image: a JPEG whose end marker ``check_image``'s
+    markers level finds (in its last 64 bytes)."""
+    return image[:3] == b"\xff\xd8\xff" and check_image(image, "markers") is None
+
+
 @FUZZ
 @given(
-    data=st.binary(max_size=200),
-    cuts=st.lists(st.tuples(st.integers(-2, 210), st.integers(-2, 210)), max_size=8),
+    images=st.lists(
+        st.one_of(
+            st.binary(max_size=40),
+            st.builds(lambda body: JPEG[:3] + body + b"\xff\xd9", st.binary(max_size=40)),
+            st.builds(lambda n: JPEG[:n], st.integers(0, len(JPEG))),
+            st.just(JPEG),
+        ),
+        max_size=6,
+    ),
+    cuts=st.lists(st.tuples(st.integers(-2, 400), st.integers(-2, 400)), max_size=3),
     extra=st.integers(-3, 3),
 )
-def test_pad_copies_each_image_to_its_row_or_refuses(
-    data: bytes, cuts: list[tuple[int, int]], extra: int
+def test_pad_copies_each_jpeg_to_its_row_or_declines_or_refuses(
+    images: list[bytes], cuts: list[tuple[int, int]], extra: int
 ) -> None:
-    """``pad`` is the Python reference above for spans that fit, and a ValueError (with
-    ``out`` untouched) for a span outside the data or longer than a row."""
-    spans = np.array(cuts, dtype=np.int64).reshape(-1, 2)
+    """``pad`` is the Python reference above where every image is a JPEG that ends and
+    every span fits; False (nothing written) where an image is not such a JPEG; a
+    ValueError (nothing written) for a span outside the data or longer than a row."""
+    data = b"".join(images)
+    bounds = np.cumsum([0, *map(len, images)])
+    spans = np.array(
+        [(int(a), int(b)) for a, b in itertools.pairwise(bounds)] + cuts,
+        dtype=np.int64,
+    ).reshape(-1, 2)
     lengths = spans[:, 1] - spans[:, 0]
     row = max(0, int(lengths.max()) + extra) if len(spans) else 0
     out = np.full((len(spans), row), 7, dtype=np.uint8)
@@ -532,12 +553,16 @@ def test_pad_copies_each_image_to_its_row_or_refuses(
         ((spans[:, 0] >= 0) & (spans[:, 0] <= spans[:, 1]) & (spans[:, 1] <= len(data))).all()
         and (lengths <= row).all()
     )
-    if fits:
-        native().pad(data, spans, out)
-        assert out.tobytes() == pad_reference(data, spans, len(spans), row)
-    else:
+    if not fits:
         with pytest.raises(ValueError, match="span"):
             native().pad(data, spans, out)
+        assert (out == 7).all()
+        return
+    ends = all(jpeg_ends(data[a:b]) for a, b in spans.tolist())
+    assert native().pad(data, spans, out) is ends
+    if ends:
+        assert out.tobytes() == pad_reference(data, spans, len(spans), row)
+    else:
         assert (out == 7).all()
 
 
