@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import json
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -19,3 +22,17 @@ def numbers(value: Any) -> list[float]:
     if isinstance(value, list):
         return [n for v in value for n in numbers(v)]
     return []
+
+
+def run_bench(module: str, *args: str, out: Path, timeout: float = 600) -> tuple[Any, str]:
+    """``python -m module ARGS --json out`` from the repository root: the figures it wrote
+    and its stdout; the test fails with the end of its stderr where it fails."""
+    proc = subprocess.run(
+        [sys.executable, "-m", module, *args, "--json", str(out)],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    return json.loads(out.read_text()), proc.stdout

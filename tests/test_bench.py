@@ -6,7 +6,6 @@ tests/test_bench_modules.py, a file of its own so that the two pytest workers sh
 
 from __future__ import annotations
 
-import json
 import math
 import os
 import subprocess
@@ -18,7 +17,7 @@ import pytest
 
 from bench.harness import SCENARIOS
 from bench.report import BEGIN, END
-from tests._benchrun import ROOT, numbers
+from tests._benchrun import ROOT, numbers, run_bench
 
 
 @pytest.fixture(scope="module")
@@ -26,29 +25,13 @@ def quick_run(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     out = tmp_path_factory.mktemp("bench")
     results = out / "RESULTS.md"
     results.write_text(f"# Results\n\nhand-written notes\n\n{BEGIN}\nold\n{END}\n\nmore notes\n")
-    proc = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "bench",
-            "--quick",
-            "--peers",
-            "naive",
-            "--json",
-            str(out / "bench.json"),
-            "--results",
-            str(results),
-            "--plots",
-            str(out / "plots"),
-            "--no-progress",
-        ],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=600,
+    figures, _ = run_bench(
+        "bench",
+        *("--quick", "--peers", "naive", "--results", str(results)),
+        *("--plots", str(out / "plots"), "--no-progress"),
+        out=out / "bench.json",
     )
-    assert proc.returncode == 0, proc.stderr[-4000:]
-    return {"dir": out, "json": json.loads((out / "bench.json").read_text())}
+    return {"dir": out, "json": figures}
 
 
 @pytest.mark.timeout(700)
@@ -190,12 +173,12 @@ def test_the_nginx_profile_reads_through_pinned_nginx(tmp_path: Path) -> None:
         pytest.skip(f"nginx with its Lua module cannot be installed here: {exc}")
     results = tmp_path / "RESULTS.md"
     results.write_text(f"{BEGIN}\n{END}\n")
-    command = [sys.executable, "-m", "bench", "--quick", "--profile", "nginx"]
-    command += ["--scenarios", "raw_fetch,ring", "--json", str(tmp_path / "bench.json")]
-    command += ["--results", str(results), "--plots", str(tmp_path / "plots"), "--no-progress"]
-    proc = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=600)
-    assert proc.returncode == 0, proc.stderr[-4000:]
-    out = json.loads((tmp_path / "bench.json").read_text())
+    out, _ = run_bench(
+        "bench",
+        *("--quick", "--profile", "nginx", "--scenarios", "raw_fetch,ring"),
+        *("--results", str(results), "--plots", str(tmp_path / "plots"), "--no-progress"),
+        out=tmp_path / "bench.json",
+    )
     pin = out["pinning"]
     assert out["profile"] == "nginx"
     assert pin["server"].startswith("nginx/")

@@ -5,29 +5,19 @@ finite. (Figures are not judged here: that is what the benchmark is for.)"""
 
 from __future__ import annotations
 
-import json
 import math
 import shutil
 import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from tests._benchrun import ROOT, numbers
+from tests._benchrun import ROOT, numbers, run_bench
 
 
 def _run_module(module: str, out: Path) -> dict[str, Any]:
-    proc = subprocess.run(
-        [sys.executable, "-m", module, "--quick", "--repeat", "1", "--json", str(out)],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
-    assert proc.returncode == 0, proc.stderr[-4000:]
-    figures: dict[str, Any] = json.loads(out.read_text())
+    figures: dict[str, Any] = run_bench(module, "--quick", "--repeat", "1", out=out)[0]
     return figures
 
 
@@ -83,29 +73,19 @@ def test_samplecost_benchmark_measures_both_revisions_in_rounds(tmp_path: Path) 
         == 0
     )
     sides = ["before", "after"] if has_git else ["after"]  # no git checkout: no baseline
-    proc = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "bench.samplecost",
-            "--url",
-            str(tmp_path / "shards"),
-            "--s3",
-            *(["--baseline", "HEAD"] if has_git else []),
-            "--rounds",
-            "2",
-            "--epochs",
-            "2",
-            "--json",
-            str(out),
-        ],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
+    data, stdout = run_bench(
+        "bench.samplecost",
+        "--url",
+        str(tmp_path / "shards"),
+        "--s3",
+        *(["--baseline", "HEAD"] if has_git else []),
+        "--rounds",
+        "2",
+        "--epochs",
+        "2",
+        out=out,
         timeout=600,
     )
-    assert proc.returncode == 0, proc.stderr[-4000:]
-    data = json.loads(out.read_text())
     for source in ("local files", "S3, loopback"):
         assert list(data[source]) == ["iter", "take"]
         for path in data[source].values():
@@ -113,21 +93,13 @@ def test_samplecost_benchmark_measures_both_revisions_in_rounds(tmp_path: Path) 
             for side in path.values():
                 assert side["samples"] == 40
                 assert all(math.isfinite(n) and n >= 0 for n in numbers(side))
-    assert "| S3, loopback | take | after |" in proc.stdout
+    assert "| S3, loopback | take | after |" in stdout
 
 
 def test_bombs_benchmark_reads_each_bomb_in_a_capped_child(tmp_path: Path) -> None:
     """Today's reader refuses every bomb of ``bench.bombs`` (each in its own child)."""
     out = tmp_path / "bombs.json"
-    proc = subprocess.run(
-        [sys.executable, "-m", "bench.bombs", "--json", str(out)],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
-    assert proc.returncode == 0, proc.stderr[-4000:]
-    rows = json.loads(out.read_text())
+    rows, _ = run_bench("bench.bombs", out=out)
     assert [(r["bomb"], r["side"]) for r in rows] == [
         ("sparse", "today"),
         ("sparse", "today"),
@@ -144,27 +116,20 @@ def test_endtoend_benchmark_reads_local_files_and_https_both_ways(tmp_path: Path
     """``bench.endtoend`` feeds every image from local files and over HTTPS, and reports
     finite costs per image."""
     out = tmp_path / "endtoend.json"
-    proc = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "bench.endtoend",
-            *("--images", "24", "--data", str(tmp_path), "--rounds", "1", "--epochs", "1"),
-            *("--sides", "after", "--json", str(out)),
-        ],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
+    data, stdout = run_bench(
+        "bench.endtoend",
+        *("--images", "24", "--data", str(tmp_path), "--rounds", "1", "--epochs", "1"),
+        "--sides",
+        "after",
+        out=out,
         timeout=500,
     )
-    assert proc.returncode == 0, proc.stderr[-4000:]
-    data = json.loads(out.read_text())
     for source in ("local files", "HTTPS, loopback"):
         assert list(data[source]) == ["after"]
         for side in data[source].values():
             assert side["images"] == 24
             assert all(math.isfinite(n) and n > 0 for n in numbers(side))
-    assert "| HTTPS, loopback | after |" in proc.stdout
+    assert "| HTTPS, loopback | after |" in stdout
 
 
 @pytest.mark.timeout(300)
@@ -177,25 +142,15 @@ def test_blenddraw_benchmark_drains_the_blended_window_and_takes_a_mixed_stream(
     generate_imagefolder(tmp_path / "images", 20, 2, seed=0, workers=1)
     pack(tmp_path / "images", str(tmp_path / "shards"), shard_samples=10, shard_bytes=None)
     out = tmp_path / "blenddraw.json"
-    proc = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "bench.blenddraw",
-            "--url",
-            str(tmp_path / "shards"),
-            *("--rounds", "2", "--epochs", "2", "--pieces", "12", "--piece", "30"),
-            *("--chunk", "7", "--window", "3"),
-            "--json",
-            str(out),
-        ],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
+    data, _stdout = run_bench(
+        "bench.blenddraw",
+        "--url",
+        str(tmp_path / "shards"),
+        *("--rounds", "2", "--epochs", "2", "--pieces", "12", "--piece", "30"),
+        *("--chunk", "7", "--window", "3"),
+        out=out,
         timeout=280,
     )
-    assert proc.returncode == 0, proc.stderr[-4000:]
-    data = json.loads(out.read_text())
     for side in ("before", "after"):
         alone = data["draw alone"][side]
         assert alone["samples"] == 12 * 30  # every sample of the pieces, drawn once
