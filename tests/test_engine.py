@@ -168,6 +168,33 @@ def test_local_files(tmp_path: Path) -> None:
         assert drain(engine, chunks_of(shards, 16_384)) == blobs
 
 
+@pytest.mark.parametrize("mode", ["process", "thread"])
+def test_a_slot_released_untold_is_told_before_a_wait_blocks(tmp_path: Path, mode: str) -> None:
+    """One slot: every chunk after the first needs the slot the previous one held. Given
+    back without telling the engine, it is told before wait() blocks (else each wait would
+    end in the wait timeout) or with the next submit."""
+    path = tmp_path / "s.tar"
+    path.write_bytes(os.urandom(5 * 4096))
+    shards = resolve_shards(str(tmp_path))
+    requests = chunks_of(shards, 4096)
+    config = EngineConfig(inflight=1, hedge=False)
+    with Engine(config, n_slots=1, slot_bytes=4096, mode=mode) as engine:
+        got = bytearray()
+        engine.submit(requests[:3])  # the second and third wait for the one slot
+        for _ in range(3):
+            ready = engine.next(timeout=10)
+            got += engine.view(ready)
+            engine.release(ready.slot, tell=False)
+        for request in requests[3:]:  # released untold, then a submit that says it
+            engine.submit([request])
+            ready = engine.next(timeout=10)
+            got += engine.view(ready)
+            engine.release(ready.slot, tell=False)
+        engine.flush()
+        assert bytes(got) == path.read_bytes()
+        assert engine.idle
+
+
 def test_404_fails_fast_naming_the_key(
     proxy: FaultProxy, dataset: dict[str, Any], transport: str
 ) -> None:

@@ -24,10 +24,12 @@ from __future__ import annotations
 
 import atexit
 import contextlib
+import math
 import multiprocessing
 import multiprocessing.connection
 import multiprocessing.util
 import os
+import select
 import signal
 import subprocess
 import sys
@@ -60,6 +62,7 @@ from ._protocol import (
     Stop,
     ToEngine,
     log_from_engine,
+    send,
     with_remote_cause,
 )
 from ._ring import Ring
@@ -119,6 +122,8 @@ class Engine:
         self._arrived: dict[int, ChunkReady | ChunkFailed] = {}
         self._requests: dict[int, ChunkRequest] = {}
         self._stats: dict[str, Any] | None = None
+        self._released = False  # slots put back FREE that the engine was not told of yet
+        self._poller: select.poll | None = None  # on the connection, made once
         self._starved = 0.0
         self._closed = False
         self._pid = os.getpid()  # a forked child inherits this object, not the engine
@@ -203,7 +208,8 @@ class Engine:
         for rid, request in zip(ids, requests, strict=True):
             self._requests[rid] = request
         if requests:
-            self._send(Fetch(list(zip(ids, requests, strict=True))))
+            released, self._released = self._released, False
+            self._send(Fetch(list(zip(ids, requests, strict=True)), released))
         return ids
 
     def next(self, timeout: float | None = None) -> Ready:
@@ -227,6 +233,8 @@ class Engine:
             raise EngineError(f"chunk {rid} was not submitted, or was already taken")
         limit = self.config.wait_timeout if timeout is None else timeout
         began = time.monotonic()
+        if rid not in self._arrived:
+            self.flush()  # the chunk may wait for a slot given back unsaid
         while rid not in self._arrived:
             self._receive(began + limit)
         self._starved += time.monotonic() - began
@@ -241,11 +249,30 @@ class Engine:
         """The chunk's bytes in the ring (valid until :meth:`release`)."""
         return self.ring.view(ready.slot)[: ready.nbytes]
 
-    def release(self, slot: int) -> None:
-        """Give a slot back to the engine (IN_USE to FREE)."""
+    def release(self, slot: int, *, tell: bool = True) -> None:
+        """Give a slot back to the engine (IN_USE to FREE).
+
+        Args:
+            slot: the chunk's slot.
+            tell: tell the engine now. Without, it is told with the next :meth:`submit`,
+                before :meth:`wait` blocks, or at :meth:`flush`, whichever comes first:
+                a consumer that releases a chunk and then submits the next saves a
+                message each way (the engine only needs to know before it runs out of
+                free slots, and every way of waiting for one says it first).
+        """
         self._check_open()
         self.ring.release(slot)
-        self._send(Release(slot))
+        if tell:
+            self._released = False
+            self._send(Release(slot))
+        else:
+            self._released = True
+
+    def flush(self) -> None:
+        """Tell the engine of the slots :meth:`release` gave back without telling."""
+        if self._released and not self._closed:
+            self._released = False
+            self._send(Release(-1))
 
     def stats(self) -> dict[str, Any]:
         """The engine's statistics, plus ``starved_s``: the consumer's time spent waiting.
@@ -255,6 +282,7 @@ class Engine:
         """
         self._check_open()
         self._stats = None
+        self.flush()
         self._send(AskStats())
         deadline = time.monotonic() + 10.0
         while self._stats is None:
@@ -265,8 +293,12 @@ class Engine:
         assert self._conn is not None
         # The engine's death closes its end of the pipe: EOF here, at once.
         remaining = deadline - time.monotonic()
-        ready = multiprocessing.connection.wait([self._conn], timeout=max(0.0, remaining))
-        if self._conn in ready:
+        poller = self._poller
+        if poller is None:
+            poller = self._poller = select.poll()
+            poller.register(self._conn.fileno(), select.POLLIN)
+        # poll() takes milliseconds, rounded up so that a wait never ends before its time
+        if poller.poll(max(0, math.ceil(remaining * 1000))):
             try:
                 message: FromEngine = self._conn.recv()
             except (EOFError, OSError) as exc:
@@ -299,7 +331,7 @@ class Engine:
     def _send(self, message: ToEngine) -> None:
         assert self._conn is not None
         try:
-            self._conn.send(message)
+            send(self._conn, message)
         except (BrokenPipeError, OSError) as exc:
             raise self._died() from exc
 

@@ -10,7 +10,9 @@ At start, a process (not a thread, which is handed them directly) first receives
 behind it on the same socket, the ring's descriptor (``SCM_RIGHTS``,
 :func:`multiprocessing.reduction.send_handle`): the ring has no name to attach by. Then:
 
-    consumer -> engine   Fetch(chunks)                    more work, in need order
+    consumer -> engine   Fetch(chunks, released)          more work, in need order (and
+                                                          whether slots went back to FREE
+                                                          since the consumer last said so)
                          Release(slot)                    a slot went back to FREE
                          AskStats()                       ask for statistics
                          Stop()                           finish and exit
@@ -24,6 +26,10 @@ behind it on the same socket, the ring's descriptor (``SCM_RIGHTS``,
                                                           ``asyncstream`` logger (a
                                                           process's: retries, the cache)
 
+Messages are pickled with :func:`pickle.dumps` and sent with ``send_bytes`` (the
+:class:`~multiprocessing.connection.Connection`'s own ``send`` makes a ForkingPickler for
+each, which only matters for handles: the ring's goes by :func:`send_handle`).
+
 Chunk ids are the consumer's: it numbers the chunks it submits, and the engine answers
 each id exactly once, with :class:`ChunkReady` or :class:`ChunkFailed`, in the order
 downloads finish (the consumer takes them by id, so what it sees never depends on network
@@ -35,6 +41,8 @@ other side is gone: the consumer then reports the engine dead; the engine exits.
 from __future__ import annotations
 
 import logging
+import pickle
+from multiprocessing.connection import Connection
 from typing import Any, NamedTuple
 
 from ..stores._store import ChunkRequest
@@ -55,6 +63,7 @@ __all__ = [
     "Stop",
     "ToEngine",
     "log_from_engine",
+    "send",
     "with_remote_cause",
 ]
 
@@ -71,9 +80,12 @@ class Hello(NamedTuple):
 
 
 class Fetch(NamedTuple):
-    """More chunks to download, ``(id, request)`` each, in the order they will be needed."""
+    """More chunks to download, ``(id, request)`` each, in the order they will be needed;
+    ``released``: slots went back to FREE since the last :class:`Release` (said here rather
+    than in a message of its own: one message a chunk less each way)."""
 
     chunks: list[tuple[int, ChunkRequest]]
+    released: bool = False
 
 
 class Release(NamedTuple):
@@ -139,6 +151,11 @@ class Log(NamedTuple):
 
 
 FromEngine = Started | ChunkReady | ChunkFailed | Stats | Fatal | Log
+
+
+def send(conn: Connection, message: ToEngine | FromEngine) -> None:
+    """Send one message (see the module's docstring)."""
+    conn.send_bytes(pickle.dumps(message, pickle.HIGHEST_PROTOCOL))
 
 
 def log_from_engine(message: Log) -> None:

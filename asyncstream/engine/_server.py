@@ -16,6 +16,7 @@ import asyncio
 import contextlib
 import importlib
 import logging
+import select
 import signal
 import threading
 import traceback
@@ -40,6 +41,7 @@ from ._protocol import (
     Stats,
     Stop,
     ToEngine,
+    send,
 )
 from ._ring import Ring
 from ._scheduler import Scheduler
@@ -149,22 +151,35 @@ class _Server:
         return self.stores[self._key(request)]
 
     def _read_control(self, loop: asyncio.AbstractEventLoop) -> None:
-        """Reader thread: hand each control message to the loop; stop at Stop or EOF."""
+        """Reader thread: hand the control messages to the loop, all those already come
+        at once (each hand-over wakes the loop and takes the GIL from it); stop at Stop
+        or EOF."""
+        poller = select.poll()
+        poller.register(self.conn.fileno(), select.POLLIN)
         while True:
+            messages: list[ToEngine | None] = []
             try:
-                message: ToEngine | None = self.conn.recv()
+                messages.append(self.conn.recv())
+                while len(messages) < 64 and poller.poll(0):
+                    messages.append(self.conn.recv())
             except (EOFError, OSError):
-                message = None  # the consumer is gone
+                messages.append(None)  # the consumer is gone
             try:
-                loop.call_soon_threadsafe(self._handle, message)
+                loop.call_soon_threadsafe(self._handle_all, messages)
             except RuntimeError:  # the loop is closed: the engine has finished
                 return
-            if message is None or isinstance(message, Stop):
+            if any(message is None or isinstance(message, Stop) for message in messages):
                 return
+
+    def _handle_all(self, messages: list[ToEngine | None]) -> None:
+        for message in messages:
+            self._handle(message)
 
     def _handle(self, message: ToEngine | None) -> None:
         assert self.scheduler is not None
         if isinstance(message, Fetch):
+            if message.released:
+                self.scheduler.released()
             self.scheduler.submit(message.chunks)
         elif isinstance(message, Release):
             self.scheduler.released()
@@ -198,7 +213,7 @@ class _Server:
 
     def _send(self, message: FromEngine) -> None:
         try:
-            self.conn.send(message)
+            send(self.conn, message)
         except (BrokenPipeError, EOFError, OSError):
             self.stop.set()
 

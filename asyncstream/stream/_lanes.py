@@ -18,6 +18,7 @@ before the piece's offset), so their chunks are always the shard's own.
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -70,8 +71,10 @@ class LaneReader:
     records: Records = field(default_factory=list)  # what the resident chunk completed
     first: int = 0  # in-shard index of records[0]
 
-    @property
+    @functools.cached_property
     def n_chunks(self) -> int:
+        """Chunks the piece reads when it runs to its shard's end (its piece, shard and
+        chunk size never change)."""
         return chunk_count(self.piece, self.shard, self.chunk_bytes)
 
     @property
@@ -274,11 +277,16 @@ class ChunkReader:
         self.open.pop(lane.position, None)
 
     def release(self, lane: LaneReader) -> None:
-        """Hand the lane's resident chunk back to the engine."""
+        """Hand the lane's resident chunk back to the engine; the engine is told with the
+        next request (:meth:`request`) or wait, or by :meth:`flush`."""
         if lane.ready is not None:
             lane.view, lane.records = _EMPTY, []
-            self.engine().release(lane.ready.slot)
+            self.engine().release(lane.ready.slot, tell=False)
             lane.ready = None
+
+    def flush(self) -> None:
+        """Tell the engine of the chunks :meth:`release` handed back."""
+        self.engine().flush()
 
 
 def lane_places(lanes: Sequence[Any]) -> list[tuple[Records, memoryview, str, int]]:

@@ -13,22 +13,13 @@ the shuffle takes chunks when it needs them.
 from __future__ import annotations
 
 import heapq
-import itertools
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 
 from ..order._plan import Piece
 from ..shards._urls import Shard
 from ._lanes import LaneReader, chunk_count
 
 __all__ = ["soonest"]
-
-
-def _chunk_needs(
-    start: float, position: int, first: int, stop: int, per_chunk: float
-) -> Iterator[tuple[float, int, int]]:
-    """``(need time, piece position, chunk)`` for chunks ``first..stop-1`` of a piece."""
-    for chunk in range(first, stop):
-        yield start + (chunk - first) * per_chunk, position, chunk
 
 
 def soonest(
@@ -41,6 +32,11 @@ def soonest(
 ) -> list[tuple[int, int]]:
     """The ``budget`` chunks needed soonest, as ``(piece position, chunk)``, soonest first.
 
+    Each lane or upcoming piece is a run of chunks whose need times grow by a fixed step;
+    the runs are merged on one heap of their next chunks, ties broken by position and
+    chunk. (A merge of one generator per run cost about 0.5 ms a call over 64 lanes, once
+    a chunk: half the consumer's CPU per GET with 1 MiB chunks.)
+
     Args:
         lanes: the open lanes, each with its count of undrawn resident samples.
         upcoming: the pieces still to open, in plan order: ``(position, piece, shard,
@@ -49,15 +45,17 @@ def soonest(
         chunk_bytes: bytes per chunk.
         budget: how many chunks to name.
     """
-    streams: list[Iterator[tuple[float, int, int]]] = []
+    # (need time, position, chunk, run's start time, run's first chunk, step, run's stop)
+    runs: list[tuple[float, int, int, float, int, float, int]] = []
     finish: list[float] = []
     for resident, lane in lanes:
         t = float(resident)
         if lane.wants_more:
-            left = lane.n_chunks - lane.chunk - 1
-            last = lane.n_chunks if lane.to_end else lane.chunk + 2
-            per = (lane.count - lane.returned) / left
-            streams.append(_chunk_needs(t, lane.position, lane.chunk + 1, last, per))
+            n_chunks = lane.n_chunks
+            first = lane.chunk + 1
+            per = (lane.count - lane.returned) / (n_chunks - first)
+            last = n_chunks if lane.to_end else first + 1
+            runs.append((t, lane.position, first, t, first, per, last))
             t += max(0, lane.piece.stop - lane.returned)
         finish.append(t)
     finish += [0.0] * max(0, window - len(lanes))
@@ -67,6 +65,18 @@ def soonest(
         n_chunks = chunk_count(piece, shard, chunk_bytes)
         last = n_chunks if piece.stop == count else 1
         per = (count - piece.index0) / n_chunks
-        streams.append(_chunk_needs(t, position, 0, last, per))
+        runs.append((t, position, 0, t, 0, per, last))
         heapq.heappush(finish, t + piece.count)
-    return [(p, c) for _, p, c in itertools.islice(heapq.merge(*streams), budget)]
+    heapq.heapify(runs)
+    wanted: list[tuple[int, int]] = []
+    while runs and len(wanted) < budget:
+        _, position, chunk, start, first, per, stop = runs[0]
+        wanted.append((position, chunk))
+        chunk += 1
+        if chunk < stop:
+            heapq.heapreplace(
+                runs, (start + (chunk - first) * per, position, chunk, start, first, per, stop)
+            )
+        else:
+            heapq.heappop(runs)
+    return wanted

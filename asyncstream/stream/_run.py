@@ -199,6 +199,7 @@ class EpochRun(Iterator[dict[str, Any]]):
         budget = self.settings.prefetch_slots
         room = budget - len(self.reader.requested)
         if room <= 0:
+            self.reader.flush()  # the chunks released since: the engine may fill their slots
             return
         s = self.settings
         outlook = self.shuffle.outlook(budget)
@@ -214,7 +215,8 @@ class EpochRun(Iterator[dict[str, Any]]):
             budget=budget,
         )
         fresh = [key for key in wanted if key not in self.reader.requested][:room]
-        self.reader.request(fresh)
+        self.reader.request(fresh)  # with the chunks released since
+        self.reader.flush()  # (if nothing was fresh)
 
     def _release(self, lane: Lane[Item]) -> None:
         if self.engine is not None:
@@ -543,6 +545,7 @@ class EpochRun(Iterator[dict[str, Any]]):
         self._close_launch()
         engine, self.engine = self.engine, None
         if engine is not None and engine.idle:
+            engine.flush()
             return engine
         if engine is not None:
             engine.close()
