@@ -106,6 +106,7 @@ class S3Store(ObjectStore):
         self._stack = contextlib.AsyncExitStack()
         self._client: Any = None
         self._urls: dict[str, str] = {}  # s3:// URL -> the object's HTTP(S) URL
+        self._routes: dict[str, tuple[Origin, bool]] = {}  # that URL -> (origin, direct)
         self._credentials: Any = None  # the chain's (refreshable) credentials
         self._frozen: tuple[Any, float] | None = None
         self._signer: SigV4Signer | None = None  # made with the client (its region)
@@ -193,8 +194,12 @@ class S3Store(ObjectStore):
 
     async def _get(self, request: ChunkRequest, view: Scatter) -> float:
         url = await self._object_url(request.url)
-        origin = Origin.of(url)
-        if self.transport == "auto" and not _proxied(origin):
+        route = self._routes.get(url)
+        if route is None:  # once per object: the proxy check reads the whole environment
+            origin = Origin.of(url)
+            route = self._routes[url] = (origin, self.transport == "auto" and not _proxied(origin))
+        origin, direct = route
+        if direct:
             self._used.add("direct")
             return await self._direct(request, origin, view)
         self._used.add("aiohttp")
