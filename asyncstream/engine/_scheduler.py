@@ -54,6 +54,20 @@ from ._stats import EngineStats
 __all__ = ["Scheduler"]
 
 
+#: the parts a chunk started alone is read in, and the smallest of them
+ALONE_PARTS, ALONE_PART_BYTES = 4, 1 << 20
+
+
+def alone_parts(length: int, request_bytes: int | None) -> int | None:
+    """The GET size of a remote chunk started while no other download runs: an epoch's
+    first chunk, which the first sample waits for whole (the first draw is uniform over
+    its samples). Read as up to four GETs at once, on connections that are idle anyway,
+    it is whole in about a quarter of the time over a link with a per-connection rate
+    (a 16 MiB chunk at 90 MB/s: 0.19 s alone). Never larger than ``request_bytes``."""
+    size = max(ALONE_PART_BYTES, -(-length // ALONE_PARTS))
+    return size if request_bytes is None else min(size, request_bytes)
+
+
 class Scheduler:
     """Chunk downloads into the ring, as many at once as the policies allow.
 
@@ -138,7 +152,10 @@ class Scheduler:
             self.stats.requests += 1
             self.stats.coalesced_chunks += len(group) - 1
             if len(group) == 1:
-                task = asyncio.create_task(self._fetch(rid, request, slot))
+                # Started with nothing else running (an epoch's first chunk, which its
+                # first sample waits for), a remote chunk is read in parts at once.
+                alone = self.active == 1
+                task = asyncio.create_task(self._fetch(rid, request, slot, alone))
             else:
                 task = asyncio.create_task(self._fetch_group(group))
             self.tasks.add(task)
@@ -185,7 +202,7 @@ class Scheduler:
 
     # -- downloads -------------------------------------------------------------------
 
-    async def _fetch(self, rid: int, request: ChunkRequest, slot: int) -> None:
+    async def _fetch(self, rid: int, request: ChunkRequest, slot: int, alone: bool = False) -> None:
         stats = self.stats
         stats.add_inflight(1)
         self.hedging.start(1)
@@ -197,7 +214,7 @@ class Scheduler:
                     f"{self.ring.slot_bytes}"
                 )
             began = time.monotonic()
-            slot, timing = await self._hedged(request, slot)
+            slot, timing = await self._hedged(request, slot, alone)
             waited = time.monotonic() - began  # what the consumer saw, hedge or not
         except asyncio.CancelledError:
             raise
@@ -288,14 +305,17 @@ class Scheduler:
             self.active -= 1
             self.capacity.set()
 
-    async def _download(self, request: ChunkRequest, slot: int) -> Timing:
+    async def _download(self, request: ChunkRequest, slot: int, alone: bool = False) -> Timing:
         """One chunk into one slot, with retries; the slot stays FILLING either way. A
         chunk larger than ``request_bytes`` is read in parts at once (:mod:`._parts`),
-        below the cache where there is one (the cache keeps whole chunks)."""
+        below the cache where there is one (the cache keeps whole chunks); so is a remote
+        chunk started ``alone`` (:func:`alone_parts`)."""
         out = self.ring.view(slot)
         try:
             store = self._store(request)
             size = self.config.request_bytes
+            if alone and store.hedgeable:
+                size = alone_parts(request.length, size)
             parts: PartReader | None = None
             read: Callable[[], Awaitable[Timing]]
             if size is None or request.length <= size:
@@ -333,12 +353,14 @@ class Scheduler:
             return None
         return self.hedging.delay(self.latency.predict(request.length))
 
-    async def _hedged(self, request: ChunkRequest, slot: int) -> tuple[int, Timing]:
+    async def _hedged(
+        self, request: ChunkRequest, slot: int, alone: bool = False
+    ) -> tuple[int, Timing]:
         """Download into ``slot``; past the hedge time, race a second request.
 
         Returns the slot that holds the chunk; every other slot used is FREE again.
         """
-        primary = asyncio.ensure_future(self._download(request, slot))
+        primary = asyncio.ensure_future(self._download(request, slot, alone))
         racing: dict[asyncio.Future[Timing], int] = {primary: slot}
         hedging = False
         try:
