@@ -35,6 +35,8 @@ if TYPE_CHECKING:
     from ._config import CacheConfig, FetchConfig, IndexConfig, OrderConfig
     from .dataset._resolve import resolve_shards
     from .dataset._sources import Source
+    from .metrics._epochlog import EpochFigures, EpochLog
+    from .metrics._lightning import StallLogger
     from .order._mixquality import MixingQuality, mixing_quality
     from .order._shuffle import ShuffleQuality, shuffle_quality
     from .packing._indexer import IndexResult, index_dataset
@@ -61,6 +63,8 @@ __all__ = [
     "DataError",
     "DecodeError",
     "EngineError",
+    "EpochFigures",
+    "EpochLog",
     "FetchConfig",
     "FetchError",
     "IndexConfig",
@@ -87,6 +91,7 @@ __all__ = [
     "SkippedImageWarning",
     "Source",
     "StaleShardWarning",
+    "StallLogger",
     "StallMeter",
     "StateError",
     "StateSnapshot",
@@ -137,6 +142,9 @@ _LAZY = {
     "Source": "dataset._sources",
     "SampleViews": "stream._iteration",
     "StallMeter": "stream._stall",
+    "EpochFigures": "metrics._epochlog",
+    "EpochLog": "metrics._epochlog",
+    "StallLogger": "metrics._lightning",
     "StateSnapshot": "stream._checkpoint",
     "ShardStream": "stream._stream",
     "Shard": "shards._urls",
