@@ -33,6 +33,7 @@ from ._lazy import lazy_names
 
 if TYPE_CHECKING:
     from ._config import CacheConfig, FetchConfig, IndexConfig, OrderConfig
+    from .dataset._count import CountProgress
     from .dataset._resolve import resolve_shards
     from .dataset._sources import Source
     from .metrics._epochlog import EpochFigures, EpochLog
@@ -60,6 +61,7 @@ __all__ = [
     "AsyncStreamError",
     "CacheConfig",
     "CorruptTarError",
+    "CountProgress",
     "DataError",
     "DecodeError",
     "EngineError",
@@ -131,6 +133,7 @@ _LAZY = {
     "SkippedImage": "packing._pack",
     "pack": "packing._pack",
     "resolve_shards": "dataset._resolve",
+    "CountProgress": "dataset._count",
     "configure_store": "stores._registry",
     "register_store": "stores._registry",
     "RetryPolicy": "stores._retry",
