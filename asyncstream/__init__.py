@@ -33,8 +33,11 @@ from ._lazy import lazy_names
 
 if TYPE_CHECKING:
     from ._config import CacheConfig, FetchConfig, IndexConfig, OrderConfig
+    from .dataset._count import CountProgress
     from .dataset._resolve import resolve_shards
     from .dataset._sources import Source
+    from .metrics._epochlog import EpochFigures, EpochLog
+    from .metrics._lightning import StallLogger
     from .order._mixquality import MixingQuality, mixing_quality
     from .order._shuffle import ShuffleQuality, shuffle_quality
     from .packing._indexer import IndexResult, index_dataset
@@ -58,9 +61,12 @@ __all__ = [
     "AsyncStreamError",
     "CacheConfig",
     "CorruptTarError",
+    "CountProgress",
     "DataError",
     "DecodeError",
     "EngineError",
+    "EpochFigures",
+    "EpochLog",
     "FetchConfig",
     "FetchError",
     "IndexConfig",
@@ -87,6 +93,7 @@ __all__ = [
     "SkippedImageWarning",
     "Source",
     "StaleShardWarning",
+    "StallLogger",
     "StallMeter",
     "StateError",
     "StateSnapshot",
@@ -126,6 +133,7 @@ _LAZY = {
     "SkippedImage": "packing._pack",
     "pack": "packing._pack",
     "resolve_shards": "dataset._resolve",
+    "CountProgress": "dataset._count",
     "configure_store": "stores._registry",
     "register_store": "stores._registry",
     "RetryPolicy": "stores._retry",
@@ -137,6 +145,9 @@ _LAZY = {
     "Source": "dataset._sources",
     "SampleViews": "stream._iteration",
     "StallMeter": "stream._stall",
+    "EpochFigures": "metrics._epochlog",
+    "EpochLog": "metrics._epochlog",
+    "StallLogger": "metrics._lightning",
     "StateSnapshot": "stream._checkpoint",
     "ShardStream": "stream._stream",
     "Shard": "shards._urls",

@@ -33,11 +33,21 @@ def _version() -> str:
 
 _BUILT_IN = ("ls", "index", "pack", "generate", "serve")
 
+PROGRESS_HELP = (
+    "no progress bar (default: shown when stderr is a terminal, without -q); the "
+    "one-line summary is printed on stdout either way"
+)
+
 
 def _parser(plugins: bool = True) -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="asyncstream",
         description="Stream tar shards of images from S3 into training.",
+        epilog=(
+            "Progress: pack, index, ls --samples and generate show progress bars on stderr "
+            "only when it is a terminal, and never with -q/--quiet or the command's "
+            "--no-progress; each ends with a one-line summary on stdout, always (-q too)."
+        ),
         formatter_class=DefaultsHelpFormatter,
     )
     parser.add_argument("--version", action="version", version=f"%(prog)s {_version()}")
@@ -45,7 +55,8 @@ def _parser(plugins: bool = True) -> argparse.ArgumentParser:
         "-q",
         "--quiet",
         action="store_true",
-        help="warnings and errors only (by default each retried request is said too)",
+        help="warnings and errors only, and no progress bars (by default each retried "
+        "request is said too); the one-line summary is still printed on stdout",
     )
     sub = parser.add_subparsers(dest="command", required=True)
 
@@ -84,7 +95,8 @@ def _parser(plugins: bool = True) -> argparse.ArgumentParser:
     ls.add_argument(
         "--no-progress",
         action="store_true",
-        help="no progress bar while --samples counts (default: shown on a terminal)",
+        help="no progress bar while --samples counts (default: shown when stderr is a "
+        "terminal, without -q)",
     )
     s3_flags(ls)
     ls.set_defaults(func=_cmd_ls)
@@ -102,7 +114,7 @@ def _parser(plugins: bool = True) -> argparse.ArgumentParser:
     ix.add_argument(  # a string default goes through type=, and reads as the user writes it
         "--chunk-bytes", type=parse_size, default="16MiB", help="bytes per GET (default 16MiB)"
     )
-    ix.add_argument("--no-progress", action="store_true", help="no progress bar (default: shown)")
+    ix.add_argument("--no-progress", action="store_true", help=PROGRESS_HELP)
     s3_flags(ix)
     ix.set_defaults(func=_cmd_index)
 
@@ -138,7 +150,7 @@ def _parser(plugins: bool = True) -> argparse.ArgumentParser:
         default=8,
         help="images checked and shards uploaded in parallel (default 8)",
     )
-    pk.add_argument("--no-progress", action="store_true", help="no progress bars (default: shown)")
+    pk.add_argument("--no-progress", action="store_true", help=PROGRESS_HELP)
     pk.add_argument(
         "--overwrite",
         action="store_true",
@@ -182,7 +194,7 @@ def _parser(plugins: bool = True) -> argparse.ArgumentParser:
     gen.add_argument(
         "--workers", type=int, help="processes rendering images (default: one per core)"
     )
-    gen.add_argument("--no-progress", action="store_true", help="no progress bar (default: shown)")
+    gen.add_argument("--no-progress", action="store_true", help=PROGRESS_HELP)
     gen.set_defaults(func=_cmd_generate)
 
     from ._serve import register as register_serve

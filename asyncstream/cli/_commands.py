@@ -5,18 +5,16 @@ the listing ``ls`` prints (``dali_ops``' demo uses them too)."""
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
 import sys
 import time
 import warnings
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from ._format import human, megabytes, plural
 
 if TYPE_CHECKING:  # imported where used: `asyncstream --version` loads none of them
-    from ..dataset._count import CountProgress
     from ..dataset._dataset import IndexInfo
     from ..stores._s3 import S3Options
 
@@ -34,25 +32,12 @@ def _options(args: argparse.Namespace) -> S3Options:
     ).resolve()
 
 
-@contextlib.contextmanager
-def _count_bar(enabled: bool, desc: str) -> Iterator[Callable[[CountProgress], None]]:
-    """A progress bar for reading shards: MB/s and ETA, shards, samples and retries."""
-    from tqdm import tqdm
-
-    bar = tqdm(unit="B", unit_scale=True, desc=desc, disable=not enabled)
-    try:
-
-        def update(p: CountProgress) -> None:
-            bar.total = p.bytes_total
-            bar.set_postfix_str(
-                f"{p.shards}/{p.shards_total} shards, {p.samples:,} samples, {p.retries} retries",
-                refresh=False,
-            )
-            bar.update(p.bytes - bar.n)
-
-        yield update
-    finally:
-        bar.close()
+def _bars_shown(args: argparse.Namespace) -> bool:
+    """Whether a command shows progress bars: on a terminal (stderr), without ``--quiet``
+    or ``--no-progress``. The one-line summary is printed on stdout either way."""
+    if getattr(args, "quiet", False) or getattr(args, "no_progress", False):
+        return False
+    return sys.stderr.isatty()
 
 
 def list_shards(
@@ -79,9 +64,10 @@ def describe_shards(
     from ..dataset._count import CountSettings
     from ..dataset._dataset import open_dataset, plan_dataset
     from ..dataset._index_cache import IndexCache
+    from ..dataset._progress import count_bar
 
     if samples:
-        with _count_bar(show_progress, "counting") as update:
+        with count_bar(show_progress, "counting") as update:
             dataset = open_dataset(
                 list(urls),
                 options,
@@ -137,7 +123,7 @@ def _cmd_ls(args: argparse.Namespace) -> int:
         _options(args),
         samples=args.samples,
         split=args.split,
-        show_progress=sys.stderr.isatty() and not args.no_progress,
+        show_progress=_bars_shown(args),
     )
     _print_listing(rows, info, args.json)
     return 0
@@ -146,13 +132,14 @@ def _cmd_ls(args: argparse.Namespace) -> int:
 def _cmd_index(args: argparse.Namespace) -> int:
     from .._config import FetchConfig
     from ..dataset._count import CountSettings
+    from ..dataset._progress import count_bar
     from ..packing._indexer import index_dataset
 
     options = _options(args)
     fetch = FetchConfig(inflight=args.inflight, chunk_bytes=args.chunk_bytes)
     settings = CountSettings(fetch=fetch, s3=options)
     try:
-        with _count_bar(not args.no_progress, "indexing") as update:
+        with count_bar(_bars_shown(args), "indexing") as update:
             result = index_dataset(
                 args.url, output=args.output, options=options, counting=settings, progress=update
             )
@@ -172,52 +159,17 @@ def _cmd_index(args: argparse.Namespace) -> int:
     return 0
 
 
-@contextlib.contextmanager
-def _pack_bar(enabled: bool, desc: str = "packing") -> Iterator[Any]:
-    from tqdm import tqdm
-
-    bar = tqdm(unit="img", desc=desc, disable=not enabled)
-    try:
-
-        def update(done: int, nbytes: int, total: int) -> None:
-            bar.total = total
-            bar.n = done
-            bar.set_postfix_str(human(nbytes))
-            bar.refresh()
-
-        yield update
-    finally:
-        bar.close()
-
-
-@contextlib.contextmanager
-def _check_bar(enabled: bool) -> Iterator[Callable[[int, int], None]]:
-    from tqdm import tqdm
-
-    bar = tqdm(unit="img", desc="checking", disable=not enabled, miniters=64)
-    try:
-
-        def update(done: int, total: int) -> None:
-            bar.total = total
-            bar.update(done - bar.n)
-
-        yield update
-    finally:
-        bar.close()
-
-
 def _cmd_pack(args: argparse.Namespace) -> int:
     from .._exceptions import SkippedImageWarning
     from ..packing._pack import pack
+    from ..packing._packbars import pack_bars
 
     shard_bytes = args.shard_bytes
     if shard_bytes is None and args.shard_samples is None:
         shard_bytes = 256 << 20
-    show = not args.no_progress
     with (
         warnings.catch_warnings(),  # the skipped images are listed below, one per line
-        _check_bar(show) as checked,
-        _pack_bar(show) as update,
+        pack_bars(_bars_shown(args)) as (checked, update),
     ):
         warnings.simplefilter("ignore", SkippedImageWarning)
         result = pack(
@@ -259,7 +211,8 @@ def _cmd_generate(args: argparse.Namespace) -> int:
     from ..testing import generate_imagefolder
 
     start = time.perf_counter()
-    with tqdm(total=args.images, unit="img", desc="generating", disable=args.no_progress) as bar:
+    show = _bars_shown(args)
+    with tqdm(total=args.images, unit="img", desc="generating", disable=not show) as bar:
         paths = generate_imagefolder(
             args.dest,
             args.images,

@@ -31,10 +31,11 @@ from ..shards._tar import check_not_empty
 from ..shards._urls import Shard, url_items
 from ..stores._registry import scheme_of, store_class
 from ..stores._s3 import S3Options
-from ._count import CountSettings, OnProgress, count_shards, count_shared, distributed
+from ._count import CountSettings, count_shards, count_shared, distributed
 from ._index import folder_of
 from ._index_cache import IndexCache
 from ._opener import Opener
+from ._progress import Progress, check_progress, showing
 from ._resolve import resolve_shards, resolve_urls
 from ._shared import natural, once, shared_open, text
 from ._trust import Scope, TrustIndexURLs
@@ -273,7 +274,7 @@ def open_dataset(
     strict: bool = False,
     index_cache: str | os.PathLike[str] | bool | None = None,
     counting: CountSettings | None = None,
-    progress: OnProgress | None = None,
+    progress: Progress = None,
     trust_index_urls: TrustIndexURLs = False,
 ) -> Dataset:
     """Resolve a dataset's shards and the samples in each (module docstring).
@@ -288,7 +289,10 @@ def open_dataset(
         index_cache: the local index cache: ``None`` for the default folder, ``False``
             for none, or a folder.
         counting: how shards are read when they must be counted.
-        progress: called as counting goes.
+        progress: while shards are counted, ``True`` shows a bar and a summary line on
+            stderr, a callable is called with each
+            :class:`~asyncstream.CountProgress`; ``None`` or ``False``, nothing
+            (:mod:`._progress`).
         trust_index_urls: what a remote index given as the dataset URL may name beyond
             the origins of ``urls`` (:mod:`._trust`): ``True`` any remote URL, or a list
             of URL prefixes; those admitted get no configured credentials.
@@ -301,6 +305,7 @@ def open_dataset(
             a remote index naming a shard beyond the origins given (``trust_index_urls``).
         CorruptTarError, FetchError: a shard that had to be counted could not be read.
     """
+    check_progress(progress)
     cache = IndexCache.open(index_cache) if samples_per_shard is None else None
     try:
 
@@ -336,7 +341,7 @@ def _count_rest(
     plan: DatasetPlan,
     settings: CountSettings,
     cache: IndexCache | None,
-    progress: OnProgress | None,
+    progress: Progress,
 ) -> int:
     """Count the shards the plan has no count for; returns how many were counted."""
     shards = plan.shards
@@ -357,7 +362,8 @@ def _count_rest(
             plan.hint,
         )
         on_shard = None if cache is None else (lambda s, n: cache.put([(s, n)]))
-        return count_shards(todo, settings, on_shard=on_shard, progress=progress).counts
+        with showing(progress) as update:
+            return count_shards(todo, settings, on_shard=on_shard, progress=update).counts
 
     if group is not None:
         known = plan.counts

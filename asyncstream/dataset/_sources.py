@@ -20,6 +20,7 @@ from .._exceptions import AsyncStreamError
 from ..order._mix import SourcePlan, quotas
 from ..shards._urls import Shard, url_items
 from ..stores._s3 import S3Options
+from ._progress import Progress
 from ._trust import Scope, TrustIndexURLs
 
 if TYPE_CHECKING:  # they import the fetch engine, which the package itself must not load
@@ -165,6 +166,7 @@ def open_sources(
     strict: bool = False,
     index_cache: str | os.PathLike[str] | bool | None = None,
     trust_index_urls: TrustIndexURLs = False,
+    progress: Progress = None,
 ) -> OpenedSources:
     """Open every source (as :func:`._dataset.open_dataset` opens a dataset) and set its
     quota.
@@ -178,6 +180,7 @@ def open_sources(
         strict: as :func:`._dataset.open_dataset`.
         index_cache: as :func:`._dataset.open_dataset`.
         trust_index_urls: as :func:`._dataset.open_dataset`.
+        progress: as :func:`._dataset.open_dataset`: a bar for each source counted.
 
     Raises:
         ValueError: no source, two with one name, an empty source, a bad ``epoch_size``,
@@ -212,6 +215,7 @@ def open_sources(
                 strict=strict,
                 index_cache=index_cache,
                 trust_index_urls=trust_index_urls,
+                progress=progress,
             )
         except (AsyncStreamError, ValueError) as exc:
             name_source(exc, name)
@@ -247,6 +251,7 @@ def open_plain(
     strict: bool = False,
     index_cache: str | os.PathLike[str] | bool | None = None,
     trust_index_urls: TrustIndexURLs = False,
+    progress: Progress = None,
 ) -> OpenedSources:
     """Open plain shard URLs: a stream of one source, on the same path as a mixed stream's
     sources (:func:`open_sources`), but with no quota (the one source is read whole each
@@ -268,6 +273,7 @@ def open_plain(
         strict=strict,
         index_cache=index_cache,
         trust_index_urls=trust_index_urls,
+        progress=progress,
     )
     return opened.result((), ())
 
@@ -296,6 +302,7 @@ class _Opening:
         strict: bool,
         index_cache: str | os.PathLike[str] | bool | None,
         trust_index_urls: TrustIndexURLs = False,
+        progress: Progress = None,
     ) -> None:
         """Open one source's dataset (:func:`._dataset.open_dataset`) and append it."""
         from ._dataset import open_dataset
@@ -309,6 +316,7 @@ class _Opening:
             index_cache=index_cache,
             counting=replace(counting, s3=options),
             trust_index_urls=trust_index_urls,
+            progress=progress,
         )
         first = len(self.shards)
         self.shards.extend(dataset.shards)

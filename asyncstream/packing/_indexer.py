@@ -36,7 +36,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from .._exceptions import DataError, NotFoundError, ShardURLError
-from ..dataset._count import CountSettings, OnProgress, count_shards
+from ..dataset._count import CountSettings, count_shards
 from ..dataset._index import (
     MANIFEST_NAME,
     Index,
@@ -47,6 +47,7 @@ from ..dataset._index import (
 )
 from ..dataset._index_cache import IndexCache
 from ..dataset._opener import governed, report_stale
+from ..dataset._progress import Progress, check_progress, showing
 from ..dataset._resolve import resolve_shards, resolve_urls
 from ..shards._tar import check_not_empty
 from ..shards._urls import Shard, reject_duplicates
@@ -174,7 +175,7 @@ def index_dataset(
     options: S3Options | None = None,
     counting: CountSettings | None = None,
     index_cache: str | os.PathLike[str] | bool | None = None,
-    progress: OnProgress | None = None,
+    progress: Progress = None,
 ) -> IndexResult:
     """Count every shard's samples and write ``asyncstream.json`` (module docstring).
 
@@ -186,7 +187,10 @@ def index_dataset(
         counting: how shards are read (``inflight``, ``chunk_bytes``, retries, ...).
         index_cache: the local index cache (``None``: the default folder; ``False``:
             none, so an interrupted run cannot resume).
-        progress: called as shards are read.
+        progress: while shards are read, ``True`` shows a progress bar and then a
+            one-line summary on stderr; a callable is called with each
+            :class:`~asyncstream.CountProgress` and shows nothing; ``None`` or
+            ``False`` (the default), nothing is shown.
 
     Returns:
         What was written and read.
@@ -199,6 +203,7 @@ def index_dataset(
     """
     if not isinstance(url, str) or not url:
         raise ShardURLError(f"index needs one URL, got {url!r}")
+    check_progress(progress)
     options = (options or S3Options()).resolve()
     objects = Stores(options)
     shards, splits, folder = _shards_and_splits(url, options, objects)
@@ -221,7 +226,8 @@ def index_dataset(
         todo = [s for s in todo if s.url not in counts]
         on_shard = None if cache is None else (lambda s, n: cache.put([(s, n)]))
         settings = counting or CountSettings(s3=options)
-        counted = count_shards(todo, settings, on_shard=on_shard, progress=progress)
+        with showing(progress, "indexing") as update:
+            counted = count_shards(todo, settings, on_shard=on_shard, progress=update)
     finally:
         if cache is not None:
             cache.close()

@@ -39,6 +39,7 @@ import io
 import json
 import os
 import random
+import sys
 import tarfile
 import tempfile
 import threading
@@ -53,6 +54,7 @@ from .._exceptions import DecodeError, SkippedImageWarning
 from ..dataset._index import MANIFEST_NAME, manifest_bytes
 from ..stores._s3 import S3Options
 from ._images import Conversion, PackImage, SkippedImage, SourceImage, check_images, listing
+from ._packbars import pack_bars, pack_summary
 from ._packsink import PackSink
 
 __all__ = ["IMAGE_EXTENSIONS", "PackResult", "PackedShard", "SkippedImage", "pack"]
@@ -200,7 +202,7 @@ def pack(
     name_prefix: str = "shard-",
     options: S3Options | None = None,
     workers: int = 8,
-    progress: Callable[[int, int, int], None] | None = None,
+    progress: Callable[[int, int, int], None] | bool | None = None,
     overwrite: bool = False,
     on_error: Literal["skip", "fail"] = "skip",
     to_jpeg: bool = False,
@@ -221,7 +223,9 @@ def pack(
         options: how to reach S3.
         workers: images checked, and shards built and uploaded, in parallel.
         progress: called as ``progress(samples_done, bytes_done, samples_total)`` after
-            each shard.
+            each shard; ``True`` shows progress bars (images checked, samples packed) and
+            then a one-line summary on stderr; ``None`` or ``False`` (the default),
+            nothing is shown.
         overwrite: pack into a destination that already holds shards, and remove its
             shards that this pack does not write (see the module docstring).
         on_error: what to do with an image that does not decode: ``"skip"`` leaves it out,
@@ -248,6 +252,31 @@ def pack(
         FetchError: the destination bucket is missing or not writable.
         OSError: a source file that cannot be read.
     """
+    if progress is True:
+        with pack_bars(True) as (checked, packed):
+            result = pack(
+                src,
+                dest,
+                shard_bytes=shard_bytes,
+                shard_samples=shard_samples,
+                shuffle_seed=shuffle_seed,
+                name_prefix=name_prefix,
+                options=options,
+                workers=workers,
+                progress=packed,
+                overwrite=overwrite,
+                on_error=on_error,
+                to_jpeg=to_jpeg,
+                jpeg_quality=jpeg_quality,
+                check_progress=check_progress or checked,
+            )
+        summary = pack_summary(
+            result.samples, len(result.shards), result.size, str(dest), len(result.skipped)
+        )
+        print(f"asyncstream: {summary}", file=sys.stderr, flush=True)
+        return result
+    if progress is not None and not isinstance(progress, bool) and not callable(progress):
+        raise TypeError(f"progress must be a callable, True or False, got {progress!r}")
     if shard_bytes is None and shard_samples is None:
         raise ValueError("give shard_bytes, shard_samples or both")
     if shard_bytes is not None and shard_bytes < 1:
@@ -302,7 +331,14 @@ def pack(
                 classes,
                 before,
                 Path(tmp),
-                _Writing(shard_bytes, shard_samples, shuffle_seed, name_prefix, workers, progress),
+                _Writing(
+                    shard_bytes,
+                    shard_samples,
+                    shuffle_seed,
+                    name_prefix,
+                    workers,
+                    progress if callable(progress) else None,
+                ),
             )
     finally:
         sink.close()

@@ -16,6 +16,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from .._config import Configs
+from ..dataset._progress import Progress
 from ..dataset._sources import Source, open_plain, open_sources, split_sources
 from ..engine._cache import cache_options
 from ..engine._launch import EngineProcess, store_modules
@@ -44,6 +45,7 @@ def open_settings(
     endpoint_url: str | None,
     s3: S3Options | None,
     configs: Configs,
+    progress: Progress = None,
 ) -> Opened:
     """Open what a stream reads (see :class:`~._stream.ShardStream` for the arguments and
     what it raises)."""
@@ -83,6 +85,7 @@ def open_settings(
             strict=strict,
             index_cache=index_cache,
             trust_index_urls=index.trust_index_urls,
+            progress=progress,
         )
         index_info: dict[str, Any] = opened.infos[""].as_dict()
     else:
@@ -103,6 +106,7 @@ def open_settings(
             strict=strict,
             index_cache=index_cache,
             trust_index_urls=index.trust_index_urls,
+            progress=progress,
         )
         index_info = {name: info.as_dict() for name, info in opened.infos.items()}
     settings = replace(

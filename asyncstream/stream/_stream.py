@@ -17,6 +17,7 @@ from torch.utils.data import IterableDataset, get_worker_info
 
 from .._config import CacheConfig, FetchConfig, FlatSettings, IndexConfig, OrderConfig, group
 from .._exceptions import StateError
+from ..dataset._count import CountProgress
 from ..dataset._sources import Source
 from ..engine._engine import Engine
 from ..engine._ring import check_node_room, local_ranks
@@ -114,6 +115,12 @@ class ShardStream(IterableDataset[dict[str, Any]]):
             processes given the same folder, read it from disk, in the same order and
             with the same resume; local shards are never cached (docs/cache.md).
         index: where sample counts come from (:class:`~asyncstream.IndexConfig`).
+        progress: while shards with no count anywhere are read to be counted, here at
+            construction: ``True`` shows a progress bar and then a one-line summary on
+            stderr; a callable is called with each :class:`~asyncstream.CountProgress`
+            (shards, samples, bytes, retries, seconds) and shows nothing; ``False``
+            (the default), nothing is shown (a log warning still says that shards are
+            counted). How the count is shown only: the stream is the same.
         **flat: each group's settings as flat keyword arguments, as before the config
             objects (the API reference lists each with its type and default): ``seed``,
             ``shuffle``, ``window``, ``shuffle_mode``, ``remainder``, ``rank``,
@@ -160,6 +167,7 @@ class ShardStream(IterableDataset[dict[str, Any]]):
         fetch: FetchConfig | None = None,
         cache: CacheConfig | None = None,
         index: IndexConfig | None = None,
+        progress: bool | Callable[[CountProgress], None] = False,
         **flat: Unpack[FlatSettings],
     ) -> None:
         # The engine's process starts first, so that its start overlaps the open.
@@ -171,6 +179,7 @@ class ShardStream(IterableDataset[dict[str, Any]]):
                 endpoint_url=endpoint_url,
                 s3=s3,
                 configs=group(flat, order=order, fetch=fetch, cache=cache, index=index),
+                progress=progress,
             )
             # Each reader's ring is made when it starts reading: say now if it cannot fit.
             check_node_room(opened.settings.ring_bytes, 0, "lower window, prefetch or block_bytes")
