@@ -31,7 +31,7 @@ def _version() -> str:
         return __version__
 
 
-_BUILT_IN = ("ls", "index", "pack", "generate", "serve")
+_BUILT_IN = ("ls", "index", "pack", "generate", "serve", "probe")
 
 
 def _parser(plugins: bool = True) -> argparse.ArgumentParser:
@@ -188,6 +188,9 @@ def _parser(plugins: bool = True) -> argparse.ArgumentParser:
     from ._serve import register as register_serve
 
     register_serve(sub)
+    from ._probe import register as register_probe
+
+    register_probe(sub, s3_flags)
     if plugins:
         _plugins(sub)
     for command in sub.choices.values():  # those the plugins added too
