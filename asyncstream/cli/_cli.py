@@ -1,4 +1,4 @@
-"""The ``asyncstream`` command: ``pack``, ``ls``, ``index``, ``generate``, ``serve`` and
+"""The ``asyncstream`` command: ``pack``, ``ls``, ``index``, ``generate``, ``serve``, ``probe`` and
 ``demo``.
 
 ``demo``, the end-to-end run, is registered by ``dali_ops`` (it needs DALI, which

@@ -30,7 +30,7 @@ def render(report: dict[str, Any]) -> str:
     lines.append(
         f"one connection: first byte {_num(c['first_byte_s'] and 1e3 * c['first_byte_s'], '.1f')}"
         f" ms (p95 {_num(c['first_byte_p95_s'] and 1e3 * c['first_byte_p95_s'], '.1f')} ms), "
-        f"{_num(c['mb_per_s'], ',.1f')} MB/s after it, GETs of {_mib(int(c['get_bytes']))}"
+        f"{_num(c['mb_per_s'], ',.1f')} MB/s after it, GETs of {c['get_bytes'] / (1 << 20):.2f} MiB"
     )
     lines += ["", "  K    MB/s   reader CPU s/GB   us/GET   GETs"]
     for row in report["inflight"]:
