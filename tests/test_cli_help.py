@@ -15,7 +15,7 @@ from asyncstream.cli._cli import _parser, main
 from bench.harness import make_parser
 
 ROOT = Path(__file__).resolve().parent.parent
-COMMANDS = ("demo", "generate", "index", "ls", "pack", "serve")
+COMMANDS = ("demo", "generate", "index", "ls", "pack", "probe", "serve")
 
 
 def _subparsers(parser: argparse.ArgumentParser) -> dict[str, argparse.ArgumentParser]:

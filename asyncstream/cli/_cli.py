@@ -1,4 +1,4 @@
-"""The ``asyncstream`` command: ``pack``, ``ls``, ``index``, ``generate``, ``serve`` and
+"""The ``asyncstream`` command: ``pack``, ``ls``, ``index``, ``generate``, ``serve``, ``probe`` and
 ``demo``.
 
 ``demo``, the end-to-end run, is registered by ``dali_ops`` (it needs DALI, which
@@ -31,7 +31,7 @@ def _version() -> str:
         return __version__
 
 
-_BUILT_IN = ("ls", "index", "pack", "generate", "serve")
+_BUILT_IN = ("ls", "index", "pack", "generate", "serve", "probe")
 
 PROGRESS_HELP = (
     "no progress bar (default: shown when stderr is a terminal, without -q); the "
@@ -200,6 +200,9 @@ def _parser(plugins: bool = True) -> argparse.ArgumentParser:
     from ._serve import register as register_serve
 
     register_serve(sub)
+    from ._probe import register as register_probe
+
+    register_probe(sub, s3_flags)
     if plugins:
         _plugins(sub)
     for command in sub.choices.values():  # those the plugins added too
