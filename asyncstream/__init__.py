@@ -35,6 +35,8 @@ if TYPE_CHECKING:
     from ._config import CacheConfig, FetchConfig, IndexConfig, OrderConfig
     from .dataset._resolve import resolve_shards
     from .dataset._sources import Source
+    from .metrics._otel import OpenTelemetryExport, export_opentelemetry
+    from .metrics._prometheus import PrometheusExport, export_prometheus
     from .order._mixquality import MixingQuality, mixing_quality
     from .order._shuffle import ShuffleQuality, shuffle_quality
     from .packing._indexer import IndexResult, index_dataset
@@ -70,10 +72,12 @@ __all__ = [
     "MemberOrderWarning",
     "MixingQuality",
     "NotFoundError",
+    "OpenTelemetryExport",
     "OrderConfig",
     "PackResult",
     "PackedShard",
     "PermanentFetchError",
+    "PrometheusExport",
     "RetryPolicy",
     "S3Credentials",
     "S3Options",
@@ -99,6 +103,8 @@ __all__ = [
     "configure_store",
     "decode_image",
     "expand_braces",
+    "export_opentelemetry",
+    "export_prometheus",
     "index_dataset",
     "mixing_quality",
     "pack",
@@ -142,6 +148,10 @@ _LAZY = {
     "Shard": "shards._urls",
     "expand_braces": "shards._urls",
     "LocalS3": "testing",
+    "export_prometheus": "metrics._prometheus",
+    "PrometheusExport": "metrics._prometheus",
+    "export_opentelemetry": "metrics._otel",
+    "OpenTelemetryExport": "metrics._otel",
 }
 
 
