@@ -272,9 +272,21 @@ def loader_epochs(
     return out
 
 
+_SCRAPE = """
+import sys, time, urllib.request
+url, interval = sys.argv[1], float(sys.argv[2])
+while True:
+    time.sleep(interval)
+    with urllib.request.urlopen(url, timeout=30) as response:
+        response.read()
+"""
+
+
 class _Scraper:
-    """A Prometheus export of ``stream`` scraped over HTTP every ``interval`` seconds in a
-    thread, as a Prometheus server would (more often: its default is 15 to 60 s)."""
+    """A Prometheus export of ``stream`` (in this process), scraped over HTTP every
+    ``interval`` seconds by another process, as a Prometheus server would (more often:
+    its default is 15 to 60 s): this process pays for the collection and the HTTP
+    server's answer, not for the client."""
 
     def __init__(self, stream: ShardStream, interval: float) -> None:
         from prometheus_client import CollectorRegistry
@@ -283,26 +295,20 @@ class _Scraper:
 
         self._export = export_prometheus(stream, port=0, registry=CollectorRegistry())
         self._interval = interval
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, daemon=True)
-        self.scrapes = 0
-
-    def _run(self) -> None:
-        import urllib.request
-
-        url = f"http://127.0.0.1:{self._export.port}/metrics"
-        while not self._stop.wait(self._interval):
-            with urllib.request.urlopen(url, timeout=30) as response:
-                response.read()
-            self.scrapes += 1
+        self._child: subprocess.Popen[bytes] | None = None
 
     def __enter__(self) -> _Scraper:
-        self._thread.start()
+        url = f"http://127.0.0.1:{self._export.port}/metrics"
+        self._child = subprocess.Popen(
+            [sys.executable, "-c", _SCRAPE, url, str(self._interval)],
+            stderr=subprocess.DEVNULL,
+        )
         return self
 
     def __exit__(self, *exc: object) -> None:
-        self._stop.set()
-        self._thread.join()
+        if self._child is not None:
+            self._child.kill()
+            self._child.wait()
         self._export.close()
 
 
@@ -462,6 +468,8 @@ def proxy(args: argparse.Namespace, packages: dict[str, ModuleType]) -> dict[str
                         "ratio": rate / ceil,
                         "main_thread_us": _steady(epochs, lambda e: e["main_thread_us"]),
                         "engine_us": _steady(epochs, lambda e: e["engine_us"]),
+                        # the whole process's CPU (DALI's threads, a scraper's) per image
+                        "process_us": _steady(epochs, lambda e: e["process_ms_per_1000"]),
                     }
                 )
             for name, rows in rounds.items():
@@ -486,7 +494,8 @@ def proxy(args: argparse.Namespace, packages: dict[str, ModuleType]) -> dict[str
         }
         if args.metrics:  # each round's loader img/s, to show the spread
             out.setdefault("rounds", {})[batch] = {
-                name: [r["loader"] for r in rows] for name, rows in rounds.items()
+                name: [(r["loader"], r["process_us"]) for r in rows]
+                for name, rows in rounds.items()
             }
     return out
 
@@ -631,14 +640,16 @@ def render(out: dict[str, Any]) -> str:
             ],
         )
     for batch, by_name in out.get("proxy", {}).get("rounds", {}).items():
-        for name, rates in by_name.items():
-            if name.endswith("+metrics") and name.removesuffix("+metrics") in by_name:
-                plain = statistics.median(by_name[name.removesuffix("+metrics")])
+        for name, rounds in by_name.items():
+            plain = by_name.get(name.removesuffix("+metrics"))
+            if not name.endswith("+metrics") or plain is None:
+                continue
+            for i, what in ((0, "loader img/s"), (1, "process CPU us/img")):
+                mine, theirs = [r[i] for r in rounds], [r[i] for r in plain]
                 lines.append(
-                    f"batch {batch}, {name}: loader img/s by round "
-                    f"{', '.join(f'{r:.0f}' for r in rates)} against "
-                    f"{', '.join(f'{r:.0f}' for r in by_name[name.removesuffix('+metrics')])}"
-                    f" without; medians {statistics.median(rates) / plain - 1:+.1%}"
+                    f"batch {batch}, {what}: with export {', '.join(f'{v:.1f}' for v in mine)}; "
+                    f"without {', '.join(f'{v:.1f}' for v in theirs)}; medians "
+                    f"{statistics.median(mine) / statistics.median(theirs) - 1:+.1%}"
                 )
     if "workers" in out:
         lines += _table(

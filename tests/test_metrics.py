@@ -272,3 +272,30 @@ def test_export_refuses_what_it_cannot_read() -> None:
         export_prometheus(object())
     with pytest.raises(ValueError, match="interval"):
         export_prometheus(object(), interval=0)
+
+
+def test_a_dali_loader_is_scraped_with_its_own_counters(tmp_path: Path) -> None:
+    from prometheus_client import CollectorRegistry
+
+    from asyncstream import pack
+    from asyncstream.testing import generate_imagefolder
+    from dali_ops import DALIImageLoader, PipelineSettings
+
+    generate_imagefolder(tmp_path / "images", 40, 4, seed=0, workers=1)
+    pack(tmp_path / "images", str(tmp_path / "shards"), shard_samples=10, shard_bytes=None)
+    stream = ShardStream(str(tmp_path / "shards"), window=3, inflight=2, seed=0)
+    settings = PipelineSettings(image_size=32, num_threads=1, seed=7)
+    with DALIImageLoader(stream, 8, device="cpu", settings=settings) as loader:
+        export = export_prometheus(loader, port=0, registry=CollectorRegistry())
+        images = sum(int(labels.shape[0]) for _, labels in loader)
+        stats = loader.stats()
+        assert export.port is not None
+        scraped = scrape(export.port)
+        export.close()
+    assert images == 40
+    assert total(scraped, "asyncstream_loader_images_total", worker="main") == images
+    assert total(scraped, "asyncstream_loader_batches_total") == stats["batches"] == 5
+    fetched = stats["stream"]["fetch"]
+    assert total(scraped, "asyncstream_fetch_bytes_total", worker="main") == fetched["bytes"]
+    stages = {dict(labels)["stage"] for labels in scraped["asyncstream_loader_stage_seconds_total"]}
+    assert stages == {"decode_wait", "feed_wait", "feed", "probe"}

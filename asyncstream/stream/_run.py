@@ -402,9 +402,9 @@ class EpochRun(Iterator[dict[str, Any]]):
         lane with its next chunk or close it; then top up the prefetch. Raises
         StopIteration at the end of the epoch."""
         shuffle = self.shuffle
-        if self.stats_wanted:  # once a chunk, not a sample: an exporter's interval
+        if self.stats_wanted and self.engine is not None:  # at a chunk, never per sample
             self.stats_wanted = False
-            self.last_fetch = self._engine().stats()
+            self.last_fetch = self.engine.stats()
         if need.kind == "done":
             raise StopIteration
         if need.kind == "open":
