@@ -267,6 +267,18 @@ def test_every_family_follows_the_naming_conventions() -> None:
     assert Counter(f.kind for f in FAMILIES.values())["counter"] > 10
 
 
+def test_one_export_per_registry(url: str, s3_server: LocalS3) -> None:
+    from prometheus_client import CollectorRegistry
+
+    registry = CollectorRegistry()
+    with ShardStream(url, endpoint_url=s3_server.endpoint_url, **STREAM) as stream:
+        export = export_prometheus(stream, registry=registry)
+        with pytest.raises(ValueError, match="already serves"):
+            export_prometheus(stream, registry=registry)
+        export.close()
+        export_prometheus(stream, registry=registry).close()  # free again once closed
+
+
 def test_export_refuses_what_it_cannot_read() -> None:
     with pytest.raises(TypeError, match="ShardStream"):
         export_prometheus(object())

@@ -31,6 +31,7 @@ __all__ = ["PrometheusExport", "export_prometheus"]
 _LABELS = ("rank", "worker")
 _metrics: dict[str, Any] = {}  # this process's multiprocess-mode metrics, by family
 _metrics_lock = threading.Lock()
+_in_registries: dict[int, Any] = {}  # id(registry) -> its export's collector (one each)
 
 
 def _prometheus() -> Any:
@@ -194,6 +195,7 @@ class PrometheusExport:
             self._collector.closed = True
             if self._registry is not None:
                 self._registry.unregister(self._collector)
+                _in_registries.pop(id(self._registry), None)
             for source in self._collector.sources:
                 source.detach()
         if isinstance(self._publishing, _Publisher):
@@ -247,7 +249,9 @@ def export_prometheus(
 
     Raises:
         TypeError: ``source`` is not one of the above.
-        ValueError: ``interval`` not positive, or ``port`` out of range.
+        ValueError: ``interval`` not positive, ``port`` out of range, or (in process)
+            ``registry`` already serving an export that is not closed (two streams' series
+            would clash: give each its own registry and port).
         RuntimeError: ``PROMETHEUS_MULTIPROC_DIR`` is set but prometheus_client was
             imported before it was (its values are then not written to the directory).
         OSError: the port cannot be bound.
@@ -283,8 +287,14 @@ def export_prometheus(
         collector_type(registry)  # it registers itself
     else:
         registry = prometheus_client.REGISTRY if registry is None else registry
+        if id(registry) in _in_registries:
+            raise ValueError(
+                "this registry already serves an asyncstream export (its series would "
+                "clash): give another stream's export a registry of its own"
+            )
         collector = _Collector([found])
         registry.register(collector)
+        _in_registries[id(registry)] = collector
         found.attach()
     bound = None
     if port is not None:
