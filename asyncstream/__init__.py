@@ -38,6 +38,8 @@ if TYPE_CHECKING:
     from .dataset._sources import Source
     from .metrics._epochlog import EpochFigures, EpochLog
     from .metrics._lightning import StallLogger
+    from .metrics._otel import OpenTelemetryExport, export_opentelemetry
+    from .metrics._prometheus import PrometheusExport, export_prometheus
     from .order._mixquality import MixingQuality, mixing_quality
     from .order._shuffle import ShuffleQuality, shuffle_quality
     from .packing._indexer import IndexResult, index_dataset
@@ -76,10 +78,12 @@ __all__ = [
     "MemberOrderWarning",
     "MixingQuality",
     "NotFoundError",
+    "OpenTelemetryExport",
     "OrderConfig",
     "PackResult",
     "PackedShard",
     "PermanentFetchError",
+    "PrometheusExport",
     "RetryPolicy",
     "S3Credentials",
     "S3Options",
@@ -106,6 +110,8 @@ __all__ = [
     "configure_store",
     "decode_image",
     "expand_braces",
+    "export_opentelemetry",
+    "export_prometheus",
     "index_dataset",
     "mixing_quality",
     "pack",
@@ -153,6 +159,10 @@ _LAZY = {
     "Shard": "shards._urls",
     "expand_braces": "shards._urls",
     "LocalS3": "testing",
+    "export_prometheus": "metrics._prometheus",
+    "PrometheusExport": "metrics._prometheus",
+    "export_opentelemetry": "metrics._otel",
+    "OpenTelemetryExport": "metrics._otel",
 }
 
 

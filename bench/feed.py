@@ -36,6 +36,7 @@ the median over rounds.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import importlib
 import json
 import os
@@ -221,13 +222,20 @@ def loader_epochs(
     device: str,
     epochs: int,
     workers: int = 0,
+    scrape: float | None = None,
 ) -> list[dict[str, Any]]:
-    """One loader over local shards for ``epochs`` epochs: each epoch's figures."""
+    """One loader over local shards for ``epochs`` epochs: each epoch's figures. With
+    ``scrape``, the stream's metrics are exported (a Prometheus endpoint in this process)
+    and scraped over HTTP every ``scrape`` seconds while it runs."""
     stream = ShardStream(str(shards), window=16, inflight=8, chunk_bytes=8 << 20, seed=0)
     kwargs: dict[str, Any] = {"workers": workers} if workers else {}
     out = []
     engine0 = 0.0  # the engines' CPU is cumulative, and only seen after a pass
-    with pkg.DALIImageLoader(stream, batch, settings=settings, device=device, **kwargs) as loader:
+    scraping = contextlib.nullcontext() if scrape is None else _Scraper(stream, scrape)
+    with (
+        scraping,
+        pkg.DALIImageLoader(stream, batch, settings=settings, device=device, **kwargs) as loader,
+    ):
         for epoch in range(epochs):
             loader.set_epoch(epoch)
             before = loader.stats()
@@ -262,6 +270,46 @@ def loader_epochs(
             )
             engine0 = engine
     return out
+
+
+_SCRAPE = """
+import sys, time, urllib.request
+url, interval = sys.argv[1], float(sys.argv[2])
+while True:
+    time.sleep(interval)
+    with urllib.request.urlopen(url, timeout=30) as response:
+        response.read()
+"""
+
+
+class _Scraper:
+    """A Prometheus export of ``stream`` (in this process), scraped over HTTP every
+    ``interval`` seconds by another process, as a Prometheus server would (more often:
+    its default is 15 to 60 s): this process pays for the collection and the HTTP
+    server's answer, not for the client."""
+
+    def __init__(self, stream: ShardStream, interval: float) -> None:
+        from prometheus_client import CollectorRegistry
+
+        from asyncstream import export_prometheus
+
+        self._export = export_prometheus(stream, port=0, registry=CollectorRegistry())
+        self._interval = interval
+        self._child: subprocess.Popen[bytes] | None = None
+
+    def __enter__(self) -> _Scraper:
+        url = f"http://127.0.0.1:{self._export.port}/metrics"
+        self._child = subprocess.Popen(
+            [sys.executable, "-c", _SCRAPE, url, str(self._interval)],
+            stderr=subprocess.DEVNULL,
+        )
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self._child is not None:
+            self._child.kill()
+            self._child.wait()
+        self._export.close()
 
 
 def feed_alone(pkg: ModuleType, shards: Path, batch: int) -> float:
@@ -399,11 +447,19 @@ def proxy(args: argparse.Namespace, packages: dict[str, ModuleType]) -> dict[str
     out: dict[str, Any] = {"images": len(blobs), "batches": {}}
     for batch in args.batches:
         rounds: dict[str, list[dict[str, Any]]] = {}
-        for _ in range(args.repeat):
-            for name, pkg in packages.items():
+        for round_ in range(args.repeat):
+            # With --metrics, each package also with its stream's metrics exported and
+            # scraped, the two alternated (which goes first flips every round).
+            variants = [(n, p, None) for n, p in packages.items()]
+            if args.metrics:
+                pairs = [
+                    ((n, p, None), (f"{n}+metrics", p, args.metrics)) for n, p in packages.items()
+                ]
+                variants = [v for a, b in pairs for v in ((b, a) if round_ % 2 else (a, b))]
+            for name, pkg, scrape in variants:
                 settings = pkg.PipelineSettings(image_size=32, num_threads=args.threads)
                 ceil = _steady(ceiling(pkg, settings, blobs, labels, batch, args.device, 3), float)
-                epochs = loader_epochs(pkg, shards, settings, batch, args.device, 3)
+                epochs = loader_epochs(pkg, shards, settings, batch, args.device, 3, scrape=scrape)
                 rate = _steady(epochs, lambda e: e["images_per_s"])
                 rounds.setdefault(name, []).append(
                     {
@@ -412,10 +468,13 @@ def proxy(args: argparse.Namespace, packages: dict[str, ModuleType]) -> dict[str
                         "ratio": rate / ceil,
                         "main_thread_us": _steady(epochs, lambda e: e["main_thread_us"]),
                         "engine_us": _steady(epochs, lambda e: e["engine_us"]),
+                        # the whole process's CPU (DALI's threads, a scraper's) per image
+                        "process_us": _steady(epochs, lambda e: e["process_ms_per_1000"]),
                     }
                 )
             for name, rows in rounds.items():
-                row, feed = rows[-1], feed_alone(packages[name], shards, batch)
+                pkg = packages[name.removesuffix("+metrics")]
+                row, feed = rows[-1], feed_alone(pkg, shards, batch)
                 decode_s, feed_s, both_s = 1 / row["ceiling"], 1 / feed, 1 / row["loader"]
                 row["feed_alone"] = feed
                 row["overlap"] = max(
@@ -433,6 +492,11 @@ def proxy(args: argparse.Namespace, packages: dict[str, ModuleType]) -> dict[str
             name: {k: statistics.median(r[k] for r in rows) for k in rows[0]}
             for name, rows in rounds.items()
         }
+        if args.metrics:  # each round's loader img/s, to show the spread
+            out.setdefault("rounds", {})[batch] = {
+                name: [(r["loader"], r["process_us"]) for r in rows]
+                for name, rows in rounds.items()
+            }
     return out
 
 
@@ -575,6 +639,18 @@ def render(out: dict[str, Any]) -> str:
                 for name, r in by_name.items()
             ],
         )
+    for batch, by_name in out.get("proxy", {}).get("rounds", {}).items():
+        for name, rounds in by_name.items():
+            plain = by_name.get(name.removesuffix("+metrics"))
+            if not name.endswith("+metrics") or plain is None:
+                continue
+            for i, what in ((0, "loader img/s"), (1, "process CPU us/img")):
+                mine, theirs = [r[i] for r in rounds], [r[i] for r in plain]
+                lines.append(
+                    f"batch {batch}, {what}: with export {', '.join(f'{v:.1f}' for v in mine)}; "
+                    f"without {', '.join(f'{v:.1f}' for v in theirs)}; medians "
+                    f"{statistics.median(mine) / statistics.median(theirs) - 1:+.1%}"
+                )
     if "workers" in out:
         lines += _table(
             [
@@ -682,6 +758,13 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--repeat", type=int, default=3)
     parser.add_argument("--threads", type=int, default=os.cpu_count() or 2, help="DALI threads")
     parser.add_argument("--baseline", help="also the loader of this git revision")
+    parser.add_argument(
+        "--metrics",
+        type=float,
+        metavar="SECONDS",
+        help="proxy: also each loader with its stream's metrics exported (Prometheus, in "
+        "process) and scraped every SECONDS, alternated with the loader without",
+    )
     parser.add_argument("--data", type=Path, default=DEFAULT_DATA)
     parser.add_argument("--json", type=Path)
     parser.add_argument(

@@ -155,6 +155,9 @@ class EpochRun(Iterator[dict[str, Any]]):
         self.emit = Emit([source.name for source in settings.sources])
         self.checkpoint = Checkpoint(settings, topology)
         self.last_fetch: dict[str, Any] | None = None  # the engine's counters, last asked
+        # Set by stats() from another thread: the reader asks the engine at its next chunk.
+        self.stats_wanted = False
+        self.on_end: Callable[[], None] | None = None  # called once, when the epoch ends
         self.closed = False
         self.primed = False
         # Samples drawn and built by __next__, not yet handed out, last first (pop()): not
@@ -241,6 +244,7 @@ class EpochRun(Iterator[dict[str, Any]]):
             return self._draw_run()
         except StopIteration:
             self.closed = True  # the engine is idle again: finish() hands it back
+            self._ended()
             raise
         except BaseException as exc:
             self._fail(exc)
@@ -357,10 +361,17 @@ class EpochRun(Iterator[dict[str, Any]]):
             return taken
         except StopIteration:
             self.closed = True  # the engine is idle again: finish() hands it back
+            self._ended()
             return taken
         except BaseException as exc:
             self._fail(exc)
             raise
+
+    def _ended(self) -> None:
+        """The epoch ended: tell :attr:`on_end` (a metrics exporter's last reading)."""
+        on_end, self.on_end = self.on_end, None
+        if on_end is not None:
+            on_end()
 
     def _fail(self, exc: BaseException) -> None:
         """The run failed: stop it, and name a mixed stream's source in the error."""
@@ -397,6 +408,9 @@ class EpochRun(Iterator[dict[str, Any]]):
         lane with its next chunk or close it; then top up the prefetch. Raises
         StopIteration at the end of the epoch."""
         shuffle = self.shuffle
+        if self.stats_wanted and self.engine is not None:  # at a chunk, never per sample
+            self.stats_wanted = False
+            self.last_fetch = self.engine.stats()
         if need.kind == "done":
             raise StopIteration
         if need.kind == "open":
@@ -511,6 +525,12 @@ class EpochRun(Iterator[dict[str, Any]]):
             "remainder_policy": self.settings.remainder,
             "remainder_samples": self.remainder_samples,
             "tar_general_members": self.reader.general_members,
+            # The ring's slots (the engine's hedge slot aside) and those held: each open
+            # shard's resident chunk, and the chunks asked for ahead.
+            "ring": {
+                "slots": self.settings.lanes + self.settings.prefetch_slots,
+                "used": len(self.shuffle.lanes) + len(self.reader.requested),
+            },
         }
         if self.blend is not None:
             drawn = list(self.blend.drawn)

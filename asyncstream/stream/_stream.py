@@ -21,6 +21,7 @@ from ..dataset._count import CountProgress
 from ..dataset._sources import Source
 from ..engine._engine import Engine
 from ..engine._ring import check_node_room, local_ranks
+from ..metrics._hook import StreamMetrics
 from ..order._plan import Topology, reader_samples
 from ..stores._s3 import S3Options
 from ._checkpoint import Checkpoint, StateSnapshot
@@ -197,6 +198,8 @@ class ShardStream(IterableDataset[dict[str, Any]]):
         self._engine: Engine | None = None  # kept from one epoch to the next when idle
         self._loaded = Pending()  # from load_state_dict, for the next iteration
         self._loads = 0  # load_state_dict calls, numbering the marks
+        self._metrics: StreamMetrics | None = None  # exporters' hooks (asyncstream.metrics)
+        self._iterations = 0  # runs started by this process's copy
         self._closed = False
 
     def __repr__(self) -> str:
@@ -363,6 +366,10 @@ class ShardStream(IterableDataset[dict[str, Any]]):
             return Refused(exc)
         if not self._shared.owned:
             self._shared.worker_started()
+        # Before the run is made: an exporter reading meanwhile sees no run, never the new
+        # run under the old number or the old epoch's stall figures under the new.
+        self._meter.new_epoch()
+        self._iterations += 1
         engine, self._engine = self._engine, None
         if engine is not None and not engine.owned:  # a forked copy of the parent's
             engine.close()
@@ -379,9 +386,12 @@ class ShardStream(IterableDataset[dict[str, Any]]):
         begin = (
             None if claim is None else functools.partial(self._loaded.begin, self._shared, claim)
         )
-        self._meter.new_epoch()
         iteration = Iteration(self._run, owner=self, meter=self._meter, on_begin=begin)
         self._live = weakref.ref(iteration)
+        if self._metrics is not None:
+            self._run.on_end = self._metrics.ended
+            info = get_worker_info()
+            self._metrics.begin(self, None if info is None else info.id)
         return iteration
 
     def iter_views(self) -> SampleViews:
@@ -506,7 +516,11 @@ class ShardStream(IterableDataset[dict[str, Any]]):
         rather than the (native) walk: pax and GNU headers, long names, sparse members,
         names the walk refuses, and each chunk's last member, cut by its end. With sources:
         ``sources`` (each one's samples ``drawn``, ``planned``, ``epoch_quota`` and
-        ``shards``), ``index`` by source name, and ``fetch["endpoints"]``."""
+        ``shards``), ``index`` by source name, and ``fetch["endpoints"]``. ``ring``: the
+        reader's ring slots and those held (open shards' chunks and chunks asked for
+        ahead). From another thread, the reader asks the engine again at its next chunk,
+        so that a thread that polls (a metrics exporter) sees figures at most one interval
+        old."""
         self._check_open()
         if self._run is None:
             stats = {
@@ -520,7 +534,35 @@ class ShardStream(IterableDataset[dict[str, Any]]):
             live = self._live() if self._live is not None else None
             mine = live is None or not live.live or live.thread == threading.get_ident()
             stats = self._run.stats(fetch=mine)
+            if not mine:
+                self._run.stats_wanted = True  # asked of the engine at the reader's next chunk
         return {**stats, "index": self._index, "stall": self._meter.report()}
+
+    def _export_stats(self) -> dict[str, Any]:
+        """:meth:`stats` for a metrics exporter, from any thread: only the thread that made
+        the last iterator talks to the engine (another, between epochs, might race a new
+        ``iter()`` on the engine's pipe); elsewhere ``fetch`` is the engine's last answer,
+        asked again at the reader's next chunk and at the end of each epoch. ``iteration``
+        numbers this process's iterations (an exporter's epoch figures start again at a
+        new one)."""
+        self._check_open()
+        run = self._run
+        if run is None:
+            stats = {"epoch": self.epoch, "samples": 0}
+        else:
+            live = self._live() if self._live is not None else None
+            mine = live is not None and live.thread == threading.get_ident()
+            stats = run.stats(fetch=mine)
+            if not mine:
+                run.stats_wanted = True
+        return {**stats, "iteration": self._iterations, "stall": self._meter.report()}
+
+    def _metrics_hook(self) -> StreamMetrics:
+        """The exporters' hook of this stream (made at the first exporter)."""
+        self._check_open()
+        if self._metrics is None:
+            self._metrics = StreamMetrics()
+        return self._metrics
 
     def _stop_run(self) -> None:
         if self._run is not None:
@@ -538,6 +580,8 @@ class ShardStream(IterableDataset[dict[str, Any]]):
     def close(self) -> None:
         """Stop the engine and free the ring; the stream cannot be used afterwards."""
         if not self._closed:
+            if self._metrics is not None:
+                self._metrics.close()
             self._stop_run()
             if self._engine is not None:
                 self._engine.close()
