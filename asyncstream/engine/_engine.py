@@ -120,6 +120,7 @@ class Engine:
         self._requests: dict[int, ChunkRequest] = {}
         self._stats: dict[str, Any] | None = None
         self._starved = 0.0
+        self.limit = config.inflight_start  # the engine's concurrency, as last reported
         self._closed = False
         self._pid = os.getpid()  # a forked child inherits this object, not the engine
         try:
@@ -273,6 +274,8 @@ class Engine:
                 raise self._died() from exc
             if isinstance(message, ChunkReady | ChunkFailed):
                 self._arrived[message.id] = message
+                if isinstance(message, ChunkReady) and message.limit:
+                    self.limit = message.limit
             elif isinstance(message, Stats):
                 self._stats = message.stats
             elif isinstance(message, Log):
