@@ -152,7 +152,12 @@ def sweep(
                 }
                 result = _run(spec, Path(tmp))
                 runs[str(k)].append(result)
-                print(f"  inflight={k}: {result['mb_per_s']:.0f} MB/s", flush=True)
+                print(
+                    f"  inflight={k}: {result['mb_per_s']:.0f} MB/s, last epoch "
+                    f"{result['epochs_mb_per_s'][-1]:.0f}, K at the end "
+                    f"{result['concurrency_limit']}",
+                    flush=True,
+                )
     out: dict[str, Any] = {}
     for k, rows in runs.items():
         out[k] = {

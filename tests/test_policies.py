@@ -114,6 +114,19 @@ def test_auto_grows_while_the_rate_grows_and_goes_back_when_it_stops() -> None:
     assert (aimd.limit, tuner.phase) == (16, "probe")
 
 
+def test_a_step_must_pay_for_a_quarter_of_its_size() -> None:
+    """8 -> 12 is half as many downloads again: a rise of 10% (noise on a busy machine, or a
+    CPU that binds) is not worth it; 12.5% is."""
+    for gained, kept in ((1.10, 0), (1.13, 1)):
+        clock = Clock()
+        aimd = Aimd(16, start=8, clock=clock)
+        tuner = HillClimb(aimd, clock=clock)
+        rate = {8: 100e6, 12: 100e6 * gained, 16: 100e6 * gained}
+        _window(tuner, clock, rate)
+        _window(tuner, clock, rate)
+        assert (tuner.kept, aimd.target) == (kept, 16 if kept else 8)  # kept: the next try
+
+
 def test_auto_does_not_grow_where_the_limit_does_not_bind() -> None:
     """The consumer is slower than the downloads (the ring is full): no try."""
     clock = Clock()

@@ -9,9 +9,10 @@
 - :class:`HillClimb`, the concurrency found (``inflight="auto"``): it moves the limit
   AIMD grows back to, below ``inflight``. Over windows of completed chunks it measures
   the bytes per second; where the limit binds (chunks wait to start while ring slots are
-  free) it tries ``limit * 1.5``, keeps it if the rate rose by ``gain`` (5%), else goes
-  back and holds for a number of windows that doubles with each try that failed; a
-  throttling cut becomes the new level. What it decides changes speed and memory only.
+  free) it tries ``limit * 1.5``, keeps it if the rate rose by ``gain`` (5%) and by a
+  quarter of the step (12.5% for ``* 1.5``), else goes back and holds for a number of
+  windows that doubles with each try that failed; a throttling cut becomes the new
+  level. What it decides changes speed and memory only.
 - :class:`LatencyModel`, what a chunk download should take, from the recent
   distribution of completed ones (it feeds the hedge delay and the AIMD round trip).
 - :class:`Hedging`, when to send a second request for a slow chunk: once enough chunks
@@ -113,10 +114,12 @@ class HillClimb:
     ``2 * limit`` chunks and ``max(min_window, 4 * round_trip)`` seconds. A window where
     most completions found the limit binding (chunks waiting to start while a ring slot
     was free) and the limit below the ceiling tries ``limit + max(1, limit // 2)``; the
-    next window keeps it if its rate is at least ``1 + gain`` times the one before, else
-    goes back. After a window that did not try (not bound) or a try that failed, it holds
-    for ``hold`` windows, a number that doubles with each failed try (up to
-    ``max_hold``) and starts again at 1 after a kept one. A throttling cut (see
+    next window keeps it if its rate is at least ``1 + max(gain, step / 4)`` times the
+    one before (``step``: the relative rise in the limit; a step that does not pay for a
+    quarter of its size is CPU or noise, not the link), else goes back. After a window
+    that did not try (not bound) or a try that failed, it holds for ``hold`` windows, a
+    number that doubles with each failed try (up to ``max_hold``) and starts again at 1
+    after a kept one. A throttling cut (see
     :meth:`throttled`) becomes the level, and it holds.
 
     Args:
@@ -185,7 +188,8 @@ class HillClimb:
     def _judge(self, rate: float, bound: bool) -> None:
         aimd = self.aimd
         if self._phase == "probe":
-            if rate >= self._base_rate * (1.0 + self.gain):
+            step = aimd.target / max(1, self._base_limit) - 1.0  # 0.5 for 8 -> 12
+            if rate >= self._base_rate * (1.0 + max(self.gain, step / 4)):
                 self.kept += 1
                 self._backoff = 1
                 self._base_rate, self._base_limit = rate, aimd.target
