@@ -119,15 +119,16 @@ class FetchConfig:
 
     Args:
         inflight: K, chunk downloads in flight at most (fewer while throttled); or
-            ``"auto"``: the engine finds K itself, between 1 and
-            :data:`AUTO_INFLIGHT_MAX` (16). It starts at 8, and while the downloads are
-            what the stream waits for (chunks are wanted, the ring has free slots, and
-            every download allowed is running) it tries half as many more; it keeps a
-            step that raised the bytes per second by 5% or more, takes back one that did
-            not, and settles there, trying again now and then (less often after each
-            try that failed). Throttling (``503 SlowDown``) halves it as ``adaptive``
-            does, and it settles at the halved value. Never part of the order: a
-            checkpoint taken under ``"auto"`` resumes under a fixed K and the reverse.
+            ``"auto"``: the engine finds K itself, between 1 and 16
+            (:attr:`inflight_max`). It starts at 8, and while the downloads are what the
+            stream waits for (chunks are wanted, the ring has free slots, and every
+            download allowed is running) it tries half as many more; it keeps a step
+            that raised the bytes per second by a quarter of its size (12.5% for 8 to
+            12) and 5% at least, takes back one that did not, and settles there, trying
+            again now and then (less often after each try that failed). Throttling
+            (``503 SlowDown``) halves it as ``adaptive`` does, and it settles at the
+            halved value. Never part of the order: a checkpoint taken under ``"auto"``
+            resumes under a fixed K and the reverse.
         prefetch: chunks requested ahead of need; default ``2 * inflight``
             (:attr:`prefetch_chunks`). ``"auto"`` (the default under
             ``inflight="auto"``): twice the engine's concurrency of the moment, in a ring
@@ -221,14 +222,12 @@ class FetchConfig:
 
     @property
     def inflight_max(self) -> int:
-        """The most downloads at once: ``inflight``, or :data:`AUTO_INFLIGHT_MAX` under
-        ``"auto"``."""
+        """The most downloads at once: ``inflight``, or 16 under ``"auto"``."""
         return AUTO_INFLIGHT_MAX if self.inflight == "auto" else self.inflight
 
     @property
     def inflight_start(self) -> int:
-        """The downloads allowed at the start: ``inflight``, or
-        :data:`AUTO_INFLIGHT_START` under ``"auto"``."""
+        """The downloads allowed at the start: ``inflight``, or 8 under ``"auto"``."""
         return AUTO_INFLIGHT_START if self.inflight == "auto" else self.inflight
 
     @property

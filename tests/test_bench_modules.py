@@ -1,7 +1,7 @@
 """The focused benchmark modules (``python -m bench.scale``, ``bench.index``,
 ``bench.tarread``, ``bench.samplecost``, ``bench.bombs``, ``bench.endtoend``,
-``bench.blenddraw``, ``bench.autotune``), each at its smallest: it runs and its figures are complete and
-finite. (Figures are not judged here: that is what the benchmark is for.)"""
+``bench.blenddraw``, ``bench.autotune``), each at its smallest: it runs and its figures
+are complete and finite. (Figures are not judged here: that is what the benchmark is for.)"""
 
 from __future__ import annotations
 
