@@ -30,6 +30,8 @@ from typing import Any, Literal, TypedDict
 from .stores._retry import RetryPolicy, Timeouts
 
 __all__ = [
+    "AUTO_INFLIGHT_MAX",
+    "AUTO_INFLIGHT_START",
     "FLAT",
     "CacheConfig",
     "Configs",
@@ -40,6 +42,14 @@ __all__ = [
     "group",
     "hedge_reserve",
 ]
+
+
+AUTO_INFLIGHT_START = 8
+"""Where ``inflight="auto"`` starts: the fixed default it replaces."""
+
+AUTO_INFLIGHT_MAX = 16
+"""The most downloads ``inflight="auto"`` lets run, and so what the ring is sized for:
+``prefetch`` defaults to twice this (32 slots) under ``"auto"``."""
 
 
 def hedge_reserve(hedge: bool) -> int:
@@ -108,9 +118,23 @@ class FetchConfig:
     """How chunks are fetched: speed and memory, never the order.
 
     Args:
-        inflight: K, chunk downloads in flight at most (fewer while throttled).
+        inflight: K, chunk downloads in flight at most (fewer while throttled); or
+            ``"auto"``: the engine finds K itself, between 1 and 16
+            (:attr:`inflight_max`). It starts at 8, and while the downloads are what the
+            stream waits for (chunks are wanted, the ring has free slots, and every
+            download allowed is running) it tries half as many more; it keeps a step
+            that raised the bytes per second by a quarter of its size (12.5% for 8 to
+            12) and 5% at least, takes back one that did not, and settles there, trying
+            again now and then (less often after each try that failed). Throttling
+            (``503 SlowDown``) halves it as ``adaptive`` does, and it settles at the
+            halved value. Never part of the order: a checkpoint taken under ``"auto"``
+            resumes under a fixed K and the reverse.
         prefetch: chunks requested ahead of need; default ``2 * inflight``
-            (:attr:`prefetch_chunks`).
+            (:attr:`prefetch_chunks`). ``"auto"`` (the default under
+            ``inflight="auto"``): twice the engine's concurrency of the moment, in a ring
+            sized for twice :attr:`inflight_max` (32 slots): memory stays bounded by the
+            ring (the slots beyond the budget of the moment are never touched, so never
+            resident) and a fixed ``prefetch`` bounds it further.
         chunk_bytes: the most bytes one ranged GET reads: a block
             (``OrderConfig.block_bytes``) larger than this is read by several GETs at
             once, each retried on its own; also the block size where the order does not
@@ -142,8 +166,8 @@ class FetchConfig:
             1, a budget outside [0, 1], an unknown transport or ``on_truncated``.
     """
 
-    inflight: int = 8
-    prefetch: int | None = None
+    inflight: int | Literal["auto"] = 8
+    prefetch: int | Literal["auto"] | None = None
     chunk_bytes: int = 16 << 20
     coalesce_bytes: int = 8 << 20
     retry: RetryPolicy = field(default_factory=RetryPolicy)
@@ -158,7 +182,14 @@ class FetchConfig:
     on_truncated: Literal["error", "warn"] = "error"
 
     def __post_init__(self) -> None:
-        _positive("FetchConfig", "inflight", self.inflight)
+        for name in ("inflight", "prefetch"):
+            value = getattr(self, name)
+            if value == "auto" or (name == "prefetch" and value is None):
+                continue
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(
+                    f"FetchConfig.{name} must be an integer >= 1 or 'auto', got {value!r}"
+                )
         if self.max_sample_bytes is not None:
             _positive("FetchConfig", "max_sample_bytes", self.max_sample_bytes)
         if self.on_truncated not in ("error", "warn"):
@@ -166,8 +197,6 @@ class FetchConfig:
                 f"FetchConfig.on_truncated must be 'error' or 'warn', got {self.on_truncated!r}"
             )
         _positive("FetchConfig", "chunk_bytes", self.chunk_bytes)
-        if self.prefetch is not None:
-            _positive("FetchConfig", "prefetch", self.prefetch)
         c = self.coalesce_bytes
         if isinstance(c, bool) or not isinstance(c, int) or c < 0:
             raise ValueError(f"FetchConfig.coalesce_bytes must be an integer >= 0, got {c!r}")
@@ -181,9 +210,33 @@ class FetchConfig:
             )
 
     @property
+    def auto_inflight(self) -> bool:
+        """Whether the engine finds the concurrency itself (``inflight="auto"``)."""
+        return self.inflight == "auto"
+
+    @property
+    def auto_prefetch(self) -> bool:
+        """Whether the chunks requested ahead follow the engine's concurrency:
+        ``prefetch="auto"``, or no ``prefetch`` under ``inflight="auto"``."""
+        return self.prefetch == "auto" or (self.prefetch is None and self.auto_inflight)
+
+    @property
+    def inflight_max(self) -> int:
+        """The most downloads at once: ``inflight``, or 16 under ``"auto"``."""
+        return AUTO_INFLIGHT_MAX if self.inflight == "auto" else self.inflight
+
+    @property
+    def inflight_start(self) -> int:
+        """The downloads allowed at the start: ``inflight``, or 8 under ``"auto"``."""
+        return AUTO_INFLIGHT_START if self.inflight == "auto" else self.inflight
+
+    @property
     def prefetch_chunks(self) -> int:
-        """``prefetch``, or its default ``2 * inflight``."""
-        return 2 * self.inflight if self.prefetch is None else self.prefetch
+        """The most chunks requested ahead (the ring's prefetch slots): ``prefetch``, or
+        twice :attr:`inflight_max`."""
+        if self.prefetch is None or self.prefetch == "auto":
+            return 2 * self.inflight_max
+        return self.prefetch
 
     @property
     def hedge_slots(self) -> int:
@@ -363,8 +416,8 @@ class FlatSettings(TypedDict, total=False):
     remainder: Literal["drop", "pad"]
     rank: int | None
     world_size: int | None
-    inflight: int
-    prefetch: int | None
+    inflight: int | Literal["auto"]
+    prefetch: int | Literal["auto"] | None
     chunk_bytes: int
     retry: RetryPolicy | None
     timeouts: Timeouts | None

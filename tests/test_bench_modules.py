@@ -1,7 +1,7 @@
 """The focused benchmark modules (``python -m bench.scale``, ``bench.index``,
 ``bench.tarread``, ``bench.samplecost``, ``bench.bombs``, ``bench.endtoend``,
-``bench.blenddraw``), each at its smallest: it runs and its figures are complete and
-finite. (Figures are not judged here: that is what the benchmark is for.)"""
+``bench.blenddraw``, ``bench.autotune``), each at its smallest: it runs and its figures
+are complete and finite. (Figures are not judged here: that is what the benchmark is for.)"""
 
 from __future__ import annotations
 
@@ -158,3 +158,31 @@ def test_blenddraw_benchmark_drains_the_blended_window_and_takes_a_mixed_stream(
     assert list(data["take"]) == ["after"]  # no --baseline: this tree alone
     assert data["take"]["after"]["samples"] == 2 * 20  # the folder twice, weight 1 each
     assert data["take"]["after"]["consumer_us_per_sample"] > 0
+
+
+@pytest.mark.timeout(600)
+def test_autotune_benchmark_sweeps_fixed_k_and_auto_on_both_links(tmp_path: Path) -> None:
+    """``bench.autotune`` reads a small packed folder through pinned nginx on the fast and
+    the slow link, each fixed K and auto, every sample once an epoch."""
+    from asyncstream import pack
+    from asyncstream.testing import NginxUnavailable, _nginxinstall, generate_imagefolder
+
+    try:
+        _nginxinstall.install()
+    except NginxUnavailable as exc:
+        pytest.skip(f"nginx with its Lua module cannot be installed here: {exc}")
+    generate_imagefolder(tmp_path / "images", 40, 2, seed=0, workers=1)
+    pack(tmp_path / "images", str(tmp_path / "shards"), shard_samples=10, shard_bytes=None)
+    data, stdout = run_bench(
+        "bench.autotune",
+        *("--quick", "--data", str(tmp_path / "shards")),
+        out=tmp_path / "autotune.json",
+        timeout=500,
+    )
+    assert list(data["links"]) == ["fast", "slow"]
+    for link in data["links"].values():
+        assert list(link["rows"]) == ["2", "8", "auto"]
+        assert all(math.isfinite(n) and n >= 0 for n in numbers(link["rows"]))
+        assert link["best_fixed"] in (2, 8)
+        assert 1 <= min(link["rows"]["auto"]["concurrency_end"]) <= 16
+    assert "| slow | auto |" in stdout

@@ -10,7 +10,7 @@ import random
 import pytest
 
 from asyncstream._exceptions import TransientFetchError
-from asyncstream.engine._policies import Aimd, Coalescing, Hedging, LatencyModel
+from asyncstream.engine._policies import Aimd, Coalescing, Hedging, HillClimb, LatencyModel
 from asyncstream.stores._retry import RetryPolicy, retrying
 from asyncstream.stores._store import ChunkRequest, Timing
 
@@ -78,6 +78,85 @@ def test_aimd_disabled_keeps_its_limit() -> None:
 
 
 # -- latency model and hedging -----------------------------------------------------------
+
+
+# -- the concurrency found (inflight="auto") --------------------------------------------
+
+
+def _window(tuner: HillClimb, clock: Clock, rate_at: dict[int, float], bound: bool = True) -> None:
+    """One judged window: the warm-up, then 2 * limit completions over 0.6 s at the rate
+    ``rate_at`` gives for the limit of the moment (bytes per second)."""
+    limit = tuner.aimd.limit
+    n = 2 * limit
+    judged = tuner.windows
+    for _ in range(limit):  # the warm-up: chunks started under the last limit
+        tuner.completed(0, bound=bound, round_trip=0.01)
+    for _ in range(n):
+        clock.advance(0.6 / n)
+        tuner.completed(int(rate_at[limit] * 0.6 / n), bound=bound, round_trip=0.01)
+    assert tuner.windows == judged + 1
+
+
+def test_auto_grows_while_the_rate_grows_and_goes_back_when_it_stops() -> None:
+    clock = Clock()
+    aimd = Aimd(16, start=8, clock=clock)
+    tuner = HillClimb(aimd, clock=clock)
+    rate = {8: 100e6, 12: 150e6, 16: 152e6}  # 16 brings 1.3% over 12: not worth it
+    _window(tuner, clock, rate)  # measured at 8: a try
+    assert (aimd.limit, tuner.phase) == (12, "probe")
+    _window(tuner, clock, rate)  # 12 raised the rate by 50%: kept, the next try
+    assert (aimd.limit, tuner.kept) == (16, 1)
+    _window(tuner, clock, rate)  # 16 did not pay: back to 12, hold
+    assert (aimd.limit, tuner.phase, tuner.steps, tuner.kept) == (12, "hold", 2, 1)
+    _window(tuner, clock, rate)  # holds 2 windows (doubled after the failed try) ...
+    assert (aimd.limit, tuner.phase) == (12, "hold")
+    _window(tuner, clock, rate)  # ... the second measures 12 again, and tries
+    assert (aimd.limit, tuner.phase) == (16, "probe")
+
+
+def test_a_step_must_pay_for_a_quarter_of_its_size() -> None:
+    """8 -> 12 is half as many downloads again: a rise of 10% (noise on a busy machine, or a
+    CPU that binds) is not worth it; 12.5% is."""
+    for gained, kept in ((1.10, 0), (1.13, 1)):
+        clock = Clock()
+        aimd = Aimd(16, start=8, clock=clock)
+        tuner = HillClimb(aimd, clock=clock)
+        rate = {8: 100e6, 12: 100e6 * gained, 16: 100e6 * gained}
+        _window(tuner, clock, rate)
+        _window(tuner, clock, rate)
+        assert (tuner.kept, aimd.target) == (kept, 16 if kept else 8)  # kept: the next try
+
+
+def test_auto_does_not_grow_where_the_limit_does_not_bind() -> None:
+    """The consumer is slower than the downloads (the ring is full): no try."""
+    clock = Clock()
+    aimd = Aimd(16, start=8, clock=clock)
+    tuner = HillClimb(aimd, clock=clock)
+    for _ in range(10):
+        _window(tuner, clock, {8: 100e6}, bound=False)
+    assert (aimd.limit, tuner.steps) == (8, 0)
+
+
+def test_auto_stops_at_its_ceiling() -> None:
+    clock = Clock()
+    aimd = Aimd(10, start=8, clock=clock)
+    tuner = HillClimb(aimd, clock=clock)
+    rate = {8: 1e6, 10: 2e6}
+    for _ in range(6):
+        _window(tuner, clock, rate)
+    assert aimd.limit == 10
+
+
+def test_a_throttling_cut_becomes_the_level() -> None:
+    clock = Clock()
+    aimd = Aimd(16, start=8, clock=clock)
+    tuner = HillClimb(aimd, clock=clock)
+    assert aimd.throttled(round_trip=0.1)
+    tuner.throttled()
+    assert (aimd.limit, aimd.target, tuner.phase) == (4, 4, "hold")
+    for _ in range(50):
+        aimd.completed()
+    assert aimd.limit == 4  # AIMD does not grow back past the level found
 
 
 def test_latency_model_predicts_after_enough_downloads() -> None:

@@ -139,7 +139,7 @@ def count_shards(
         max_sample_bytes=sample_limit(settings.fetch.max_sample_bytes, slot),
         on_truncated=settings.fetch.on_truncated,
     )
-    n_slots = 2 * settings.fetch.inflight
+    n_slots = 2 * settings.fetch.inflight_max
     config = engine_config(settings.fetch, s3=settings.s3, withhold=settings.withhold)
     # DataLoader workers are daemonic and may not start processes.
     mode: Literal["thread", "process"] = (

@@ -7,6 +7,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+from .._config import AUTO_INFLIGHT_START
 from ..stores._registry import registered_stores, store_settings
 from ..stores._retry import RetryPolicy, Timeouts
 from ..stores._s3 import S3Options
@@ -20,6 +21,9 @@ class EngineConfig:
 
     Args:
         inflight: K, the most chunk downloads at once.
+        auto: find the concurrency below ``inflight`` (``FetchConfig(inflight="auto")``):
+            it starts at ``min(8, inflight)`` and moves as
+            :class:`~._policies.HillClimb` decides.
         retry: retries of one chunk.
         timeouts: time limits of one attempt.
         check_etag: compare the listed ETag with every response (``If-Match``).
@@ -58,6 +62,7 @@ class EngineConfig:
     """
 
     inflight: int = 8
+    auto: bool = False
     retry: RetryPolicy = field(default_factory=RetryPolicy)
     timeouts: Timeouts = field(default_factory=Timeouts)
     check_etag: bool = True
@@ -97,6 +102,12 @@ class EngineConfig:
                 f"cache_limit must be >= 1 and needs a cache_dir, got {self.cache_limit!r} "
                 f"with cache_dir={self.cache_dir!r}"
             )
+
+    @property
+    def inflight_start(self) -> int:
+        """The downloads allowed at the start: ``inflight``, or under ``auto``
+        :data:`~asyncstream._config.AUTO_INFLIGHT_START` at most."""
+        return min(AUTO_INFLIGHT_START, self.inflight) if self.auto else self.inflight
 
     @property
     def wait_timeout(self) -> float:

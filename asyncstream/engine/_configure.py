@@ -22,6 +22,7 @@ def engine_config(
     seed: int = 0,
     request_bytes: int | None = None,
     withhold: frozenset[str] = frozenset(),
+    inflight: int | None = None,
 ) -> EngineConfig:
     """The engine's settings for a stream (or a count) fetching with ``fetch``.
 
@@ -37,9 +38,12 @@ def engine_config(
         withhold: web origins (``scheme://host:port``) sent none of the configured
             credentials: those only a remote index named (the opened dataset's, carried
             here as data, so a DataLoader worker of any start method withholds them too).
+        inflight: the most downloads at once, where the ring allows fewer than
+            ``fetch.inflight_max`` (None: that).
     """
     return EngineConfig(
-        inflight=fetch.inflight,
+        inflight=inflight if inflight is not None else fetch.inflight_max,
+        auto=fetch.auto_inflight,
         retry=fetch.retry,
         timeouts=fetch.timeouts,
         check_etag=fetch.check_etag,

@@ -125,6 +125,7 @@ class Engine:
         self._released = False  # slots put back FREE that the engine was not told of yet
         self._poller: select.poll | None = None  # on the connection, made once
         self._starved = 0.0
+        self.limit = config.inflight_start  # the engine's concurrency, as last reported
         self._closed = False
         self._pid = os.getpid()  # a forked child inherits this object, not the engine
         try:
@@ -305,6 +306,8 @@ class Engine:
                 raise self._died() from exc
             if isinstance(message, ChunkReady | ChunkFailed):
                 self._arrived[message.id] = message
+                if isinstance(message, ChunkReady) and message.limit:
+                    self.limit = message.limit
             elif isinstance(message, Stats):
                 self._stats = message.stats
             elif isinstance(message, Log):

@@ -6,6 +6,13 @@
   burst of requests); each chunk that completes adds ``1 / limit``, so the limit grows
   back by one per ``limit`` completions, to ``inflight``: additive increase,
   multiplicative decrease, as TCP does.
+- :class:`HillClimb`, the concurrency found (``inflight="auto"``): it moves the limit
+  AIMD grows back to, below ``inflight``. Over windows of completed chunks it measures
+  the bytes per second; where the limit binds (chunks wait to start while ring slots are
+  free) it tries ``limit * 1.5``, keeps it if the rate rose by ``gain`` (5%) and by a
+  quarter of the step (12.5% for ``* 1.5``), else goes back and holds for a number of
+  windows that doubles with each try that failed; a throttling cut becomes the new
+  level. What it decides changes speed and memory only.
 - :class:`LatencyModel`, what a chunk download should take, from the recent
   distribution of completed ones (it feeds the hedge delay and the AIMD round trip).
 - :class:`Hedging`, when to send a second request for a slow chunk: once enough chunks
@@ -32,7 +39,7 @@ from dataclasses import dataclass
 from .._config import hedge_reserve
 from ..stores._store import ChunkRequest, Timing
 
-__all__ = ["Aimd", "Coalescing", "Hedging", "LatencyModel"]
+__all__ = ["Aimd", "Coalescing", "Hedging", "HillClimb", "LatencyModel"]
 
 Clock = Callable[[], float]
 
@@ -41,18 +48,28 @@ class Aimd:
     """The adaptive concurrency limit (additive increase, multiplicative decrease).
 
     Args:
-        ceiling: the limit to start at and grow back to (``inflight``).
-        enabled: False keeps the limit at ``ceiling`` whatever happens.
+        ceiling: the most the limit may be (``inflight``).
+        enabled: False keeps the limit at ``target`` whatever the store says.
+        start: the limit to start at and grow back to (:attr:`target`); default
+            ``ceiling``. :class:`HillClimb` moves it.
         clock: monotonic seconds.
     """
 
-    def __init__(self, ceiling: int, *, enabled: bool = True, clock: Clock = time.monotonic):
+    def __init__(
+        self,
+        ceiling: int,
+        *,
+        enabled: bool = True,
+        start: int | None = None,
+        clock: Clock = time.monotonic,
+    ):
         if ceiling < 1:
             raise ValueError(f"ceiling must be >= 1, got {ceiling}")
         self.ceiling = ceiling
+        self.target = ceiling if start is None else max(1, min(ceiling, start))
         self.enabled = enabled
         self._clock = clock
-        self._limit = float(ceiling)
+        self._limit = float(self.target)
         self._last_cut = -1e9
 
     @property
@@ -77,9 +94,133 @@ class Aimd:
         return True
 
     def completed(self) -> None:
-        """A chunk completed: grow the limit by ``1 / limit``, up to the ceiling."""
-        if self._limit < self.ceiling:
-            self._limit = min(float(self.ceiling), self._limit + 1.0 / self._limit)
+        """A chunk completed: grow the limit by ``1 / limit``, up to :attr:`target`."""
+        if self._limit < self.target:
+            self._limit = min(float(self.target), self._limit + 1.0 / self._limit)
+
+    def retarget(self, target: int) -> None:
+        """Set the level the limit grows back to (within 1 and the ceiling), and the
+        limit to it at once."""
+        self.target = max(1, min(self.ceiling, target))
+        self._limit = float(self.target)
+
+
+class HillClimb:
+    """``inflight="auto"``: the concurrency level that the bytes per second say is worth
+    having, as :attr:`Aimd.target`.
+
+    It judges windows of completed chunks: a window closes once ``warmup`` chunks (the
+    limit's worth, started before the last change) have passed, then at least
+    ``2 * limit`` chunks and ``max(min_window, 4 * round_trip)`` seconds. A window where
+    most completions found the limit binding (chunks waiting to start while a ring slot
+    was free) and the limit below the ceiling tries ``limit + max(1, limit // 2)``; the
+    next window keeps it if its rate is at least ``1 + max(gain, step / 4)`` times the
+    one before (``step``: the relative rise in the limit; a step that does not pay for a
+    quarter of its size is CPU or noise, not the link), else goes back. After a window
+    that did not try (not bound) or a try that failed, it holds for ``hold`` windows, a
+    number that doubles with each failed try (up to ``max_hold``) and starts again at 1
+    after a kept one. A throttling cut (see
+    :meth:`throttled`) becomes the level, and it holds.
+
+    Args:
+        aimd: the limit it moves.
+        gain: the rise in bytes per second a step must bring to be kept.
+        min_window: the shortest window, seconds.
+        max_hold: the most windows it holds between tries.
+        clock: monotonic seconds.
+    """
+
+    def __init__(
+        self,
+        aimd: Aimd,
+        *,
+        gain: float = 0.05,
+        min_window: float = 0.5,
+        max_hold: int = 32,
+        clock: Clock = time.monotonic,
+    ) -> None:
+        self.aimd = aimd
+        self.gain = gain
+        self.min_window = min_window
+        self.max_hold = max_hold
+        self._clock = clock
+        self.steps = 0  # tries
+        self.kept = 0  # tries kept
+        self.windows = 0  # windows judged
+        self._phase = "measure"  # "measure" | "probe" | "hold"
+        self._base_rate = 0.0
+        self._base_limit = aimd.target
+        self._backoff = 1
+        self._hold = 0
+        self._restart(clock())
+
+    def _restart(self, now: float) -> None:
+        self._warmup = self.aimd.limit  # chunks started under the old limit
+        self._began = now
+        self._bytes = 0
+        self._count = 0
+        self._bound = 0
+
+    @property
+    def phase(self) -> str:
+        """``"measure"``, ``"probe"`` (a step being judged) or ``"hold"``."""
+        return self._phase
+
+    def completed(self, nbytes: int, *, bound: bool, round_trip: float) -> None:
+        """A download of ``nbytes`` completed; ``bound``: chunks were waiting to start
+        while a ring slot was free (only the limit held them)."""
+        now = self._clock()
+        if self._warmup > 0:
+            self._warmup -= 1
+            if self._warmup == 0:
+                self._began = now
+            return
+        self._bytes += nbytes
+        self._count += 1
+        self._bound += bound
+        seconds = now - self._began
+        if self._count < 2 * self.aimd.limit or seconds < max(self.min_window, 4 * round_trip):
+            return
+        self.windows += 1
+        self._judge(self._bytes / seconds, 2 * self._bound >= self._count)
+        self._restart(now)
+
+    def _judge(self, rate: float, bound: bool) -> None:
+        aimd = self.aimd
+        if self._phase == "probe":
+            step = aimd.target / max(1, self._base_limit) - 1.0  # 0.5 for 8 -> 12
+            if rate >= self._base_rate * (1.0 + max(self.gain, step / 4)):
+                self.kept += 1
+                self._backoff = 1
+                self._base_rate, self._base_limit = rate, aimd.target
+                self._try_or_hold(bound)
+                return
+            aimd.retarget(self._base_limit)  # back: the step did not pay
+            self._backoff = min(self.max_hold, 2 * self._backoff)
+            self._phase, self._hold = "hold", self._backoff
+            return
+        if self._phase == "hold":
+            self._hold -= 1
+            if self._hold > 0:
+                return
+        self._base_rate, self._base_limit = rate, aimd.target  # measured at this level
+        self._try_or_hold(bound)
+
+    def _try_or_hold(self, bound: bool) -> None:
+        aimd = self.aimd
+        if bound and aimd.target < aimd.ceiling and aimd.limit >= aimd.target:
+            self.steps += 1
+            aimd.retarget(aimd.target + max(1, aimd.target // 2))
+            self._phase = "probe"
+        else:
+            self._phase, self._hold = "hold", self._backoff
+
+    def throttled(self) -> None:
+        """The limit was cut for throttling: that is the level now; hold."""
+        self.aimd.target = max(1, self.aimd.limit)
+        self._base_limit = self.aimd.target
+        self._phase, self._hold = "hold", self._backoff
+        self._restart(self._clock())
 
 
 def _quantile(values: collections.deque[float], p: float) -> float:

@@ -113,11 +113,13 @@ class Started(NamedTuple):
 
 
 class ChunkReady(NamedTuple):
-    """Chunk ``id`` is READY in ``slot``, ``nbytes`` long."""
+    """Chunk ``id`` is READY in ``slot``, ``nbytes`` long; ``limit``: the downloads the
+    engine allows at once now (``prefetch="auto"`` asks ahead for twice that)."""
 
     id: int
     slot: int
     nbytes: int
+    limit: int = 0
 
 
 class ChunkFailed(NamedTuple):

@@ -7,7 +7,8 @@ order the consumer will need them) and are reported as they finish; the consumer
 each chunk by id when it needs it, so what it sees never depends on network timing.
 
 The decisions are the policies' (:mod:`._policies`): the adaptive concurrency limit
-(:class:`~._policies.Aimd`), which waiting chunks ride on one GET
+(:class:`~._policies.Aimd`) and, under ``inflight="auto"``, the level it holds
+(:class:`~._policies.HillClimb`), which waiting chunks ride on one GET
 (:class:`~._policies.Coalescing`), when a slow download gets a second request
 (:class:`~._policies.Hedging`, from :class:`~._policies.LatencyModel`'s prediction), and
 the retry timing (:class:`~asyncstream.stores._retry.RetryPolicy`). This module does the
@@ -46,7 +47,7 @@ from ..stores._store import ChunkRequest, Store, Timing
 from ._cache import CachedStore
 from ._config import EngineConfig
 from ._parts import PartReader
-from ._policies import Aimd, Coalescing, Hedging, LatencyModel
+from ._policies import Aimd, Coalescing, Hedging, HillClimb, LatencyModel
 from ._protocol import ChunkFailed, ChunkReady, FromEngine
 from ._ring import Ring
 from ._stats import EngineStats
@@ -95,12 +96,13 @@ class Scheduler:
         self._store = store_for
         self._open_store = open_store
         self._send = send
-        self.stats = EngineStats(limit=config.inflight)
+        self.stats = EngineStats(limit=config.inflight_start)
         self.rng = random.Random(config.seed)
         self.pending: collections.deque[tuple[int, ChunkRequest]] = collections.deque()
         self.tasks: set[asyncio.Task[None]] = set()
         self.active = 0  # chunk downloads running (hedges not counted)
-        self.aimd = Aimd(config.inflight, enabled=config.adaptive)
+        self.aimd = Aimd(config.inflight, enabled=config.adaptive, start=config.inflight_start)
+        self.tuner = HillClimb(self.aimd) if config.auto else None
         self.latency = LatencyModel()
         self.hedging = Hedging(
             enabled=config.hedge, factor=config.hedge_factor, budget=config.hedge_budget
@@ -195,9 +197,23 @@ class Scheduler:
     def _on_retry(self, cause: str) -> None:
         self.stats.retries.update((cause,))
         if cause == "slowdown" and self.aimd.throttled(self.latency.median_total()):
+            if self.tuner is not None:
+                self.tuner.throttled()
             self.stats.throttle_cuts += 1
             self.stats.concurrency_limit_min = min(
                 self.stats.concurrency_limit_min, self.aimd.limit
+            )
+
+    def _completed(self, nbytes: int) -> None:
+        """A download of ``nbytes`` completed: AIMD grows back, and the tuner (if any)
+        counts it, with whether only the limit held chunks back (chunks waiting to start
+        while a slot is free: the ring has room)."""
+        self.aimd.completed()
+        if self.tuner is not None:
+            bound = bool(self.pending) and self.ring.free_count() > self.hedging.held_back
+            self.tuner.completed(nbytes, bound=bound, round_trip=self.latency.median_total())
+            self.stats.concurrency_limit_max = max(
+                self.stats.concurrency_limit_max, self.aimd.limit
             )
 
     # -- downloads -------------------------------------------------------------------
@@ -230,8 +246,8 @@ class Scheduler:
             stats.timed(timing.first_byte, max(waited, timing.total))
             if not timing.cached:
                 self.latency.add(request.length, timing)  # the winner's own timing
-            self.aimd.completed()
-            self._send(ChunkReady(rid, slot, request.length))
+            self._completed(request.length)
+            self._send(ChunkReady(rid, slot, request.length, self.aimd.limit))
         finally:
             stats.add_inflight(-1)
             self.active -= 1
@@ -254,7 +270,7 @@ class Scheduler:
             rid, request, slot = group[done]
             self.ring.publish(slot)
             stats.handed_over(request.length, request.final)
-            self._send(ChunkReady(rid, slot, request.length))
+            self._send(ChunkReady(rid, slot, request.length, self.aimd.limit))
             done += 1
 
         async def attempt() -> Timing:
@@ -299,7 +315,7 @@ class Scheduler:
                 self._send(ChunkFailed(rid, error, trace))
         else:
             stats.timed(timing.first_byte, time.monotonic() - began)
-            self.aimd.completed()
+            self._completed(sum(request.length for _, request, _ in group))
         finally:
             stats.add_inflight(-1)
             self.active -= 1

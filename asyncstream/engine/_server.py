@@ -200,8 +200,19 @@ class _Server:
             own = store.stats()
             (named.setdefault(key.endpoint, {}) if key.endpoint else main).update(own)
             each.append({"scheme": key.scheme, "endpoint": key.endpoint, **own})
+        tuner = self.scheduler.tuner
+        autotune = None
+        if tuner is not None:
+            autotune = {
+                "steps": tuner.steps,
+                "kept": tuner.kept,
+                "windows": tuner.windows,
+                "phase": tuner.phase,
+                "ceiling": self.scheduler.aimd.ceiling,
+            }
         return self.scheduler.stats.as_dict(
             concurrency_limit=self.scheduler.aimd.limit,
+            autotune=autotune,
             store=main,
             # the other endpoints' stores, named, in the settings' order
             endpoints=[

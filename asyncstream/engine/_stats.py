@@ -29,7 +29,8 @@ class EngineStats:
     """The engine's counters, updated by the scheduler as things happen.
 
     Args:
-        limit: the concurrency limit at the start (``inflight``).
+        limit: the concurrency limit at the start (``inflight``, or where
+            ``inflight="auto"`` starts).
         clock: monotonic seconds (injectable for tests).
     """
 
@@ -43,6 +44,7 @@ class EngineStats:
     inflight: int = 0  # downloads running now (a coalesced group is one)
     inflight_peak: int = 0
     concurrency_limit_min: int = 0  # the lowest the adaptive limit went
+    concurrency_limit_max: int = 0  # the highest it went (above the start: auto's doing)
     throttle_cuts: int = 0  # times the adaptive limit was halved
     hedged: int = 0  # hedges sent
     hedge_wins: int = 0  # hedges that finished first
@@ -58,7 +60,7 @@ class EngineStats:
     _busy_since: float = field(init=False)
 
     def __post_init__(self) -> None:
-        self.concurrency_limit_min = self.limit
+        self.concurrency_limit_min = self.concurrency_limit_max = self.limit
         self.started = self._busy_since = self.clock()
 
     def add_inflight(self, n: int) -> None:
@@ -88,6 +90,7 @@ class EngineStats:
         endpoints: list[dict[str, Any]],
         tasks: int,
         stores: list[dict[str, Any]] | None = None,
+        autotune: dict[str, Any] | None = None,
     ) -> dict[str, Any]:
         """The statistics as :meth:`Engine.stats` returns them.
 
@@ -99,6 +102,8 @@ class EngineStats:
             tasks: asyncio tasks alive in the engine's loop.
             stores: every store the engine opened, each its own statistics under its
                 scheme and endpoint (a stream of sources in several stores has one each).
+            autotune: under ``inflight="auto"``, what the tuner did (``steps`` tried,
+                ``kept``, ``windows`` judged, its ``phase``, the ``ceiling``); else None.
         """
         self.add_inflight(0)
         seconds = self.clock() - self.started
@@ -114,6 +119,8 @@ class EngineStats:
             # Time-weighted mean of downloads in flight since the engine started.
             "inflight_mean": self._busy / seconds if seconds > 0 else 0.0,
             "concurrency_limit_min": self.concurrency_limit_min,
+            "concurrency_limit_max": self.concurrency_limit_max,
+            "concurrency_start": self.limit,
             "throttle_cuts": self.throttle_cuts,
             "hedged": self.hedged,
             "hedge_wins": self.hedge_wins,
@@ -127,6 +134,7 @@ class EngineStats:
             "cpu_s": time.process_time(),
             "max_rss_bytes": _peak_rss(),
             "concurrency_limit": concurrency_limit,
+            "autotune": autotune,
             **store,
             "tasks": tasks,
         }

@@ -25,7 +25,11 @@ chunks, ``prefetch`` for chunks downloading or downloaded and waiting for their 
 ``prefetch`` defaults to twice ``inflight``: lanes empty in random order, so some
 prefetched chunks always wait READY for their lane, and with only ``inflight`` slots for
 them fewer than ``inflight`` downloads would run (measured under the S3-like profile: 6.4
-of 8 on average, against 7.9 of 8 with twice the slots).
+of 8 on average, against 7.9 of 8 with twice the slots). Under ``prefetch="auto"`` (the
+default of ``inflight="auto"``) the ring is sized for twice the most downloads
+(``FetchConfig.inflight_max``) and the chunks asked ahead are twice the engine's
+concurrency of the moment (each ``ChunkReady`` says it), so the slots beyond are never
+touched while the engine runs fewer; which chunks are asked ahead never changes the order.
 """
 
 from __future__ import annotations
@@ -204,6 +208,8 @@ class EpochRun(Iterator[dict[str, Any]]):
         requests still waiting are those needed furthest ahead; a chunk needed now and
         not asked for is asked for by the lane that needs it)."""
         budget = self.settings.prefetch_slots
+        if self.settings.fetch.auto_prefetch and self.engine is not None:
+            budget = max(1, min(budget, 2 * self.engine.limit))
         room = budget - len(self.reader.requested)
         if room < max(1, budget // 8):
             self.reader.flush()  # the chunks released since: the engine may fill their slots

@@ -166,6 +166,10 @@ class StreamSettings:
             seed=seed,
             request_bytes=self.request_bytes,
             withhold=self.withhold,
+            # auto: no more downloads than the prefetch slots could ever hold
+            inflight=min(self.fetch.inflight_max, self.prefetch_slots)
+            if self.fetch.auto_inflight
+            else None,
         )
 
     def counting(self) -> CountSettings:

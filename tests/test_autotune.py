@@ -1,0 +1,132 @@
+"""``inflight="auto"`` (and ``prefetch="auto"``) against real servers: the concurrency
+grows on a link where each GET waits for its first byte, shrinks when the store throttles,
+and never touches the order (every sample once an epoch; a checkpoint taken under auto
+resumes exactly under a fixed ``inflight``, and the reverse).
+
+The tuner's decisions are unit-tested in ``tests/test_policies.py``; how good it is, is
+the benchmark's (``python -m bench.autotune``): nothing here asserts a speed.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+from _servers import FAST_RETRY, SHORT, Dataset, assert_exact_epoch, upload_foreign
+
+from asyncstream import FetchConfig, LocalS3, S3Options, ShardStream
+from asyncstream.testing import FaultProxy, NetworkProfile
+
+START = 8  # where auto starts (asyncstream._config.AUTO_INFLIGHT_START)
+
+
+@pytest.fixture(scope="module")
+def data(s3_server: LocalS3, tmp_path_factory: pytest.TempPathFactory) -> Dataset:
+    """24 shards of about 0.8 MB: some 300 chunks of 64 KiB an epoch."""
+    folder = tmp_path_factory.mktemp("autotune")
+    return upload_foreign(
+        s3_server.client(), "autotune", folder, 24, seed=31, jpg_bytes=(20_000, 50_000)
+    )
+
+
+@pytest.fixture
+def slow_link(s3_server: LocalS3) -> Iterator[S3Options]:
+    """The server behind 50 ms to the first byte of every response (no rate limit): the
+    downloads in flight, not the bytes, bound the throughput."""
+    profile = NetworkProfile(first_byte_latency=(0.05, 0.05))
+    with FaultProxy(s3_server.endpoint_url, profile=profile) as proxy:
+        yield S3Options(endpoint_url=proxy.endpoint_url).resolve()
+
+
+def _stream(data: Dataset, options: S3Options, inflight: int | str, **more: Any) -> ShardStream:
+    fetch = FetchConfig(
+        inflight=inflight,  # type: ignore[arg-type]  # "auto" or a count
+        chunk_bytes=64 << 10,
+        coalesce_bytes=0,  # a GET per chunk: the round trips are what K hides
+        hedge=False,
+        retry=FAST_RETRY,
+        timeouts=SHORT,
+    )
+    return ShardStream(
+        data.prefix,
+        s3=options,
+        fetch=fetch,
+        samples_per_shard=data.shards.counts,
+        window=4,
+        seed=7,
+        **more,
+    )
+
+
+def test_auto_grows_concurrency_where_requests_wait_for_their_first_byte(
+    data: Dataset, slow_link: S3Options
+) -> None:
+    with _stream(data, slow_link, "auto") as stream:
+        for epoch in range(2):
+            stream.set_epoch(epoch)
+            assert_exact_epoch(list(stream), data)  # every sample once, whatever K does
+        fetch = stream.stats()["fetch"]
+    assert fetch["concurrency_start"] == START
+    assert fetch["concurrency_limit"] > START
+    assert fetch["concurrency_limit_max"] <= fetch["autotune"]["ceiling"] == 16
+    assert fetch["autotune"]["kept"] >= 1
+
+
+def test_a_fixed_inflight_does_not_move(data: Dataset, slow_link: S3Options) -> None:
+    with _stream(data, slow_link, 3) as stream:
+        assert_exact_epoch(list(stream), data)
+        fetch = stream.stats()["fetch"]
+    assert fetch["concurrency_limit"] == fetch["concurrency_limit_max"] == 3
+    assert fetch["autotune"] is None
+
+
+def test_auto_shrinks_concurrency_when_the_store_throttles(
+    s3_server: LocalS3, data: Dataset
+) -> None:
+    """The proxy serves 2 GETs at once and answers the rest ``503 SlowDown``."""
+    profile = NetworkProfile(first_byte_latency=(0.01, 0.02))
+    with FaultProxy(s3_server.endpoint_url, profile=profile, capacity=2) as proxy:
+        options = S3Options(endpoint_url=proxy.endpoint_url).resolve()
+        with _stream(data, options, "auto") as stream:
+            assert_exact_epoch(list(stream), data)
+            fetch = stream.stats()["fetch"]
+        throttled = proxy.stats()["throttled"]
+    assert throttled > 0
+    assert fetch["retries"]["slowdown"] > 0
+    assert fetch["throttle_cuts"] >= 1
+    assert fetch["concurrency_limit_min"] <= START // 2
+    assert fetch["concurrency_limit"] < START  # it settles below where it started
+
+
+@pytest.mark.parametrize(("before", "after"), [("auto", 4), (4, "auto")])
+def test_a_checkpoint_resumes_exactly_under_the_other_setting(
+    data: Dataset, slow_link: S3Options, before: int | str, after: int | str
+) -> None:
+    with _stream(data, slow_link, 5) as stream:
+        stream.set_epoch(1)
+        reference = [s["__key__"] for s in stream]
+    cut = len(reference) * 2 // 3
+    with _stream(data, slow_link, before) as stream:
+        stream.set_epoch(1)
+        it = iter(stream)
+        head = [next(it)["__key__"] for _ in range(cut)]
+        state = stream.state_dict()
+    with _stream(data, slow_link, after) as stream:
+        stream.load_state_dict(state)
+        tail = [s["__key__"] for s in stream]
+    assert head + tail == reference
+
+
+def test_auto_settings_are_checked() -> None:
+    fetch = FetchConfig(inflight="auto")
+    assert (fetch.inflight_start, fetch.inflight_max, fetch.prefetch_chunks) == (8, 16, 32)
+    assert fetch.auto_prefetch
+    assert FetchConfig(inflight="auto", prefetch=10).prefetch_chunks == 10
+    assert not FetchConfig(inflight="auto", prefetch=10).auto_prefetch
+    assert FetchConfig(inflight=4, prefetch="auto").auto_prefetch
+    assert FetchConfig(inflight=4, prefetch="auto").prefetch_chunks == 8
+    with pytest.raises(ValueError, match="inflight"):
+        FetchConfig(inflight="fast")  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="prefetch"):
+        FetchConfig(prefetch="more")  # type: ignore[arg-type]
