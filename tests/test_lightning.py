@@ -71,12 +71,27 @@ def scalars(folder: Path) -> dict[str, list[tuple[int, float]]]:
     }
 
 
+def trainer_for(tmp_path: Path, callback: Any, *, epochs: int) -> Any:
+    """A CPU trainer logging to TensorBoard under ``tmp_path``, with ``callback`` only."""
+    from lightning.pytorch.loggers import TensorBoardLogger
+
+    return L.Trainer(
+        accelerator="cpu",
+        devices=1,
+        max_epochs=epochs,
+        logger=TensorBoardLogger(tmp_path, name="run"),
+        callbacks=[callback],
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        enable_checkpointing=False,
+        log_every_n_steps=1,
+    )
+
+
 @pytest.mark.parametrize("workers", [0, 2], ids=["0-workers", "2-workers"])
 def test_stall_logger_writes_throughput_and_stall_share_per_epoch(
     tmp_path: Path, s3_server: LocalS3, dataset_url: str, shards: ForeignShards, workers: int
 ) -> None:
-    from lightning.pytorch.loggers import TensorBoardLogger
-
     from asyncstream import StallLogger
 
     stream = ShardStream(
@@ -88,17 +103,7 @@ def test_stall_logger_writes_throughput_and_stall_share_per_epoch(
         chunk_bytes=16 << 10,
     )
     callback = StallLogger()
-    trainer = L.Trainer(
-        accelerator="cpu",
-        devices=1,
-        max_epochs=2,
-        logger=TensorBoardLogger(tmp_path, name="run"),
-        callbacks=[callback],
-        enable_progress_bar=False,
-        enable_model_summary=False,
-        enable_checkpointing=False,
-        log_every_n_steps=1,
-    )
+    trainer = trainer_for(tmp_path, callback, epochs=2)
     loader = ShardLoader(stream, batch_size=BATCH, num_workers=workers, collate_fn=collate)
     with stream:
         trainer.fit(Model(), loader)
@@ -144,8 +149,6 @@ def test_stall_logger_writes_throughput_and_stall_share_per_epoch(
 def test_stall_logger_names_the_unit_and_prefix(
     tmp_path: Path, s3_server: LocalS3, dataset_url: str, shards: ForeignShards
 ) -> None:
-    from lightning.pytorch.loggers import TensorBoardLogger
-
     from asyncstream import StallLogger
 
     stream = ShardStream(
@@ -153,17 +156,7 @@ def test_stall_logger_names_the_unit_and_prefix(
     )
     callback = StallLogger(unit="images", prefix="data/")
     assert repr(callback) == "StallLogger(unit='images', prefix='data/')"
-    trainer = L.Trainer(
-        accelerator="cpu",
-        devices=1,
-        max_epochs=1,
-        logger=TensorBoardLogger(tmp_path, name="run"),
-        callbacks=[callback],
-        enable_progress_bar=False,
-        enable_model_summary=False,
-        enable_checkpointing=False,
-        log_every_n_steps=1,
-    )
+    trainer = trainer_for(tmp_path, callback, epochs=1)
     with stream:
         trainer.fit(Model(), ShardLoader(stream, batch_size=BATCH, collate_fn=collate))
     logged = scalars(tmp_path)
