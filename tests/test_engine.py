@@ -195,25 +195,28 @@ def test_a_slot_released_untold_is_told_before_a_wait_blocks(tmp_path: Path, mod
         assert engine.idle
 
 
-def test_a_chunk_started_alone_is_read_in_parts(s3_server: LocalS3) -> None:
-    """The first chunk of a burst starts with no other download running: over S3 it is
-    read as four GETs at once (an epoch's first sample waits for it whole); the chunks
-    started beside it are one GET each. The bytes are the object's either way."""
+def test_an_engines_first_chunk_is_read_in_parts(s3_server: LocalS3) -> None:
+    """An engine's first chunk (a fresh stream's first sample waits for it) is read from
+    S3 as four GETs at once; the chunks after it are one GET each, and a chunk under
+    8 MiB is always read whole. The bytes are the object's either way."""
     client = s3_server.client()
     client.create_bucket(Bucket="alone")
-    blob = os.urandom(12 << 20)
+    blob = os.urandom(24 << 20)
     client.put_object(Bucket="alone", Key="big.tar", Body=blob)
-    size = 4 << 20
-    requests = [
-        ChunkRequest("s3://alone/big.tar", o, size, None, o + size >= len(blob), len(blob))
-        for o in range(0, len(blob), size)
-    ]
-    with Engine(config(s3_server.endpoint_url, hedge=False), n_slots=3, slot_bytes=size) as engine:
-        got = drain(engine, requests)
-        stats = engine.stats()
-    assert got == {"s3://alone/big.tar": blob}
-    assert stats["part_reads"] == 4  # the first chunk's four parts; the other two whole
-    assert stats["requests"] == 3
+    for size, parts in ((8 << 20, 4), (4 << 20, 0)):
+        requests = [
+            ChunkRequest("s3://alone/big.tar", o, size, None, o + size >= len(blob), len(blob))
+            for o in range(0, len(blob), size)
+        ]
+        with Engine(
+            config(s3_server.endpoint_url, hedge=False), n_slots=3, slot_bytes=size
+        ) as engine:
+            got = drain(engine, requests)
+            got.update(drain(engine, requests))  # the same engine again: each whole
+            stats = engine.stats()
+        assert got == {"s3://alone/big.tar": blob}
+        assert stats["part_reads"] == parts
+        assert stats["requests"] == 2 * len(requests)
 
 
 def test_404_fails_fast_naming_the_key(

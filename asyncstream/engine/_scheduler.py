@@ -55,16 +55,22 @@ from ._stats import EngineStats
 __all__ = ["Scheduler"]
 
 
-#: the parts a chunk started alone is read in, and the smallest of them
-ALONE_PARTS, ALONE_PART_BYTES = 4, 1 << 20
+#: the parts an engine's first chunk is read in, the smallest of them, and the smallest
+#: chunk so read
+ALONE_PARTS, ALONE_PART_BYTES, ALONE_MIN_BYTES = 4, 2 << 20, 8 << 20
 
 
 def alone_parts(length: int, request_bytes: int | None) -> int | None:
-    """The GET size of a remote chunk started while no other download runs: an epoch's
-    first chunk, which the first sample waits for whole (the first draw is uniform over
-    its samples). Read as up to four GETs at once, on connections that are idle anyway,
-    it is whole in about a quarter of the time over a link with a per-connection rate
-    (a 16 MiB chunk at 90 MB/s: 0.19 s alone). Never larger than ``request_bytes``."""
+    """The GET size of an engine's first chunk, from a remote store: the one a fresh
+    process's first sample waits for whole (the first draw is uniform over its samples).
+    Read as up to four GETs at once, on connections that are idle anyway, it is whole in
+    about a quarter of the time over a link with a per-connection rate (a 16 MiB chunk at
+    90 MB/s: 0.19 s alone). Chunks under 8 MiB are read whole (the gain is a few
+    milliseconds). Only the first of an engine: which GETs a stream makes stays a
+    function of its requests, not of when downloads happen to finish. Never larger than
+    ``request_bytes``."""
+    if length < ALONE_MIN_BYTES:
+        return request_bytes
     size = max(ALONE_PART_BYTES, -(-length // ALONE_PARTS))
     return size if request_bytes is None else min(size, request_bytes)
 
@@ -101,6 +107,7 @@ class Scheduler:
         self.pending: collections.deque[tuple[int, ChunkRequest]] = collections.deque()
         self.tasks: set[asyncio.Task[None]] = set()
         self.active = 0  # chunk downloads running (hedges not counted)
+        self._first = True  # no chunk started yet (alone_parts)
         self.aimd = Aimd(config.inflight, enabled=config.adaptive, start=config.inflight_start)
         self.tuner = HillClimb(self.aimd) if config.auto else None
         self.latency = LatencyModel()
@@ -153,10 +160,10 @@ class Scheduler:
             self.active += 1
             self.stats.requests += 1
             self.stats.coalesced_chunks += len(group) - 1
+            # The engine's first chunk (a fresh stream's first sample waits for it) is
+            # read in parts at once, from a remote store.
+            alone, self._first = self._first and len(group) == 1, False
             if len(group) == 1:
-                # Started with nothing else running (an epoch's first chunk, which its
-                # first sample waits for), a remote chunk is read in parts at once.
-                alone = self.active == 1
                 task = asyncio.create_task(self._fetch(rid, request, slot, alone))
             else:
                 task = asyncio.create_task(self._fetch_group(group))
@@ -324,8 +331,8 @@ class Scheduler:
     async def _download(self, request: ChunkRequest, slot: int, alone: bool = False) -> Timing:
         """One chunk into one slot, with retries; the slot stays FILLING either way. A
         chunk larger than ``request_bytes`` is read in parts at once (:mod:`._parts`),
-        below the cache where there is one (the cache keeps whole chunks); so is a remote
-        chunk started ``alone`` (:func:`alone_parts`)."""
+        below the cache where there is one (the cache keeps whole chunks); so is the
+        engine's first chunk, ``alone``, from a remote store (:func:`alone_parts`)."""
         out = self.ring.view(slot)
         try:
             store = self._store(request)
