@@ -26,7 +26,6 @@ import atexit
 import contextlib
 import math
 import multiprocessing
-import multiprocessing.connection
 import multiprocessing.util
 import os
 import select

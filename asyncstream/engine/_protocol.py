@@ -89,7 +89,9 @@ class Fetch(NamedTuple):
 
 
 class Release(NamedTuple):
-    """The consumer put ``slot`` back to FREE (the engine may fill it again)."""
+    """The consumer put ``slot`` back to FREE (the engine may fill it again); -1: slots
+    given back earlier without a word (:meth:`~._engine.Engine.flush`). The engine reads
+    which slots are FREE from the ring either way."""
 
     slot: int
 

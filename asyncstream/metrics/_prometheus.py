@@ -163,16 +163,14 @@ class PrometheusExport:
     def __init__(
         self,
         *,
-        port: int | None,
         multiprocess: bool,
-        server: Any,
         collector: _Collector | None,
         registry: Any,
         publishing: tuple[StreamMetrics, _Multiprocess] | _Publisher | None,
     ) -> None:
-        self.port = port
+        self.port: int | None = None  # set by export_prometheus once its server listens
         self.multiprocess = multiprocess
-        self._server = server
+        self._server: Any = None
         self._collector = collector
         self._registry = registry
         self._publishing = publishing
@@ -296,26 +294,17 @@ def export_prometheus(
         registry.register(collector)
         _in_registries[id(registry)] = collector
         found.attach()
-    bound = None
-    if port is not None:
-        try:
-            server, _ = prometheus_client.start_http_server(port, addr=addr, registry=registry)
-        except BaseException:
-            PrometheusExport(
-                port=None,
-                multiprocess=multiprocess,
-                server=None,
-                collector=collector,
-                registry=None if multiprocess else registry,
-                publishing=publishing,
-            ).close()
-            raise
-        bound = int(server.server_port)
-    return PrometheusExport(
-        port=bound,
+    export = PrometheusExport(
         multiprocess=multiprocess,
-        server=server,
         collector=collector,
         registry=None if multiprocess else registry,
         publishing=publishing,
     )
+    if port is not None:
+        try:
+            server, _ = prometheus_client.start_http_server(port, addr=addr, registry=registry)
+        except BaseException:
+            export.close()
+            raise
+        export.port, export._server = int(server.server_port), server
+    return export
