@@ -32,9 +32,9 @@ def data(s3_server: LocalS3, tmp_path_factory: pytest.TempPathFactory) -> Datase
 
 @pytest.fixture
 def slow_link(s3_server: LocalS3) -> Iterator[S3Options]:
-    """The server behind 50 ms to the first byte of every response (no rate limit): the
+    """The server behind 100 ms to the first byte of every response (no rate limit): the
     downloads in flight, not the bytes, bound the throughput."""
-    profile = NetworkProfile(first_byte_latency=(0.05, 0.05))
+    profile = NetworkProfile(first_byte_latency=(0.1, 0.1))
     with FaultProxy(s3_server.endpoint_url, profile=profile) as proxy:
         yield S3Options(endpoint_url=proxy.endpoint_url).resolve()
 

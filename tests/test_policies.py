@@ -97,34 +97,54 @@ def _window(tuner: HillClimb, clock: Clock, rate_at: dict[int, float], bound: bo
     assert tuner.windows == judged + 1
 
 
-def test_auto_grows_while_the_rate_grows_and_goes_back_when_it_stops() -> None:
+def test_auto_tries_the_ceiling_first_and_keeps_it_where_the_rate_follows() -> None:
+    """Where the round trips bind, twice the downloads is twice the rate: one try."""
     clock = Clock()
     aimd = Aimd(16, start=8, clock=clock)
     tuner = HillClimb(aimd, clock=clock)
-    rate = {8: 100e6, 12: 150e6, 16: 152e6}  # 16 brings 1.3% over 12: not worth it
-    _window(tuner, clock, rate)  # measured at 8: a try
-    assert (aimd.limit, tuner.phase) == (12, "probe")
-    _window(tuner, clock, rate)  # 12 raised the rate by 50%: kept, the next try
-    assert (aimd.limit, tuner.kept) == (16, 1)
-    _window(tuner, clock, rate)  # 16 did not pay: back to 12, hold
-    assert (aimd.limit, tuner.phase, tuner.steps, tuner.kept) == (12, "hold", 2, 1)
+    _window(tuner, clock, {8: 100e6, 16: 190e6})  # measured at 8: a try, at the ceiling
+    assert (aimd.limit, tuner.phase, tuner.steps) == (16, "probe", 1)
+    _window(tuner, clock, {16: 190e6})  # 90% more: kept; nothing above to try
+    assert (aimd.limit, tuner.phase, tuner.steps, tuner.kept) == (16, "hold", 1, 1)
+    for _ in range(5):
+        _window(tuner, clock, {16: 190e6})
+    assert (aimd.limit, tuner.steps) == (16, 1)
+
+
+def test_a_failed_try_goes_back_and_halves_the_next_step() -> None:
+    clock = Clock()
+    aimd = Aimd(16, start=8, clock=clock)
+    tuner = HillClimb(aimd, clock=clock)
+    rate = {8: 100e6, 12: 130e6, 14: 131e6, 16: 110e6}  # 16 overloads something
+    _window(tuner, clock, rate)  # measured at 8: tries 16
+    _window(tuner, clock, rate)  # 10% for twice the downloads: back to 8, hold
+    assert (aimd.limit, tuner.phase, tuner.steps, tuner.kept) == (8, "hold", 1, 0)
     _window(tuner, clock, rate)  # holds 2 windows (doubled after the failed try) ...
+    assert (aimd.limit, tuner.phase) == (8, "hold")
+    _window(tuner, clock, rate)  # ... the second measures 8 again, and tries half the step
+    assert (aimd.limit, tuner.phase) == (12, "probe")
+    _window(tuner, clock, rate)  # 30% for half as many again: kept, and the next try
+    assert (aimd.limit, tuner.phase, tuner.kept) == (16, "probe", 1)
+    _window(tuner, clock, rate)  # less than at 12: back, hold 2 (1 after the kept one)
     assert (aimd.limit, tuner.phase) == (12, "hold")
-    _window(tuner, clock, rate)  # ... the second measures 12 again, and tries
-    assert (aimd.limit, tuner.phase) == (16, "probe")
+    _window(tuner, clock, rate)
+    _window(tuner, clock, rate)  # measures 12 again, tries half of 4
+    assert (aimd.limit, tuner.phase, tuner.steps) == (14, "probe", 4)
+    _window(tuner, clock, rate)  # under 1 + 1/24 of 2: back to 12
+    assert (aimd.limit, tuner.kept) == (12, 1)
 
 
 def test_a_step_must_pay_for_a_quarter_of_its_size() -> None:
-    """8 -> 12 is half as many downloads again: a rise of 10% (noise on a busy machine, or a
-    CPU that binds) is not worth it; 12.5% is."""
-    for gained, kept in ((1.10, 0), (1.13, 1)):
+    """8 -> 16 is twice the downloads: a rise of 20% (noise on a busy machine, or a CPU
+    that binds) is not worth it; 25% is."""
+    for gained, kept in ((1.20, 0), (1.26, 1)):
         clock = Clock()
         aimd = Aimd(16, start=8, clock=clock)
         tuner = HillClimb(aimd, clock=clock)
-        rate = {8: 100e6, 12: 100e6 * gained, 16: 100e6 * gained}
+        rate = {8: 100e6, 16: 100e6 * gained}
         _window(tuner, clock, rate)
         _window(tuner, clock, rate)
-        assert (tuner.kept, aimd.target) == (kept, 16 if kept else 8)  # kept: the next try
+        assert (tuner.kept, aimd.target) == (kept, 16 if kept else 8)
 
 
 def test_auto_does_not_grow_where_the_limit_does_not_bind() -> None:
@@ -157,6 +177,8 @@ def test_a_throttling_cut_becomes_the_level() -> None:
     for _ in range(50):
         aimd.completed()
     assert aimd.limit == 4  # AIMD does not grow back past the level found
+    _window(tuner, clock, {4: 50e6})  # the hold, then a measure at 4 and a step of half
+    assert (aimd.limit, tuner.phase) == (6, "probe")
 
 
 def test_latency_model_predicts_after_enough_downloads() -> None:

@@ -113,14 +113,17 @@ class HillClimb:
     limit's worth, started before the last change) have passed, then at least
     ``2 * limit`` chunks and ``max(min_window, 4 * round_trip)`` seconds. A window where
     most completions found the limit binding (chunks waiting to start while a ring slot
-    was free) and the limit below the ceiling tries ``limit + max(1, limit // 2)``; the
-    next window keeps it if its rate is at least ``1 + max(gain, step / 4)`` times the
-    one before (``step``: the relative rise in the limit; a step that does not pay for a
-    quarter of its size is CPU or noise, not the link), else goes back. After a window
-    that did not try (not bound) or a try that failed, it holds for ``hold`` windows, a
-    number that doubles with each failed try (up to ``max_hold``) and starts again at 1
-    after a kept one. A throttling cut (see
-    :meth:`throttled`) becomes the level, and it holds.
+    was free) and the limit below the ceiling tries a step up: the first goes straight to
+    the ceiling (where the round trips bind, the rate doubles with the downloads, and a
+    climb of +50% steps took three times the windows and lost the first epoch), and each
+    failed try halves the next step (at least 1). The next window keeps the step if its
+    rate is at least ``1 + max(gain, step / 4)`` times the one before (``step``: the
+    relative rise in the limit; a step that does not pay for a quarter of its size is CPU
+    or noise, not the link), else goes back. After a window that did not try (not bound)
+    or a try that failed, it holds for ``hold`` windows, a number that doubles with each
+    failed try (up to ``max_hold``) and starts again at 1 after a kept one. A throttling
+    cut (see :meth:`throttled`) becomes the level, and it holds; the next step from there
+    is half the level.
 
     Args:
         aimd: the limit it moves.
@@ -152,6 +155,7 @@ class HillClimb:
         self._base_limit = aimd.target
         self._backoff = 1
         self._hold = 0
+        self._step = aimd.ceiling  # the next try's rise; capped at the ceiling
         self._restart(clock())
 
     def _restart(self, now: float) -> None:
@@ -188,7 +192,7 @@ class HillClimb:
     def _judge(self, rate: float, bound: bool) -> None:
         aimd = self.aimd
         if self._phase == "probe":
-            step = aimd.target / max(1, self._base_limit) - 1.0  # 0.5 for 8 -> 12
+            step = aimd.target / max(1, self._base_limit) - 1.0  # 1.0 for 8 -> 16
             if rate >= self._base_rate * (1.0 + max(self.gain, step / 4)):
                 self.kept += 1
                 self._backoff = 1
@@ -196,6 +200,7 @@ class HillClimb:
                 self._try_or_hold(bound)
                 return
             aimd.retarget(self._base_limit)  # back: the step did not pay
+            self._step = max(1, self._step // 2)
             self._backoff = min(self.max_hold, 2 * self._backoff)
             self._phase, self._hold = "hold", self._backoff
             return
@@ -210,7 +215,8 @@ class HillClimb:
         aimd = self.aimd
         if bound and aimd.target < aimd.ceiling and aimd.limit >= aimd.target:
             self.steps += 1
-            aimd.retarget(aimd.target + max(1, aimd.target // 2))
+            self._step = min(self._step, aimd.ceiling - aimd.target)
+            aimd.retarget(aimd.target + self._step)
             self._phase = "probe"
         else:
             self._phase, self._hold = "hold", self._backoff
@@ -219,6 +225,7 @@ class HillClimb:
         """The limit was cut for throttling: that is the level now; hold."""
         self.aimd.target = max(1, self.aimd.limit)
         self._base_limit = self.aimd.target
+        self._step = max(1, self.aimd.target // 2)  # near where the store pushed back
         self._phase, self._hold = "hold", self._backoff
         self._restart(self._clock())
 
