@@ -122,13 +122,13 @@ class FetchConfig:
             ``"auto"``: the engine finds K itself, between 1 and 16
             (:attr:`inflight_max`). It starts at 8, and while the downloads are what the
             stream waits for (chunks are wanted, the ring has free slots, and every
-            download allowed is running) it tries half as many more; it keeps a step
-            that raised the bytes per second by a quarter of its size (12.5% for 8 to
-            12) and 5% at least, takes back one that did not, and settles there, trying
-            again now and then (less often after each try that failed). Throttling
-            (``503 SlowDown``) halves it as ``adaptive`` does, and it settles at the
-            halved value. Never part of the order: a checkpoint taken under ``"auto"``
-            resumes under a fixed K and the reverse.
+            download allowed is running) it tries 16; it keeps a step that raised the
+            bytes per second by a quarter of its size (25% for 8 to 16) and 5% at least,
+            takes back one that did not and tries half the step later (less often after
+            each try that failed), and settles. Throttling (``503 SlowDown``) halves it
+            as ``adaptive`` does, and it settles at the halved value. Never part of the
+            order: a checkpoint taken under ``"auto"`` resumes under a fixed K and the
+            reverse.
         prefetch: chunks requested ahead of need; default ``2 * inflight``
             (:attr:`prefetch_chunks`). ``"auto"`` (the default under
             ``inflight="auto"``): twice the engine's concurrency of the moment, in a ring
