@@ -44,12 +44,13 @@ lint: install
 docs: install
 	$(BIN)/mkdocs build --strict --quiet
 
-# Two pytest workers (pytest-xdist), a test module each at a time: most tests wait on
-# servers and child processes, so two workers on two cores take about 12 minutes where one
-# takes 22. PYTEST_WORKERS=0 runs in one process.
+# Two pytest workers (pytest-xdist), a test module each at a time, the longest first
+# (tests/conftest.py orders them; xdist alone would order them by their number of tests).
+# The two cores are busy throughout (vmstat): three workers took 23:28 where two took
+# 23:46 (2026-11-27), so two it is. PYTEST_WORKERS=0 runs in one process.
 PYTEST_WORKERS ?= 2
 test: install
-	$(BIN)/python -m pytest -n $(PYTEST_WORKERS) --dist loadfile --durations=25
+	$(BIN)/python -m pytest -n $(PYTEST_WORKERS) --dist loadfile --no-loadscope-reorder --durations=25
 
 check: lint test
 

@@ -44,6 +44,41 @@ _CLEARED = (
 )
 
 
+# The modules that take longest (``--durations`` in CI: the quick benchmark run alone takes
+# 3 to 6 minutes), run first: with two workers and a module a worker at a time (``--dist
+# loadfile --no-loadscope-reorder``, the Makefile's), one of them starting last would run
+# on its own while the other worker idles. The rest follow, most tests first.
+_LONG_FIRST = (
+    "test_bench.py",
+    "test_bench_modules.py",
+    "test_multigpu.py",
+    "test_readme.py",
+    "test_wds_oracle.py",
+    "test_frameworks.py",
+    "test_two_nodes.py",
+    "test_resume.py",
+    "test_stream.py",
+    "test_open_once.py",
+    "test_chaos.py",
+    "test_compressed.py",
+    "test_loader.py",
+)
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Order the modules for the workers: :data:`_LONG_FIRST`, then by tests, most first."""
+    counts: dict[str, int] = {}
+    for item in items:
+        counts[item.path.name] = counts.get(item.path.name, 0) + 1
+    rank = {name: i for i, name in enumerate(_LONG_FIRST)}
+
+    def key(item: pytest.Item) -> tuple[int, int, str]:
+        name = item.path.name
+        return (rank.get(name, len(rank)), -counts[name], str(item.path))
+
+    items.sort(key=key)  # stable: each module's own order is kept
+
+
 @pytest.fixture(scope="session", autouse=True)
 def aws_env() -> Iterator[dict[str, str]]:
     """Fake credentials; the user's ~/.aws and real AWS are never read."""
