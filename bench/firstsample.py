@@ -175,7 +175,7 @@ def run(
     from asyncstream.testing import FaultProxy, NetworkProfile
     from asyncstream.testing._local import LOCAL_CREDENTIALS
 
-    from ._run import baseline_tree
+    from ._run import baseline_tree, precompile
 
     paths, counts = shards_of(folder, shards)
     env = dict(os.environ)
@@ -194,6 +194,7 @@ def run(
         sources = {"asyncstream": ROOT}
         if baseline:
             sources[f"asyncstream@{baseline}"] = baseline_tree(baseline, Path(tmp))
+        precompile(*sources.values())  # each tree's bytecode, as an install writes it
         local = [str(p) for p in paths]
         if not s3:
             out["results"] = measure(local, counts, None, rounds=rounds, sources=sources, env=env)

@@ -607,6 +607,9 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     """Every chosen scenario; returns the JSON-ready results."""
     from tqdm import tqdm
 
+    from ._run import precompile
+
+    precompile(ROOT.parent)  # the readers' fresh processes import bytecode, as installed
     sizes = QUICK if args.quick else FULL
     out: dict[str, Any] = {"environment": environment(), "profile": args.profile}
     started = time.perf_counter()
