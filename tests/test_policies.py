@@ -130,7 +130,7 @@ def test_a_failed_try_goes_back_and_halves_the_next_step() -> None:
     _window(tuner, clock, rate)
     _window(tuner, clock, rate)  # measures 12 again, tries half of 4
     assert (aimd.limit, tuner.phase, tuner.steps) == (14, "probe", 4)
-    _window(tuner, clock, rate)  # under 1 + 1/24 of 2: back to 12
+    _window(tuner, clock, rate)  # 0.8% for a sixth more, under the 4.2% asked: back to 12
     assert (aimd.limit, tuner.kept) == (12, 1)
 
 
