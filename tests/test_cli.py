@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from _foreign import foreign_shards, write
+from _foreign import foreign_shards, upload, write
 
 from asyncstream import LocalS3, StaleShardWarning
 from asyncstream.cli._cli import _parser, human, main, parse_size
@@ -49,6 +49,24 @@ def test_ls_and_index_of_one_shard_say_one_shard(
     line = capsys.readouterr().out
     assert line.startswith("indexed 1 shard, 1 sample: "), line
     assert " (0.0 MB at " in line, line
+
+
+def test_index_takes_inflight_auto_and_refuses_a_count_below_one(
+    s3_server: LocalS3, bucket: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    client = s3_server.client()
+    upload(client, bucket, "ds/", foreign_shards(["a.tar", "b.tar"], [3, 4]))
+    url, endpoint = f"s3://{bucket}/ds/", ["--endpoint-url", s3_server.endpoint_url]
+    assert main(["index", url, *endpoint, "--inflight", "auto", "--no-progress"]) == 0
+    assert capsys.readouterr().out.startswith("indexed 2 shards, 7 samples: ")
+    manifest = client.get_object(Bucket=bucket, Key="ds/asyncstream.json")["Body"].read()
+    assert json.loads(manifest)["samples"] == 7
+    assert _parser().parse_args(["index", "x", "--inflight", "AUTO"]).inflight == "auto"
+    assert _parser().parse_args(["index", "x", "--inflight", "16"]).inflight == 16
+    for bad in ("0", "-2", "many"):
+        with pytest.raises(SystemExit):
+            _parser().parse_args(["index", "x", "--inflight", bad])
+        assert "not a count of GETs" in capsys.readouterr().err
 
 
 def test_pack_600_images_into_20_shards_then_ls(

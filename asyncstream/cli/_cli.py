@@ -17,7 +17,7 @@ from typing import Any
 
 from .._exceptions import AsyncStreamError
 from ._commands import _cmd_generate, _cmd_index, _cmd_ls, _cmd_pack
-from ._format import DefaultsHelpFormatter, human, parse_size
+from ._format import DefaultsHelpFormatter, human, parse_inflight, parse_size
 
 __all__ = ["DefaultsHelpFormatter", "human", "main", "parse_size"]
 
@@ -110,7 +110,12 @@ def _parser(plugins: bool = True) -> argparse.ArgumentParser:
         "--output",
         help="where to write the manifest (a path or s3:// URL); default: beside the shards",
     )
-    ix.add_argument("--inflight", type=int, default=8, help="ranged GETs in flight (default 8)")
+    ix.add_argument(
+        "--inflight",
+        type=parse_inflight,
+        default=8,
+        help="ranged GETs in flight, or auto: the engine finds the count (default 8)",
+    )
     ix.add_argument(  # a string default goes through type=, and reads as the user writes it
         "--chunk-bytes", type=parse_size, default="16MiB", help="bytes per GET (default 16MiB)"
     )

@@ -21,6 +21,20 @@ def parse_size(text: str) -> int:
     return int(float(number) * _UNITS[unit.lower()])
 
 
+def parse_inflight(text: str) -> int | str:
+    """``"16"`` -> 16, ``"auto"`` -> ``"auto"`` (``FetchConfig.inflight``: the engine finds
+    K itself)."""
+    if text.strip().lower() == "auto":
+        return "auto"
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"not a count of GETs: {text!r} (try 8, 16 or auto)")
+    return value
+
+
 def human(n: float) -> str:
     """Bytes in binary units, e.g. ``"12.3 MiB"``."""
     for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
