@@ -71,7 +71,7 @@ def scalars(folder: Path) -> dict[str, list[tuple[int, float]]]:
     }
 
 
-def trainer_for(tmp_path: Path, callback: Any, *, epochs: int) -> Any:
+def trainer_for(tmp_path: Path, callback: Any, *, epochs: int, max_steps: int = -1) -> Any:
     """A CPU trainer logging to TensorBoard under ``tmp_path``, with ``callback`` only."""
     from lightning.pytorch.loggers import TensorBoardLogger
 
@@ -79,6 +79,7 @@ def trainer_for(tmp_path: Path, callback: Any, *, epochs: int) -> Any:
         accelerator="cpu",
         devices=1,
         max_epochs=epochs,
+        max_steps=max_steps,
         logger=TensorBoardLogger(tmp_path, name="run"),
         callbacks=[callback],
         enable_progress_bar=False,
@@ -163,3 +164,23 @@ def test_stall_logger_names_the_unit_and_prefix(
     assert [v for _, v in logged["data/images"]] == [float(sum(shards.counts))]
     assert len(logged["data/images_per_s"]) == 1
     assert not any(name.startswith("asyncstream/") for name in logged)
+
+
+def test_an_epoch_cut_short_by_max_steps_is_logged_with_the_batches_it_had(
+    tmp_path: Path, s3_server: LocalS3, dataset_url: str, shards: ForeignShards
+) -> None:
+    from asyncstream import StallLogger
+
+    stream = ShardStream(
+        dataset_url, endpoint_url=s3_server.endpoint_url, samples_per_shard=shards.counts
+    )
+    loader = ShardLoader(stream, batch_size=BATCH, collate_fn=collate)
+    batches = len(loader)
+    callback = StallLogger()
+    trainer = trainer_for(tmp_path, callback, epochs=3, max_steps=batches + 2)
+    with stream:
+        trainer.fit(Model(), loader)
+    assert [(f.epoch, f.batches) for f in callback.epochs] == [(0, batches), (1, 2)]
+    logged = scalars(tmp_path)
+    assert [v for _, v in logged["asyncstream/batches"]] == [float(batches), 2.0]
+    assert [s for s, _ in logged["asyncstream/batches"]] == [batches, batches + 2]
