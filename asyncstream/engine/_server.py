@@ -48,6 +48,8 @@ from ._scheduler import Scheduler
 
 __all__ = ["run_engine", "serve"]
 
+_KEYS_KEPT = 4096  # URLs whose store is remembered (a chunk of a shard follows another)
+
 
 class _Server:
     """The engine side: runs inside the engine's own event loop."""
@@ -61,6 +63,7 @@ class _Server:
         self.config = config
         self.stores: dict[StoreKey, Store] = {}
         self.scheduler: Scheduler | None = None
+        self._keys: dict[tuple[str, str | None], StoreKey] = {}
 
     async def run(self) -> None:
         loop = asyncio.get_running_loop()
@@ -95,9 +98,16 @@ class _Server:
         finally:
             self.ring.close()
 
-    @staticmethod
-    def _key(request: ChunkRequest) -> StoreKey:
-        return StoreKey(scheme_of(request.url), request.endpoint)
+    def _key(self, request: ChunkRequest) -> StoreKey:
+        """The store a request reads from, kept per URL: parsing the URL for each chunk
+        was 8% of the engine's CPU with 1 MiB chunks of local files (cProfile)."""
+        at = (request.url, request.endpoint)
+        key = self._keys.get(at)
+        if key is None:
+            if len(self._keys) >= _KEYS_KEPT:
+                self._keys.clear()
+            key = self._keys[at] = StoreKey(scheme_of(request.url), request.endpoint)
+        return key
 
     async def _open_store(self, request: ChunkRequest) -> None:
         """Open the store ``request`` reads from, on its first request (a stream of local
