@@ -16,7 +16,7 @@ import pytest
 from _servers import FAST_RETRY, SHORT, Dataset, assert_exact_epoch, upload_foreign
 
 from asyncstream import FetchConfig, LocalS3, S3Options, ShardStream
-from asyncstream.testing import FaultProxy, NetworkProfile
+from asyncstream.testing import FaultProxy, NetworkProfile, TestCertificates
 
 START = 8  # where auto starts (asyncstream._config.AUTO_INFLIGHT_START)
 
@@ -130,3 +130,37 @@ def test_auto_settings_are_checked() -> None:
         FetchConfig(inflight="fast")  # type: ignore[arg-type]
     with pytest.raises(ValueError, match="prefetch"):
         FetchConfig(prefetch="more")  # type: ignore[arg-type]
+
+
+def _keys(batch: list[dict[str, Any]]) -> list[str]:
+    return [sample["__key__"] for sample in batch]
+
+
+def test_auto_over_https_in_dataloader_workers_resumes_under_a_fixed_inflight(
+    data: Dataset, s3_tls_server: LocalS3, certs: TestCertificates
+) -> None:
+    """Each StatefulDataLoader worker's engine tunes its own K over HTTPS; the order is
+    the one a fixed K gives, and a checkpoint taken under auto resumes under K = 4."""
+    from torchdata.stateful_dataloader import StatefulDataLoader
+
+    options = S3Options(endpoint_url=s3_tls_server.endpoint_url, ca_bundle=certs.ca).resolve()
+
+    def loader(stream: ShardStream) -> StatefulDataLoader:
+        return StatefulDataLoader(stream, batch_size=8, num_workers=2, collate_fn=_keys)
+
+    with _stream(data, options, 4) as stream:
+        reference = [key for batch in loader(stream) for key in batch]
+    with _stream(data, options, "auto") as stream:
+        workers = StatefulDataLoader(stream, batch_size=None, num_workers=2)
+        assert_exact_epoch(list(workers), data)  # the bytes of every sample, each once
+    with _stream(data, options, "auto") as stream:
+        first = loader(stream)
+        it = iter(first)
+        head = [key for _ in range(10) for key in next(it)]
+        state = first.state_dict()
+        del it, first
+    with _stream(data, options, 4) as stream:
+        resumed = loader(stream)
+        resumed.load_state_dict(state)
+        tail = [key for batch in resumed for key in batch]
+    assert head + tail == reference
