@@ -235,9 +235,7 @@ class S3Store(ObjectStore):
     async def _signed(self, request: ChunkRequest) -> tuple[str, dict[str, str]]:
         """The chunk's URL and headers, SigV4-signed in headers."""
         url = await self._object_url(request.url)
-        credentials = await self._frozen_credentials()
-        if credentials is None:
-            raise NoCredentialsError()
+        credentials = await self._frozen_credentials()  # raises where there are none
         if self._signer is None:
             self._signer = SigV4Signer(self._client.meta.region_name)
         return url, self._signer.headers(
