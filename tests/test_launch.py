@@ -165,6 +165,6 @@ def test_a_thread_engine_closes_the_process_it_does_not_need(shards: list[str]) 
 def test_store_modules_names_each_schemes_store_and_client_once() -> None:
     assert store_modules(["s3://b/a.tar", "/data/x.tar", "s3://c/", "nope://x", ""]) == (
         "asyncstream.stores._s3store",
-        "aiobotocore.session",
+        "botocore.session",
         "asyncstream.stores._localstore",
     )

@@ -566,3 +566,117 @@ def test_opens_on_real_servers_within_a_deadline(kind: str, request: pytest.Fixt
         assert store.read(f"{prefix}missing.json") is None
     finally:
         store.close()
+
+
+# -- the S3 store's own requests at open (stores/_s3rest.py) against hostile answers ------
+
+_LISTING = (
+    '<?xml version="1.0" encoding="UTF-8"?>\n'
+    '<ListBucketResult xmlns="http://s3.amazonaws.com/doc/2006-03-01/">'
+    "<EncodingType>url</EncodingType><IsTruncated>false</IsTruncated><KeyCount>2</KeyCount>"
+    "<Contents><Key>ds/a%20b%2B%C3%BC.tar</Key><Size>1000</Size><ETag>&quot;e1&quot;</ETag>"
+    "</Contents><Contents><Key>ds/c.tar</Key><Size>7</Size></Contents></ListBucketResult>"
+)
+_BOMB = (
+    '<?xml version="1.0"?><!DOCTYPE l [<!ENTITY a "aaaaaaaaaa">'
+    + "".join(
+        f'<!ENTITY {b} "{("&" + a + ";") * 10}">'
+        for a, b in zip("abcdefgh", "bcdefghi", strict=True)
+    )
+    + "]><ListBucketResult><Contents><Key>&i;</Key><Size>1</Size></Contents></ListBucketResult>"
+)
+
+
+def _listing(body: str | bytes, status: int = 200) -> Behaviour:
+    data = body.encode() if isinstance(body, str) else body
+
+    def answer(request: Request) -> Answer:
+        return reply(status, {"Content-Length": str(len(data))}, data)
+
+    return answer
+
+
+def test_the_s3_listing_is_the_stores_own_signed_request(
+    bad_server: Callable[[Behaviour], BadServer],
+) -> None:
+    """No botocore client: one signed ListObjectsV2 request (keys asked URL-encoded and
+    decoded, as botocore does), the sizes and ETags as listed."""
+    server = bad_server(_listing(_LISTING))
+    store = _s3_store(server.url)
+    listed = store.list("s3://bucket/ds/")
+    assert [(s.url, s.size, s.etag) for s in listed] == [
+        ("s3://bucket/ds/a b+ü.tar", 1000, '"e1"'),
+        ("s3://bucket/ds/c.tar", 7, None),
+    ]
+    assert store.objects._client is None  # botocore's client was never made
+    (request,) = server.log
+    assert request.method == "GET"
+    assert request.target.startswith("/bucket?")
+    assert "list-type=2" in request.target
+    assert "encoding-type=url" in request.target
+    assert "prefix=ds%2F" in request.target
+    assert request.headers["authorization"].startswith("AWS4-HMAC-SHA256 Credential=AKIDEXAMPLE/")
+
+
+@pytest.mark.parametrize(
+    ("body", "said"),
+    [
+        (_BOMB, "DTD"),
+        ("<ListBucketResult><Contents>", "not XML"),
+        ("<Error><Code>X</Code></Error>", "<Error> where <ListBucketResult>"),
+        (_LISTING.replace("<Size>7</Size>", "<Size>-7</Size>"), "MalformedListing"),
+        (_LISTING.replace("<Key>ds/c.tar</Key>", "<Key></Key>"), "MalformedListing"),
+    ],
+    ids=["entity-bomb", "broken", "other-root", "negative-size", "empty-key"],
+)
+def test_a_hostile_s3_listing_is_refused_naming_the_prefix(
+    body: str, said: str, bad_server: Callable[[Behaviour], BadServer]
+) -> None:
+    server = bad_server(_listing(body))
+    with pytest.raises(PermanentFetchError, match="s3://bucket/ds/") as caught:
+        _s3_store(server.url).list("s3://bucket/ds/")
+    assert said in str(caught.value)
+    assert len(server.log) == 1  # judged permanent: not retried
+
+
+def test_a_huge_s3_listing_page_is_not_read_whole(
+    bad_server: Callable[[Behaviour], BadServer],
+) -> None:
+    """A listing page of 68 MiB is refused after its first 16 MiB, not held whole."""
+    server = bad_server(_huge(chunked=False))
+    with pytest.raises(PermanentFetchError, match="ListingTooLarge"):
+        _s3_store(server.url).list("s3://bucket/ds/")
+    assert not server.finished.wait(0.5)
+
+
+def test_s3_errors_at_open_read_as_botocores(
+    bad_server: Callable[[Behaviour], BadServer],
+) -> None:
+    """A HEAD's 404 (no body) is a missing key, after the bucket is asked; an error
+    document's code decides (AccessDenied); a 503 is retried."""
+    from asyncstream import AccessDeniedError, NotFoundError
+
+    def answer(request: Request) -> Answer:
+        if request.method == "HEAD" and request.target == "/bucket":
+            return reply(200, {"Content-Length": "0"})
+        if request.method == "HEAD":
+            return reply(404, {"Content-Length": "0"})
+        if "list-type=2" in request.target:  # the hint: is the key a folder? no
+            empty = b"<ListBucketResult><KeyCount>0</KeyCount></ListBucketResult>"
+            return reply(200, {"Content-Length": str(len(empty))}, empty)
+        if request.target == "/bucket/denied.json":
+            doc = b"<Error><Code>AccessDenied</Code><Message>no</Message></Error>"
+            return reply(403, {"Content-Length": str(len(doc))}, doc)
+        if len(server.log) < 3:  # counted from the log's clearing below
+            return reply(503, {"Content-Length": "0"})
+        return reply(200, {"Content-Length": "2"}, b"{}")
+
+    server = bad_server(answer)
+    store = _s3_store(server.url)
+    with pytest.raises(NotFoundError, match="no such key"):
+        store.head("s3://bucket/missing.tar")
+    with pytest.raises(AccessDeniedError, match="AccessDenied"):
+        store.read("s3://bucket/denied.json")
+    server.log.clear()
+    assert store.read("s3://bucket/ok.json") == b"{}"
+    assert len(server.log) == 3  # two 503s retried

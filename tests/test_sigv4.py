@@ -9,15 +9,19 @@ from botocore.credentials import ReadOnlyCredentials
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from asyncstream.stores._sigv4 import SigV4Signer
+from asyncstream.stores._sigv4 import SigV4Signer, query_string
 
 _KEY_CHARS = st.characters(codec="ascii", categories=("L", "N"), include_characters="/+=")
 
 
 def botocore_headers(
-    url: str, headers: dict[str, str], creds: ReadOnlyCredentials, region: str
+    url: str,
+    headers: dict[str, str],
+    creds: ReadOnlyCredentials,
+    region: str,
+    method: str = "GET",
 ) -> dict[str, str]:
-    aws = AWSRequest(method="GET", url=url, headers=dict(headers))
+    aws = AWSRequest(method=method, url=url, headers=dict(headers))
     S3SigV4Auth(creds, "s3", region).add_auth(aws)
     return {k: v.decode() if isinstance(v, bytes) else v for k, v in aws.headers.items()}
 
@@ -76,6 +80,38 @@ def test_the_signature_is_botocores(
     creds = ReadOnlyCredentials(access, secret, token)
     theirs = botocore_headers(url, headers, creds, region)
     assert ours(url, headers, creds, region, theirs["X-Amz-Date"]) == theirs
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    method=st.sampled_from(["GET", "HEAD"]),
+    params=st.dictionaries(
+        st.sampled_from(["list-type", "prefix", "max-keys", "continuation-token", "encoding-type"]),
+        st.text(st.characters(codec="utf-8", exclude_categories=("Cs",)), max_size=30),
+        max_size=5,
+    ),
+    token=st.none() | st.text(_KEY_CHARS, min_size=1, max_size=60),
+)
+def test_a_listing_or_head_is_signed_as_botocore_signs_it(
+    method: str, params: dict[str, str], token: str | None
+) -> None:
+    """The requests at open: a query (the listing's, values of any text, continuation
+    tokens with ``/+=``) and ``HEAD``."""
+    url = "http://127.0.0.1:9000/bucket"
+    query = query_string(params)
+    creds = ReadOnlyCredentials("AKID", "secret/key+=", token)
+    theirs = botocore_headers(f"{url}?{query}" if query else url, {}, creds, "eu-west-1", method)
+    mine = SigV4Signer("eu-west-1").headers(
+        url,
+        {},
+        access_key=creds.access_key,
+        secret_key=creds.secret_key,
+        token=creds.token,
+        timestamp=theirs["X-Amz-Date"],
+        method=method,
+        query=query,
+    )
+    assert mine == theirs
 
 
 def test_the_days_key_is_kept_and_remade_for_another_day_or_secret() -> None:

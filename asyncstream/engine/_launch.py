@@ -41,8 +41,11 @@ IDLE_LIMIT = 30.0
 _MARGIN = 5.0  # at most: a process this close to its idle limit is not adopted
 
 # Client libraries a store imports only when it is opened, by scheme: the S3 store's
-# botocore session (``S3Store.open``) is most of its opening time in a fresh process.
-_CLIENT_MODULES = {"s3": ("aiobotocore.session",)}
+# botocore session, for the credentials' chain (``S3Store.open``). aiobotocore is not
+# preloaded: the S3 store makes its client only where botocore must resolve a URL or the
+# aiohttp transport runs, and importing it (0.3 s of CPU, aiohttp's CA bundle included)
+# would compete with the consumer's open for the core.
+_CLIENT_MODULES = {"s3": ("botocore.session",)}
 
 
 def store_modules(urls: Iterable[str]) -> tuple[str, ...]:

@@ -21,6 +21,7 @@ import threading
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any, Literal
+from urllib.parse import quote
 
 from .._exceptions import FetchError, ShardURLError
 from ._errors import verdict
@@ -29,8 +30,10 @@ from ._limits import OPEN_DEADLINE
 __all__ = [
     "S3Credentials",
     "S3Options",
+    "chain_credentials",
     "check_bucket",
     "fetch_error_from",
+    "object_url",
     "parse_s3_url",
     "ssl_context",
     "sync_client",
@@ -163,6 +166,30 @@ class S3Options:
         ca_bundle = self.ca_bundle or env.get("AWS_CA_BUNDLE") or None
         return replace(self, endpoint_url=endpoint, region_name=region, ca_bundle=ca_bundle)
 
+    @property
+    def signing_region(self) -> str:
+        """The region requests are signed for: the one given, else ``us-east-1``
+        (what :meth:`client_kwargs` hands botocore, so the two always agree)."""
+        return self.region_name or "us-east-1"
+
+    def path_base(self, bucket: str) -> str | None:
+        """The start of the HTTP(S) URL of every object of ``bucket``, where it follows
+        from the options alone: an endpoint with path-style addressing (the endpoint, its
+        path with one ``/``, the bucket, ``/``). The object's URL is this and its key
+        percent-encoded as botocore encodes it (:func:`object_url`); ``tests/test_s3_urls.py``
+        checks the two against botocore's ``generate_presigned_url``. ``None`` (virtual
+        hosts, AWS's own endpoints and their regional rules) leaves the URL to botocore.
+        """
+        if not self.endpoint_url or self._style() != "path":
+            return None
+        return f"{self.endpoint_url.rstrip('/')}/{bucket}/"
+
+    def _style(self) -> str:
+        style = self.addressing_style
+        if style == "auto":
+            style = "path" if self.endpoint_url else "virtual"
+        return style
+
     def client_kwargs(self, *, retries: bool = True) -> dict[str, Any]:
         """Keyword arguments for ``session.create_client("s3", ...)``.
 
@@ -170,9 +197,7 @@ class S3Options:
             retries: ``False`` switches botocore's own retries off (one attempt), for
                 callers that retry with their own policy.
         """
-        style = self.addressing_style
-        if style == "auto":
-            style = "path" if self.endpoint_url else "virtual"
+        style = self._style()
         import botocore.config  # here: opening local files never loads botocore's config
 
         attempts = self.metadata_attempts if retries else 1
@@ -193,7 +218,7 @@ class S3Options:
         kwargs: dict[str, Any] = {"config": config, "verify": verify}
         if self.endpoint_url:
             kwargs["endpoint_url"] = self.endpoint_url
-        kwargs["region_name"] = self.region_name or "us-east-1"
+        kwargs["region_name"] = self.signing_region
         if self.credentials is not None:
             kwargs["aws_access_key_id"] = self.credentials.access_key_id
             kwargs["aws_secret_access_key"] = self.credentials.secret_access_key
@@ -226,6 +251,21 @@ def sync_client(options: S3Options) -> Any:
         else:
             _LOADER.append(session.get_component("data_loader"))
         return session.create_client("s3", **options.client_kwargs(retries=True))
+
+
+def chain_credentials(options: S3Options) -> Any:
+    """The standard chain's credentials for ``options.profile`` (botocore's, refreshable
+    where the chain's are), or None where it finds none."""
+    import botocore.session  # here: a stream of local files never needs it
+
+    return botocore.session.Session(profile=options.profile).get_credentials()
+
+
+def object_url(base: str, key: str) -> str:
+    """An object's URL from its bucket's :meth:`S3Options.path_base`: the key encoded as
+    botocore encodes a greedy path label (UTF-8, everything but ``/`` and ``~`` and the
+    unreserved characters percent-encoded)."""
+    return base + quote(key.encode(), safe="/~")
 
 
 def fetch_error_from(exc: BaseException, url: str) -> FetchError:

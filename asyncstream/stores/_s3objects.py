@@ -1,7 +1,9 @@
 """The S3 store's blocking half: listing, HEAD and whole small objects, at open.
 
-These run in the consumer's process on botocore's synchronous client, with botocore's own
-retries off: :func:`~._retry.retrying_sync` retries them under the same one table as the
+These run in the consumer's process, on a path-style endpoint as the store's own requests
+(:mod:`._s3rest`: no botocore client to make), elsewhere on botocore's synchronous client
+(AWS's own endpoints, virtual hosts, proxies, and the uploads of ``pack``), with botocore's
+own retries off: :func:`~._retry.retrying_sync` retries them under the same one table as the
 chunks (:mod:`._errors`), so a certificate that does not verify, a 403 or a 404 is
 raised at once instead of after botocore's attempts, and throttling and 5xx are retried.
 
@@ -26,7 +28,7 @@ import contextlib
 import socket
 import threading
 import urllib.request
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
 from typing import Any, TypeVar
@@ -34,7 +36,7 @@ from urllib.parse import urlsplit
 
 import botocore.exceptions
 import urllib3
-from botocore.awsrequest import AWSResponse
+from botocore.awsrequest import AWSRequest, AWSResponse
 
 from .._exceptions import FetchError, NotFoundError
 from ..shards._urls import Shard
@@ -45,11 +47,13 @@ from ._limits import MAX_OPEN_BYTES, too_large
 from ._origin import Origin
 from ._retry import RetryPolicy, Timeouts, retrying_sync
 from ._s3 import S3Options, fetch_error_from, parse_s3_url, ssl_context, sync_client
+from ._s3rest import Listed, S3Rest
 
 __all__ = ["S3Objects"]
 
 T = TypeVar("T")
 _PAGE = 1000  # keys per listing page (S3's most)
+_ERROR_BYTES = 64 << 10  # the most of an error's document read
 
 
 class S3Objects:
@@ -57,16 +61,17 @@ class S3Objects:
 
     Args:
         options: how to reach the store (resolved).
-        client: a synchronous botocore client to use instead of making one.
     """
 
-    def __init__(self, options: S3Options, client: Any = None) -> None:
+    def __init__(self, options: S3Options) -> None:
         self.options = options
-        self._client = client
+        self._client: Any = None
+        self._rest: S3Rest | None = None
         self._policy = RetryPolicy(max_attempts=options.metadata_attempts, base_delay=0.1)
         self._checked: set[Origin] = set()
         self._lock = threading.Lock()
         self._client_lock = threading.Lock()
+        self._sender_lock = threading.Lock()
         self._sender: _Sender | None = None
 
     @property
@@ -77,10 +82,31 @@ class S3Objects:
             with self._client_lock:
                 if self._client is None:
                     client = sync_client(replace(self.options, metadata_attempts=1))
-                    self._sender = _Sender(self.options)
-                    client.meta.events.register("before-send.s3", self._sender)
+                    client.meta.events.register("before-send.s3", self.sender)
                     self._client = client
         return self._client
+
+    @property
+    def sender(self) -> _Sender:
+        """The deadline-bounded sender of the requests at open, made on first use."""
+        if self._sender is None:
+            with self._sender_lock:  # not the client's: its making asks for the sender
+                if self._sender is None:
+                    self._sender = _Sender(self.options)
+        return self._sender
+
+    def rest(self, bucket: str) -> S3Rest | None:
+        """The store's own requests for ``bucket`` (:mod:`._s3rest`), where its objects'
+        URLs follow from the options (a path-style endpoint) and no proxy is in the way;
+        else None: botocore's client."""
+        endpoint = self.options.endpoint_url
+        if endpoint is None or self.options.path_base(bucket) is None:
+            return None
+        if self._rest is None:
+            if _proxied(Origin.of(endpoint)):
+                return None
+            self._rest = S3Rest(self.options, self.sender.send)
+        return self._rest
 
     def close(self) -> None:
         """Close the connections of the requests at open (botocore's own are its)."""
@@ -96,30 +122,43 @@ class S3Objects:
         token = ""
         while True:  # a page per request, each under its own deadline and retries
 
-            def page(token: str = token) -> Any:
-                more = {"ContinuationToken": token} if token else {}
-                return self.client.list_objects_v2(
-                    Bucket=bucket, Prefix=prefix, MaxKeys=_PAGE, **more
-                )
+            def page(token: str = token) -> Listed:
+                return self._page(bucket, prefix, token, _PAGE)
 
             listed = self.call(url, page, bounded=True)
-            for obj in listed.get("Contents", []):
-                shards.append(
-                    Shard(f"s3://{bucket}/{obj['Key']}", int(obj["Size"]), obj.get("ETag"))
-                )
-            token = listed.get("NextContinuationToken", "") if listed.get("IsTruncated") else ""
+            for key, size, etag in listed.objects:
+                shards.append(Shard(f"s3://{bucket}/{key}", size, etag))
+            token = listed.token
             if not token:
                 break
         if not shards:
             self._check_bucket(bucket, url)
         return sorted(shards, key=lambda s: s.url)
 
+    def _page(self, bucket: str, prefix: str, token: str, max_keys: int) -> Listed:
+        """One listing page, by the store's own request or botocore's."""
+        rest = self.rest(bucket)
+        if rest is not None:
+            return rest.list_page(bucket, prefix, token, max_keys)
+        more = {"ContinuationToken": token} if token else {}
+        answer = self.client.list_objects_v2(Bucket=bucket, Prefix=prefix, MaxKeys=max_keys, **more)
+        objects = [
+            (obj["Key"], int(obj["Size"]), obj.get("ETag")) for obj in answer.get("Contents", [])
+        ]
+        following = answer.get("NextContinuationToken", "") if answer.get("IsTruncated") else ""
+        return Listed(objects, following, int(answer.get("KeyCount", len(objects))))
+
+    def _head(self, bucket: str, key: str) -> tuple[int, str | None]:
+        rest = self.rest(bucket)
+        if rest is not None:
+            return rest.head(bucket, key)
+        answer = self.client.head_object(Bucket=bucket, Key=key)
+        return int(answer["ContentLength"]), answer.get("ETag")
+
     def head(self, url: str) -> Shard:
         bucket, key = parse_s3_url(url)
         try:
-            head = self.call(
-                url, lambda: self.client.head_object(Bucket=bucket, Key=key), bounded=True
-            )
+            size, etag = self.call(url, lambda: self._head(bucket, key), bounded=True)
         except NotFoundError:
             # HEAD has no body to tell a missing bucket from a missing key: ask the bucket.
             self._check_bucket(bucket, url)
@@ -127,34 +166,39 @@ class S3Objects:
                 f"{url}: no such key in bucket {bucket!r}{self._prefix_hint(bucket, key)}",
                 url=url,
             ) from None
-        return Shard(url, int(head["ContentLength"]), head.get("ETag"))
+        return Shard(url, size, etag)
 
     def _prefix_hint(self, bucket: str, key: str) -> str:
         """Where a missing key names a folder: say that a prefix ends with ``/``."""
         if not key or key.endswith("/"):
             return ""
         prefix = f"s3://{bucket}/{key}/"
-        listed = self.call(
-            prefix,
-            lambda: self.client.list_objects_v2(Bucket=bucket, Prefix=f"{key}/", MaxKeys=1),
-            bounded=True,
-        )
-        if listed.get("KeyCount", 0):
+        listed = self.call(prefix, lambda: self._page(bucket, f"{key}/", "", 1), bounded=True)
+        if listed.count:
             return f"; objects are under {prefix}: a prefix needs its trailing '/'"
         return ""
+
+    def _get(self, bucket: str, key: str, most: int) -> tuple[int | None, bytes]:
+        """An object's declared length and at most ``most`` + 1 of its bytes."""
+        rest = self.rest(bucket)
+        if rest is not None:
+            return rest.get(bucket, key, most)
+        answer = self.client.get_object(Bucket=bucket, Key=key)
+        with contextlib.closing(answer["Body"]) as body:
+            declared = answer.get("ContentLength")
+            if isinstance(declared, int) and declared > most:
+                return declared, b""
+            return declared if isinstance(declared, int) else None, body.read(most + 1)
 
     def read(self, url: str) -> bytes | None:
         bucket, key = parse_s3_url(url)
 
         def get() -> bytes:
-            answer = self.client.get_object(Bucket=bucket, Key=key)
-            with contextlib.closing(answer["Body"]) as body:
-                declared = answer.get("ContentLength")
-                if isinstance(declared, int) and declared > MAX_OPEN_BYTES:
-                    raise too_large(url, MAX_OPEN_BYTES, declared)
-                data: bytes = body.read(MAX_OPEN_BYTES + 1)  # never more held
-                if len(data) > MAX_OPEN_BYTES:
-                    raise too_large(url, MAX_OPEN_BYTES)
+            declared, data = self._get(bucket, key, MAX_OPEN_BYTES)  # never more held
+            if declared is not None and declared > MAX_OPEN_BYTES:
+                raise too_large(url, MAX_OPEN_BYTES, declared)
+            if len(data) > MAX_OPEN_BYTES:
+                raise too_large(url, MAX_OPEN_BYTES)
             return data
 
         try:
@@ -180,11 +224,18 @@ class S3Objects:
     def check_bucket(self, url: str) -> None:
         """Raise ``NotFoundError`` unless the bucket of ``url`` exists (and is allowed)."""
         bucket = parse_s3_url(url)[0]
-        self.call(url, lambda: self.client.head_bucket(Bucket=bucket), bounded=True)
+        self.call(url, lambda: self._head_bucket(bucket), bounded=True)
+
+    def _head_bucket(self, bucket: str) -> None:
+        rest = self.rest(bucket)
+        if rest is not None:
+            rest.head_bucket(bucket)
+        else:
+            self.client.head_bucket(Bucket=bucket)
 
     def _check_bucket(self, bucket: str, url: str) -> None:
         try:
-            self.call(url, lambda: self.client.head_bucket(Bucket=bucket), bounded=True)
+            self.call(url, lambda: self._head_bucket(bucket), bounded=True)
         except NotFoundError:
             raise NotFoundError(f"{url}: no such bucket {bucket!r}", url=url) from None
 
@@ -272,26 +323,31 @@ class _Sender:
         if "ssl_context" not in kw:
             kw["ssl_context"] = ssl_context(self.options)
 
+    def _urlopen(self, method: str, url: str, body: Any, headers: dict[str, str]) -> Any:
+        if url.startswith("https:"):
+            self._tls()
+        pool = self.manager.connection_from_url(url)
+        return pool.urlopen(
+            method=method,
+            url=_target(url),
+            body=body,
+            headers=headers,
+            retries=urllib3.Retry(False),
+            assert_same_host=False,
+            preload_content=False,
+            decode_content=False,
+            enforce_content_length=False,
+            timeout=self.timeout,
+        )
+
     def __call__(self, request: Any, **kwargs: Any) -> AWSResponse | None:
         deadline = current()
         origin = Origin.of(request.url)
         if deadline is None or _proxied(origin):
             return None
-        if origin.scheme == "https":
-            self._tls()
         try:
-            pool = self.manager.connection_from_url(request.url)
-            answer = pool.urlopen(
-                method=request.method,
-                url=_target(request.url),
-                body=request.body,
-                headers=dict(request.headers.items()),
-                retries=urllib3.Retry(False),
-                assert_same_host=False,
-                preload_content=False,
-                decode_content=False,
-                enforce_content_length=False,
-                timeout=self.timeout,
+            answer = self._urlopen(
+                request.method, request.url, request.body, dict(request.headers.items())
             )
             response = AWSResponse(request.url, answer.status, answer.headers, answer)
             if not request.stream_output:
@@ -301,6 +357,33 @@ class _Sender:
             if deadline.expired:
                 raise deadline.error() from exc
             raise _botocore_error(exc, request) from exc
+
+    def send(
+        self, method: str, url: str, headers: Mapping[str, str], most: int
+    ) -> tuple[int, Mapping[str, str], bytes]:
+        """One of the store's own requests at open (:mod:`._s3rest`): the status, the
+        header fields (lower-case names) and at most ``most`` + 1 bytes of the body (an
+        error's document: at most 64 kB); failures raised as botocore's sender raises
+        them, so the one table judges both alike."""
+        deadline = current()
+        try:
+            answer = self._urlopen(method, url, None, dict(headers))
+            whole = False
+            try:
+                limit = most + 1 if answer.status < 300 else _ERROR_BYTES
+                body = b"" if method == "HEAD" else answer.read(limit)
+                whole = method == "HEAD" or len(body) < limit  # read to its end
+                fields = {name.lower(): value for name, value in answer.headers.items()}
+            finally:
+                if whole:
+                    answer.release_conn()  # kept alive for the next request
+                else:
+                    answer.close()  # a body left unread: the connection is not reused
+            return answer.status, fields, body
+        except Exception as exc:
+            if deadline is not None and deadline.expired:
+                raise deadline.error() from exc
+            raise _botocore_error(exc, AWSRequest(method=method, url=url)) from exc
 
 
 def _target(url: str) -> str:

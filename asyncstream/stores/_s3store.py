@@ -5,16 +5,25 @@ Two transports (``stats()["transport"]`` says which ran):
 * **direct** (the default, for ``http://`` and ``https://`` endpoints that no HTTP proxy
   sits in front of): the store's own HTTP/1.1 client (:mod:`._http`) sends each ranged GET
   on a kept-alive connection and receives the body straight into the ring slot, over TLS
-  too. botocore still decides everything about the request through public API: the
-  object's URL (endpoint, addressing style, region: ``generate_presigned_url``, once per
-  object, its query string dropped), the credentials (the standard chain and its refresh,
-  or the explicit ones). The SigV4 signature of every request is made by :mod:`._sigv4`
-  (a tenth of botocore's ``S3SigV4Auth``'s cost, and checked against it), in headers:
-  some S3-compatible stores, moto among them, refuse query-string auth. Error documents
-  are parsed here (``<Code>``, ``<Message>``) and mapped by the one table of
-  :mod:`._errors`, as botocore's would be. Why not a ``before-send`` hook on botocore's
-  own client, as before: it needs the chunk's buffer passed beside the call (a context
-  variable), and botocore still builds and parses a response object per chunk.
+  too. The SigV4 signature of every request is made by :mod:`._sigv4` (a tenth of
+  botocore's ``S3SigV4Auth``'s cost, and checked against it), in headers: some
+  S3-compatible stores, moto among them, refuse query-string auth. Error documents are
+  parsed here (``<Code>``, ``<Message>``) and mapped by the one table of :mod:`._errors`,
+  as botocore's would be. Why not a ``before-send`` hook on botocore's own client, as
+  before: it needs the chunk's buffer passed beside the call (a context variable), and
+  botocore still builds and parses a response object per chunk.
+
+  botocore decides what it alone knows, through public API: the object's URL where it
+  follows AWS's endpoint rules (virtual hosts, AWS's regions: ``generate_presigned_url``,
+  once per object, its query string dropped), and the credentials (the standard chain and
+  its refresh, or the explicit ones). An endpoint read path-style (MinIO, moto, Ceph, R2,
+  nginx) needs no client: the object's URL is the endpoint, the bucket and the key
+  encoded as botocore encodes it (:meth:`~._s3.S3Options.path_base`, checked against
+  botocore's in ``tests/test_s3_urls.py``); credentials not given come from a plain
+  botocore session's chain, their refresh run in a thread. aiobotocore's client is made
+  on first need only: in a fresh engine it cost 0.35 to 0.45 s of CPU (aiobotocore's and
+  aiohttp's imports, a CA bundle, the service model) on the core where the consumer opens
+  the dataset, before the first sample.
 * **aiohttp** (an HTTP proxy configured for the endpoint, or ``transport="aiohttp"``):
   botocore's own request on aiobotocore, whose body pieces are copied into the slot.
 
@@ -39,7 +48,7 @@ import xml.etree.ElementTree as ElementTree
 from collections.abc import Awaitable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Any, Literal, TypeVar
+from typing import TYPE_CHECKING, Any, Literal, TypeVar
 
 import botocore.exceptions
 from botocore.credentials import ReadOnlyCredentials
@@ -51,11 +60,12 @@ from ._httpconn import Reply, Scatter, receive
 from ._httpstore import ObjectStore
 from ._origin import Origin
 from ._retry import Timeouts
-from ._s3 import S3Options, parse_s3_url, ssl_context
-from ._s3objects import S3Objects
-from ._s3upload import upload_file
+from ._s3 import S3Options, chain_credentials, object_url, parse_s3_url, ssl_context
 from ._sigv4 import SigV4Signer
 from ._store import ChunkRequest, StoreSetup
+
+if TYPE_CHECKING:  # the blocking half is the consumer's: the engine never imports it
+    from ._s3objects import S3Objects
 
 __all__ = ["S3Store"]
 
@@ -101,10 +111,11 @@ class S3Store(ObjectStore):
     ) -> None:
         super().__init__(timeouts=timeouts, check_etag=check_etag, connections=connections)
         self.options = options
-        self._objects = S3Objects(options)  # the blocking half
+        self._objects: S3Objects | None = None  # the blocking half, on first use
         self.transport = transport
         self._stack = contextlib.AsyncExitStack()
-        self._client: Any = None
+        self._client: Any = None  # aiobotocore's, on first need (_aio_client)
+        self._client_lock = asyncio.Lock()
         self._urls: dict[str, str] = {}  # s3:// URL -> the object's HTTP(S) URL
         self._routes: dict[str, tuple[Origin, bool]] = {}  # that URL -> (origin, direct)
         self._credentials: Any = None  # the chain's (refreshable) credentials
@@ -137,6 +148,10 @@ class S3Store(ObjectStore):
 
     @property
     def objects(self) -> S3Objects:
+        if self._objects is None:
+            from ._s3objects import S3Objects
+
+            self._objects = S3Objects(self.options)
         return self._objects
 
     def prepare(self, url: str) -> None:
@@ -145,35 +160,47 @@ class S3Store(ObjectStore):
     def upload(self, url: str, path: Path) -> str | None:
         if self._uploads is None:
             self._uploads = ThreadPoolExecutor(self.connections, "asyncstream-upload")
+        from ._s3upload import upload_file
+
         return upload_file(self.objects, url, path, self._uploads)
 
     def close(self) -> None:
         if self._uploads is not None:
             self._uploads.shutdown(wait=True)
             self._uploads = None
-        self._objects.close()
+        if self._objects is not None:
+            self._objects.close()
 
     # -- in the fetch engine ------------------------------------------------------------------
 
     async def open(self) -> S3Store:
-        """Create the botocore client (it presigns, and serves the aiohttp transport)."""
-        from aiobotocore.session import AioSession
-
-        t = self.timeouts
-        options = dataclasses.replace(
-            self.options,
-            connect_timeout=t.connect,
-            # Our own first-byte and stall timeouts fire first; this is only a backstop.
-            read_timeout=max(t.first_byte, t.stall) + 5.0,
-            max_pool_connections=self.connections,
-        )
-        session = AioSession(profile=options.profile)
-        self._client = await self._stack.enter_async_context(
-            session.create_client("s3", **options.client_kwargs(retries=False))
-        )
-        if options.credentials is None:
-            self._credentials = await session.get_credentials()
+        """Ready to read: the credentials' chain read where none were given (in a thread:
+        a chain may ask an instance's metadata service). The botocore client is made on
+        first need (:meth:`_aio_client`)."""
+        if self.options.credentials is None:
+            self._credentials = await asyncio.to_thread(chain_credentials, self.options)
         return self
+
+    async def _aio_client(self) -> Any:
+        """aiobotocore's client, made once, on first need: to resolve a URL botocore alone
+        can (:meth:`_object_url`) and for the aiohttp transport."""
+        async with self._client_lock:
+            if self._client is None:
+                from aiobotocore.session import AioSession
+
+                t = self.timeouts
+                options = dataclasses.replace(
+                    self.options,
+                    connect_timeout=t.connect,
+                    # Our own first-byte and stall timeouts fire first; only a backstop.
+                    read_timeout=max(t.first_byte, t.stall) + 5.0,
+                    max_pool_connections=self.connections,
+                )
+                session = AioSession(profile=options.profile)
+                self._client = await self._stack.enter_async_context(
+                    session.create_client("s3", **options.client_kwargs(retries=False))
+                )
+        return self._client
 
     async def aclose(self) -> None:
         self._close_pools()
@@ -210,10 +237,16 @@ class S3Store(ObjectStore):
         found = self._urls.get(url)
         if found is None:
             bucket, key = _split(url)
-            presigned = await self._client.generate_presigned_url(
-                "get_object", Params={"Bucket": bucket, "Key": key}, ExpiresIn=60
-            )
-            found = self._urls[url] = str(presigned).partition("?")[0]
+            base = self.options.path_base(bucket)
+            if base is not None:
+                found = object_url(base, key)
+            else:
+                client = await self._aio_client()
+                presigned = await client.generate_presigned_url(
+                    "get_object", Params={"Bucket": bucket, "Key": key}, ExpiresIn=60
+                )
+                found = str(presigned).partition("?")[0]
+            self._urls[url] = found
         return found
 
     async def _frozen_credentials(self) -> Any:
@@ -227,8 +260,8 @@ class S3Store(ObjectStore):
             )
         elif self._credentials is None:
             raise NoCredentialsError()
-        else:
-            frozen = await self._credentials.get_frozen_credentials()
+        else:  # a refresh may ask a service (STS, instance metadata): not on the loop
+            frozen = await asyncio.to_thread(self._credentials.get_frozen_credentials)
         self._frozen = (frozen, now)
         return frozen
 
@@ -237,7 +270,7 @@ class S3Store(ObjectStore):
         url = await self._object_url(request.url)
         credentials = await self._frozen_credentials()  # raises where there are none
         if self._signer is None:
-            self._signer = SigV4Signer(self._client.meta.region_name)
+            self._signer = SigV4Signer(self.options.signing_region)
         return url, self._signer.headers(
             url,
             self._headers(request),
@@ -278,8 +311,9 @@ class S3Store(ObjectStore):
         params["Range"] = headers["Range"]
         if "If-Match" in headers:
             params["IfMatch"] = headers["If-Match"]
+        client = await self._aio_client()
         response = await first_byte(
-            self._unless_mismatched(origin, self._client.get_object(**params)), self.timeouts
+            self._unless_mismatched(origin, client.get_object(**params)), self.timeouts
         )
         headers_at = asyncio.get_running_loop().time()
         raw = response["Body"].raw_stream  # the aiohttp ClientResponse
