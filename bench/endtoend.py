@@ -48,13 +48,16 @@ def measure(url: str, ca: str | None, epochs: int) -> dict[str, Any]:
     )
     rows = []
     with ShardStream(url, window=16, inflight=8, seed=0, index_cache=False) as stream:
+        seen = 0.0
         for epoch in range(epochs):
             stream.set_epoch(epoch)
-            engine0 = stream.stats().get("fetch", {}).get("cpu_s", 0.0)
             cpu0, wall0 = time.process_time(), time.perf_counter()
             images = sum(len(b) for b in read_batches(stream, builder, drop_last=False))
             cpu, wall = time.process_time() - cpu0, time.perf_counter() - wall0
-            engine = stream.stats()["fetch"]["cpu_s"] - engine0
+            # The engine's CPU is cumulative, and a new epoch's statistics have none
+            # until it runs: this epoch's is the difference from the last epoch's end.
+            total = float(stream.stats()["fetch"]["cpu_s"])
+            engine, seen = total - seen, total
             rows.append(
                 {
                     "images": images,

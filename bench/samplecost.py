@@ -74,14 +74,17 @@ def measure(url: str, endpoint: str | None, epochs: int, path: str = "iter") -> 
     gc.callbacks.append(timer)
     rows = []
     with ShardStream(url, index_cache=False, **kwargs) as stream:
+        seen = 0.0
         for epoch in range(epochs):
             stream.set_epoch(epoch)
-            engine0 = stream.stats().get("fetch", {}).get("cpu_s", 0.0)
             collecting[1] = 0.0
             cpu0, wall0 = time.process_time(), time.perf_counter()
             samples = _drain(stream, path)
             cpu, wall = time.process_time() - cpu0, time.perf_counter() - wall0
-            engine = stream.stats()["fetch"]["cpu_s"] - engine0
+            # The engine's CPU is cumulative, and a new epoch's statistics have none
+            # until it runs: this epoch's is the difference from the last epoch's end.
+            total = float(stream.stats()["fetch"]["cpu_s"])
+            engine, seen = total - seen, total
             rows.append(
                 {
                     "samples": samples,
