@@ -12,6 +12,7 @@ import io
 import tarfile
 
 import botocore.session
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -112,3 +113,43 @@ def test_a_stream_reads_odd_keys_over_the_engines_own_urls(s3_server: LocalS3) -
         got = {sample["__key__"]: sample["bin"] for sample in stream}
         assert stream.stats()["fetch"]["transport"] == "direct"
     assert got == expected
+
+
+@pytest.mark.parametrize("path", ["own", "botocore"])
+def test_the_open_answers_alike_by_its_own_requests_and_botocores(
+    path: str, s3_server: LocalS3, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Every request at open, on moto, by the store's own requests (a path-style endpoint)
+    and by botocore's client (what AWS's endpoints, virtual hosts and proxies take: chosen
+    here by turning the own requests off): the same listing over pages, sizes, ETags,
+    bytes, and the same errors."""
+    from asyncstream import NotFoundError
+    from asyncstream.stores._s3objects import S3Objects
+
+    client = s3_server.client()
+    client.create_bucket(Bucket="both-ways")
+    keys = [f"ds/{i:04d} ü+x.tar" for i in range(5)]
+    for i, key in enumerate(keys):
+        client.put_object(Bucket="both-ways", Key=key, Body=b"x" * (100 + i))
+    client.put_object(Bucket="both-ways", Key="ds/asyncstream.json", Body=b'{"a": 1}')
+    if path == "botocore":
+        monkeypatch.setattr(S3Objects, "rest", lambda self, bucket: None)
+    monkeypatch.setattr("asyncstream.stores._s3objects._PAGE", 2)  # pages of two keys
+    objects = S3Objects(S3Options(endpoint_url=s3_server.endpoint_url))
+    try:
+        listed = objects.list("s3://both-ways/ds/")
+        expected = sorted([*keys, "ds/asyncstream.json"])
+        assert [s.url for s in listed] == [f"s3://both-ways/{k}" for k in expected]
+        etags = {k: client.head_object(Bucket="both-ways", Key=k)["ETag"] for k in expected}
+        assert [s.etag for s in listed] == [etags[k] for k in expected]
+        head = objects.head(f"s3://both-ways/{keys[3]}")
+        assert (head.size, head.etag) == (103, etags[keys[3]])
+        assert objects.read("s3://both-ways/ds/asyncstream.json") == b'{"a": 1}'
+        assert objects.read("s3://both-ways/ds/missing.json") is None
+        with pytest.raises(NotFoundError, match="a prefix needs its trailing '/'"):
+            objects.head("s3://both-ways/ds")
+        with pytest.raises(NotFoundError, match="NoSuchBucket"):
+            objects.list("s3://no-such-bucket/ds/")
+        assert (objects._client is None) == (path == "own")
+    finally:
+        objects.close()
