@@ -680,3 +680,20 @@ def test_s3_errors_at_open_read_as_botocores(
     server.log.clear()
     assert store.read("s3://bucket/ok.json") == b"{}"
     assert len(server.log) == 3  # two 503s retried
+
+
+@pytest.mark.parametrize("kind", ["s3", "web"])
+def test_an_etag_with_a_line_break_adds_no_header(
+    kind: str, bad_server: Callable[[Behaviour], BadServer]
+) -> None:
+    """A listing's (or an index's) ETag holding CR LF goes out as If-Match: refused before
+    anything is sent, a permanent error naming the shard and the header, not its value."""
+    server = bad_server(ranged)
+    store, url = _store_and_url(kind, server)
+    judged = _judged(store, url, 0, 100, '"v1"\r\nX-Injected: 1')
+    assert not judged.retry, judged
+    assert isinstance(judged.error, PermanentFetchError)
+    assert url in str(judged.error)
+    assert "If-Match" in str(judged.error)
+    assert "X-Injected" not in str(judged.error)
+    assert not any(b"x-injected" in r.raw.lower() for r in server.log)

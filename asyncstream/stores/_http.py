@@ -38,6 +38,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import contextlib
+import re
 import socket
 import ssl
 from collections.abc import Awaitable, Callable, Mapping
@@ -54,6 +55,9 @@ __all__ = ["PROBE_AFTER", "ConnectionPool", "first_byte"]
 T = TypeVar("T")
 
 _HEAD_LIMIT = 64 << 10  # response headers larger than this are refused
+# What no header may hold: a listing's or an index's ETag with a line break would add
+# header lines of its choosing to every GET of the shard (it goes out as If-Match).
+_BREAK = re.compile(r"[\r\n\0]")
 _ERROR_BODY_LIMIT = 64 << 10  # an error document is read up to this
 _TLS_RECORD = b"\x16\x03"  # a TLS handshake record: a TLS server's first bytes
 _TLS_ALERT = b"\x15\x03"  # a TLS alert record
@@ -219,6 +223,10 @@ class ConnectionPool:
         # Host and port as the request was signed, never a URL's user:password@ (which
         # would send the password in the clear, to whatever answers, in every request).
         host = parts.netloc.rpartition("@")[2].removesuffix(default)
+        for name, value in headers.items():
+            if _BREAK.search(name) or _BREAK.search(value):  # a hostile ETag, say
+                shown = _BREAK.sub("?", name)[:40]  # never the value: it may be a secret
+                raise ValueError(f"the request's {shown!r} header holds a line break or NUL")
         head = f"GET {target} HTTP/1.1\r\nHost: {host}\r\n"
         head += "".join(f"{name}: {value}\r\n" for name, value in headers.items()) + "\r\n"
         request = head.encode("latin-1")
