@@ -697,3 +697,24 @@ def test_an_etag_with_a_line_break_adds_no_header(
     assert "If-Match" in str(judged.error)
     assert "X-Injected" not in str(judged.error)
     assert not any(b"x-injected" in r.raw.lower() for r in server.log)
+
+
+@pytest.mark.parametrize("own", [True, False], ids=["own-requests", "botocore"])
+def test_an_s3_listing_that_never_ends_is_refused(
+    own: bool, bad_server: Callable[[Behaviour], BadServer], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A listing whose every page is truncated with the same continuation token would be
+    read forever: refused at the repeat, naming the prefix, by either way of listing."""
+    from asyncstream.stores._s3objects import S3Objects
+
+    page = (
+        "<ListBucketResult><IsTruncated>true</IsTruncated>"
+        "<NextContinuationToken>again</NextContinuationToken><KeyCount>1</KeyCount>"
+        "<Contents><Key>ds/a.tar</Key><Size>10</Size></Contents></ListBucketResult>"
+    )
+    server = bad_server(_listing(page))
+    if not own:
+        monkeypatch.setattr(S3Objects, "rest", lambda self, bucket: None)
+    with pytest.raises(PermanentFetchError, match="gives a continuation token it gave before"):
+        _s3_store(server.url).list("s3://bucket/ds/")
+    assert len(server.log) == 2  # the first page, then the page that gave its token again

@@ -38,7 +38,7 @@ import botocore.exceptions
 import urllib3
 from botocore.awsrequest import AWSRequest, AWSResponse
 
-from .._exceptions import FetchError, NotFoundError
+from .._exceptions import FetchError, NotFoundError, PermanentFetchError
 from ..shards._urls import Shard
 from ._deadline import attempt_under, bounded, current, watched
 from ._errors import verdict
@@ -120,6 +120,7 @@ class S3Objects:
 
         shards = []
         token = ""
+        tokens: set[str] = set()  # a server that hands a token back would never end
         while True:  # a page per request, each under its own deadline and retries
 
             def page(token: str = token) -> Listed:
@@ -131,6 +132,13 @@ class S3Objects:
             token = listed.token
             if not token:
                 break
+            if token in tokens:
+                raise PermanentFetchError(
+                    f"{url}: the server's listing gives a continuation token it gave before "
+                    f"(after {len(tokens) + 1} pages): it would never end",
+                    url=url,
+                )
+            tokens.add(token)
         if not shards:
             self._check_bucket(bucket, url)
         return sorted(shards, key=lambda s: s.url)
