@@ -83,7 +83,9 @@ def packed(gcs_emulator: GCSEmulator, tmp_path_factory: pytest.TempPathFactory) 
 
 @pytest.fixture
 def gcs(gcs_emulator: GCSEmulator) -> Iterator[GCSEmulator]:
-    """The gs:// store pointed at the emulator for one test."""
+    """The gs:// store pointed at the emulator for one test, its bucket made (a test may
+    run in a worker where no other made it: xdist without ``--dist loadfile``)."""
+    gcs_emulator.create_bucket(BUCKET)
     with gcs_settings(**gcs_emulator.settings()):
         yield gcs_emulator
 

@@ -587,11 +587,11 @@ _BOMB = (
 )
 
 
-def _listing(body: str | bytes, status: int = 200) -> Behaviour:
+def _listing(body: str | bytes, status: int = 200, kind: str = "application/xml") -> Behaviour:
     data = body.encode() if isinstance(body, str) else body
 
     def answer(request: Request) -> Answer:
-        return reply(status, {"Content-Length": str(len(data))}, data)
+        return reply(status, {"Content-Length": str(len(data)), "Content-Type": kind}, data)
 
     return answer
 
@@ -699,22 +699,40 @@ def test_an_etag_with_a_line_break_adds_no_header(
     assert not any(b"x-injected" in r.raw.lower() for r in server.log)
 
 
-@pytest.mark.parametrize("own", [True, False], ids=["own-requests", "botocore"])
-def test_an_s3_listing_that_never_ends_is_refused(
-    own: bool, bad_server: Callable[[Behaviour], BadServer], monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """A listing whose every page is truncated with the same continuation token would be
-    read forever: refused at the repeat, naming the prefix, by either way of listing."""
-    from asyncstream.stores._s3objects import S3Objects
-
-    page = (
+_ENDLESS = {
+    "s3": (
         "<ListBucketResult><IsTruncated>true</IsTruncated>"
         "<NextContinuationToken>again</NextContinuationToken><KeyCount>1</KeyCount>"
         "<Contents><Key>ds/a.tar</Key><Size>10</Size></Contents></ListBucketResult>"
-    )
-    server = bad_server(_listing(page))
-    if not own:
+    ),
+    "gs": '{"items": [{"name": "ds/a.tar", "size": "10", "generation": "1"}], '
+    '"nextPageToken": "again"}',
+    "az": (
+        '<?xml version="1.0" encoding="utf-8"?><EnumerationResults ContainerName="data">'
+        "<Blobs><Blob><Name>ds/a.tar</Name><Properties><Content-Length>10</Content-Length>"
+        "<Etag>0x1</Etag><BlobType>BlockBlob</BlobType></Properties></Blob></Blobs>"
+        "<NextMarker>again</NextMarker></EnumerationResults>"
+    ),
+}
+
+
+@pytest.mark.parametrize("kind", ["s3", "s3-botocore", "gs", "az"])
+def test_a_listing_that_never_ends_is_refused(
+    kind: str, bad_server: Callable[[Behaviour], BadServer], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A listing whose every page is truncated with the same continuation token would be
+    read forever: refused at the repeat, naming the prefix, by every store (S3 by its own
+    requests and by botocore's)."""
+    from asyncstream.stores._s3objects import S3Objects
+
+    store_kind = kind.partition("-")[0]
+    _needs(store_kind)
+    content = "application/json" if store_kind == "gs" else "application/xml"
+    server = bad_server(_listing(_ENDLESS[store_kind], kind=content))
+    if kind == "s3-botocore":
         monkeypatch.setattr(S3Objects, "rest", lambda self, bucket: None)
+    store, url = _store_and_url(store_kind, server)
+    prefix = url.rsplit("/", 1)[0] + "/ds/"
     with pytest.raises(PermanentFetchError, match="gives a continuation token it gave before"):
-        _s3_store(server.url).list("s3://bucket/ds/")
+        store.list(prefix)
     assert len(server.log) == 2  # the first page, then the page that gave its token again

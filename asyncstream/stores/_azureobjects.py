@@ -25,7 +25,7 @@ from .._exceptions import AccessDeniedError, FetchError, NotFoundError
 from ..shards._urls import Shard
 from ._azure import AzureConfig, BlobPath, azure_error, parse_blob_url
 from ._deadline import attempt_under, bounded, deadline_session
-from ._limits import MAX_OPEN_BYTES, too_large
+from ._limits import MAX_OPEN_BYTES, Pages, too_large
 from ._retry import RetryPolicy, retrying_sync
 
 __all__ = ["AzureObjects", "quoted"]
@@ -104,6 +104,7 @@ class AzureObjects:
 
         shards: list[Shard] = []
         token: str | None = None
+        pages = Pages(url)
         while True:  # a page per request, each under its own deadline and retries
 
             def page(token: str | None = token) -> tuple[list[Shard], str | None]:
@@ -121,6 +122,7 @@ class AzureObjects:
             shards.extend(found)
             if not token:
                 break
+            pages.follow(token)
         return sorted(shards, key=lambda s: s.url)
 
     def head(self, url: str) -> Shard:

@@ -32,7 +32,7 @@ from .._exceptions import NotFoundError, PermanentFetchError
 from ..shards._urls import Shard
 from ._deadline import attempt_under, bounded, deadline_session
 from ._gcs import GCSSettings, GoogleAuth, gcs_error, object_path, parse_gs_url
-from ._limits import MAX_OPEN_BYTES, too_large
+from ._limits import MAX_OPEN_BYTES, Pages, too_large
 from ._retry import RetryPolicy, retrying_sync
 
 __all__ = ["GCSObjects"]
@@ -151,6 +151,7 @@ class GCSObjects:
 
     def _pages(self, url: str, bucket: str, prefix: str) -> Iterator[dict[str, Any]]:
         token = ""
+        pages = Pages(url)
         while True:
             params = {"prefix": prefix, "maxResults": self.settings.page_size}
             params["fields"] = _LIST_FIELDS
@@ -165,6 +166,7 @@ class GCSObjects:
             token = found.get("nextPageToken", "")
             if not token:
                 return
+            pages.follow(str(token))
 
     def head(self, url: str) -> Shard:
         """One object's size and generation.

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from .._exceptions import PermanentFetchError
 
-__all__ = ["MAX_OPEN_BYTES", "OPEN_DEADLINE", "too_large"]
+__all__ = ["MAX_OPEN_BYTES", "OPEN_DEADLINE", "Pages", "too_large"]
 
 MAX_OPEN_BYTES = 64 << 20  # the largest body read whole at open (bytes)
 OPEN_DEADLINE = 60.0  # seconds one request at open may take, retries and redirects included
@@ -29,3 +29,27 @@ def too_large(url: str, cap: int, declared: int | None = None) -> PermanentFetch
         "small object read at open may have (the web store's setting max_open_bytes)",
         url=url,
     )
+
+
+class Pages:
+    """The continuation tokens of one listing, so that a server handing one back (its
+    pages would never end: each under its own deadline, all of them under none) is
+    refused at the repeat. Memory is one token per page read.
+
+    Args:
+        url: the prefix listed, named in the error.
+    """
+
+    def __init__(self, url: str) -> None:
+        self.url = url
+        self._seen: set[str] = set()
+
+    def follow(self, token: str) -> None:
+        """Note the next page's ``token``; raise where it came before."""
+        if token in self._seen:
+            raise PermanentFetchError(
+                f"{self.url}: the server's listing gives a continuation token it gave before "
+                f"(after {len(self._seen) + 1} pages): it would never end",
+                url=self.url,
+            )
+        self._seen.add(token)

@@ -38,12 +38,12 @@ import botocore.exceptions
 import urllib3
 from botocore.awsrequest import AWSRequest, AWSResponse
 
-from .._exceptions import FetchError, NotFoundError, PermanentFetchError
+from .._exceptions import FetchError, NotFoundError
 from ..shards._urls import Shard
 from ._deadline import attempt_under, bounded, current, watched
 from ._errors import verdict
 from ._http import ConnectionPool
-from ._limits import MAX_OPEN_BYTES, too_large
+from ._limits import MAX_OPEN_BYTES, Pages, too_large
 from ._origin import Origin
 from ._retry import RetryPolicy, Timeouts, retrying_sync
 from ._s3 import S3Options, fetch_error_from, parse_s3_url, ssl_context, sync_client
@@ -120,7 +120,7 @@ class S3Objects:
 
         shards = []
         token = ""
-        tokens: set[str] = set()  # a server that hands a token back would never end
+        pages = Pages(url)
         while True:  # a page per request, each under its own deadline and retries
 
             def page(token: str = token) -> Listed:
@@ -132,13 +132,7 @@ class S3Objects:
             token = listed.token
             if not token:
                 break
-            if token in tokens:
-                raise PermanentFetchError(
-                    f"{url}: the server's listing gives a continuation token it gave before "
-                    f"(after {len(tokens) + 1} pages): it would never end",
-                    url=url,
-                )
-            tokens.add(token)
+            pages.follow(token)
         if not shards:
             self._check_bucket(bucket, url)
         return sorted(shards, key=lambda s: s.url)
