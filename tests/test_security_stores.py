@@ -409,6 +409,20 @@ def test_huge_index_body_is_refused(
     assert not server.finished.wait(0.5)  # the body was not read to its end
 
 
+@pytest.mark.parametrize("chunked", [False, True], ids=["declared", "chunked"])
+def test_huge_s3_index_body_is_refused(
+    chunked: bool, bad_server: Callable[[Behaviour], BadServer]
+) -> None:
+    """The S3 store's own GET of an index file: refused by its declared length (nothing
+    read), or once more than the cap came without one; never read whole."""
+    server = bad_server(_huge(chunked))
+    url = "s3://bucket/ds/asyncstream.json"
+    with pytest.raises(PermanentFetchError, match="max_open_bytes") as caught:
+        _s3_store(server.url).read(url)
+    assert url in str(caught.value)
+    assert not server.finished.wait(0.5)
+
+
 def _trickle(request: Request) -> Answer:
     """Headers one byte every 0.2 s: 60 bytes, 12 s in all; each read gets a byte."""
     head = f"HTTP/1.1 200 OK\r\nContent-Length: {SIZE}\r\nX-Pad: {'a' * 16}\r\n\r\n".encode()
@@ -642,7 +656,7 @@ def test_a_hostile_s3_listing_is_refused_naming_the_prefix(
 def test_a_huge_s3_listing_page_is_not_read_whole(
     bad_server: Callable[[Behaviour], BadServer],
 ) -> None:
-    """A listing page of 68 MiB is refused after its first 16 MiB, not held whole."""
+    """A listing page said to be 68 MiB is refused by its length, not read."""
     server = bad_server(_huge(chunked=False))
     with pytest.raises(PermanentFetchError, match="ListingTooLarge"):
         _s3_store(server.url).list("s3://bucket/ds/")

@@ -365,15 +365,20 @@ class _Sender:
     ) -> tuple[int, Mapping[str, str], bytes]:
         """One of the store's own requests at open (:mod:`._s3rest`): the status, the
         header fields (lower-case names) and at most ``most`` + 1 bytes of the body (an
-        error's document: at most 64 kB); failures raised as botocore's sender raises
-        them, so the one table judges both alike."""
+        error's document: at most 64 kB; none where ``Content-Length`` says more: the
+        caller refuses it by that); failures raised as botocore's sender raises them, so
+        the one table judges both alike."""
         deadline = current()
         try:
             answer = self._urlopen(method, url, None, dict(headers))
             whole = False
             try:
                 limit = most + 1 if answer.status < 300 else _ERROR_BYTES
-                body = b"" if method == "HEAD" else answer.read(limit)
+                declared = str(answer.headers.get("content-length", ""))
+                if method == "HEAD" or (declared.isdigit() and int(declared) >= limit):
+                    body = b""  # too long by its own account: not read (the caller says so)
+                else:
+                    body = answer.read(limit)
                 whole = method == "HEAD" or len(body) < limit  # read to its end
                 fields = {name.lower(): value for name, value in answer.headers.items()}
             finally:

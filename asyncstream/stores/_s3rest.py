@@ -114,8 +114,8 @@ class S3Rest:
             params["prefix"] = prefix
         if token:
             params["continuation-token"] = token
-        _, body = self._request("GET", self._base(bucket).rstrip("/"), params, _PAGE_BYTES)
-        if len(body) > _PAGE_BYTES:
+        fields, body = self._request("GET", self._base(bucket).rstrip("/"), params, _PAGE_BYTES)
+        if _declared(fields, len(body)) > _PAGE_BYTES:
             raise S3ErrorResponse(
                 200, "ListingTooLarge", f"a listing page of more than {_PAGE_BYTES} bytes"
             )
@@ -151,6 +151,12 @@ class S3Rest:
         fields, body = self._request("GET", object_url(self._base(bucket), key), most=most)
         declared = str(fields.get("content-length", ""))
         return (int(declared) if declared.isdigit() else None), body
+
+
+def _declared(fields: Mapping[str, str], read: int) -> int:
+    """The body's length: its ``Content-Length`` where it says one, or what was read."""
+    declared = str(fields.get("content-length", ""))
+    return max(int(declared), read) if declared.isdigit() else read
 
 
 def error_response(status: int, body: bytes) -> S3ErrorResponse:
