@@ -29,7 +29,7 @@ import xml.etree.ElementTree as ElementTree
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
-from urllib.parse import unquote
+from urllib.parse import unquote_plus
 
 from ._errors import S3ErrorResponse
 from ._s3 import S3Options, chain_credentials, object_url
@@ -125,7 +125,7 @@ class S3Rest:
         for item in _children(root, "Contents"):
             key = _text(item, "Key") or ""
             if encoded:
-                key = unquote(key)
+                key = unquote_plus(key)  # as botocore decodes them (a "+" is a space)
             size = _text(item, "Size") or ""
             if not key or not size.isdigit():
                 raise S3ErrorResponse(200, "MalformedListing", f"a listed object {key!r}")
