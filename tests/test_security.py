@@ -205,7 +205,9 @@ def test_the_ring_has_no_name_is_held_by_its_engine_alone_and_gone_after_close(
     """Ring.create alone: tests/test_ring.py. Here: the ring a stream makes and shares,
     by descriptor, with its engine process and nobody else; no name to open it by."""
     before, engines = our_segments(), set(engine_pids())  # an earlier test's may linger
-    with ShardStream(shards["good"], s3=s3_server.options(), chunk_bytes=1024) as stream:
+    # Its samples given: no count, whose own engine and ring may still be going away here.
+    options = s3_server.options()
+    with ShardStream(shards["good"], s3=options, chunk_bytes=1024, samples_per_shard=6) as stream:
         it = iter(stream)
         next(it)  # the engine has attached to the ring and written into it
         mine = our_segments() - before
