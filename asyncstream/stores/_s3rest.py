@@ -35,7 +35,7 @@ from ._errors import S3ErrorResponse
 from ._s3 import S3Options, chain_credentials, object_url
 from ._sigv4 import SigV4Signer, query_string
 
-__all__ = ["Listed", "S3Rest", "error_response"]
+__all__ = ["Listed", "S3Rest", "error_document", "error_response"]
 
 # send(method, url, headers, most) -> (status, headers, body of at most ``most`` + 1 bytes)
 Send = Callable[[str, str, Mapping[str, str], int], tuple[int, Mapping[str, str], bytes]]
@@ -162,14 +162,7 @@ def _declared(fields: Mapping[str, str], read: int) -> int:
 def error_response(status: int, body: bytes) -> S3ErrorResponse:
     """The S3 error of an answer, as botocore reads it: its document's ``<Code>`` and
     ``<Message>``, else the status and its reason phrase (a ``HEAD`` has no body)."""
-    code = detail = ""
-    if body.strip():
-        try:
-            root = _document(body, "Error")
-            code = (_text(root, "Code") or "").strip()
-            detail = (_text(root, "Message") or "").strip()
-        except S3ErrorResponse:
-            pass
+    code, detail = error_document(body)
     if not code:
         code = str(status)
     if not detail:
@@ -178,6 +171,18 @@ def error_response(status: int, body: bytes) -> S3ErrorResponse:
         except ValueError:
             detail = f"HTTP {status}"
     return S3ErrorResponse(status, code, detail)
+
+
+def error_document(body: bytes) -> tuple[str, str]:
+    """The ``<Code>`` and ``<Message>`` of an S3 error document (empty where the body is
+    none, or not one: a DTD, broken XML, another root), for the open and the engine."""
+    if not body.strip():
+        return "", ""
+    try:
+        root = _document(body, "Error")
+    except S3ErrorResponse:
+        return "", ""
+    return (_text(root, "Code") or "").strip(), (_text(root, "Message") or "").strip()
 
 
 def _document(body: bytes, tag: str) -> ElementTree.Element:

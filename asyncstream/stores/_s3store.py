@@ -44,7 +44,6 @@ import dataclasses
 import ssl
 import time
 import urllib.request
-import xml.etree.ElementTree as ElementTree
 from collections.abc import Awaitable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -61,6 +60,7 @@ from ._httpstore import ObjectStore
 from ._origin import Origin
 from ._retry import Timeouts
 from ._s3 import S3Options, chain_credentials, object_url, parse_s3_url, ssl_context
+from ._s3rest import error_document
 from ._sigv4 import SigV4Signer
 from ._store import ChunkRequest, StoreSetup
 
@@ -381,13 +381,9 @@ class S3Store(ObjectStore):
 
 
 def _error_response(status: int, body: bytes) -> S3ErrorResponse:
-    """The S3 error document of a failed request, as botocore would read it."""
-    code = detail = ""
-    with contextlib.suppress(ElementTree.ParseError):
-        root = ElementTree.fromstring(body) if body.strip() else None
-        if root is not None:
-            code = (root.findtext("Code") or "").strip()
-            detail = (root.findtext("Message") or "").strip()
+    """The S3 error document of a failed chunk, as botocore would read it (parsed as the
+    open's are: :func:`~._s3rest.error_document`, a DTD refused)."""
+    code, detail = error_document(body)
     return S3ErrorResponse(status, code, detail or f"HTTP {status}")
 
 
