@@ -552,7 +552,7 @@ def real(args: argparse.Namespace, packages: dict[str, ModuleType]) -> dict[str,
             settings = pkg.PipelineSettings(image_size=224, num_threads=args.threads)
             ceil = ceiling(pkg, settings, blobs, labels, 256, args.device, args.epochs)
             runs: dict[str, Any] = {"ceiling": ceil}
-            for n in sorted({0, args.real_workers}):
+            for n in sorted({0, *args.real_workers}):
                 epochs = loader_epochs(pkg, shards, settings, 256, args.device, args.epochs, n)
                 runs[f"loader, {n} workers"] = epochs
                 steady = _steady(epochs, lambda e: e["images_per_s"])
@@ -744,7 +744,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--batches", default="64,256")
     parser.add_argument("--workers", default="0,1,2,4")
     parser.add_argument(
-        "--real-workers", type=int, default=0, help="also the real run with N workers"
+        "--real-workers",
+        default="0",
+        help="also the real run with these numbers of workers (a comma list: 2,4)",
     )
     parser.add_argument("--tiny", type=int, default=20_000, help="tiny images in the proxy")
     parser.add_argument("--images", type=int, default=20_000, help="images in the real run")
@@ -775,6 +777,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     args = parser.parse_args(argv)
     args.batches = [int(b) for b in args.batches.split(",")]
     args.workers = [int(w) for w in args.workers.split(",")]
+    args.real_workers = [int(w) for w in args.real_workers.split(",")]
     args.data.mkdir(parents=True, exist_ok=True)
     if args.switch_interval:
         sys.setswitchinterval(args.switch_interval)
