@@ -359,6 +359,22 @@ def test_the_table_reads_as_the_list_it_replaces(first: list[Any], second: list[
     assert all(type(b) is bytes for b in owned)
 
 
+@FUZZ
+@given(records=records_st, count=st.integers(0, 10))
+def test_the_tables_members_are_the_keys_and_extensions_of_its_records(
+    records: list[Any], count: int
+) -> None:
+    from asyncstream.shards._memberorder import _members
+
+    head = records[:count]
+    expected = ([r[0] for r in head], [tuple(f[0] for f in r[2:]) for r in head])
+    assert table(records).members(count) == expected
+    assert _members(table(records), min(count, len(records))) == expected
+    assert _members(records, min(count, len(records))) == expected  # the Python walk's list
+    with pytest.raises(ValueError, match="count must be >= 0"):
+        table(records).members(-1)
+
+
 @pytest.mark.parametrize(
     "record",
     [

@@ -563,12 +563,69 @@ records_sample(PyObject *op, PyObject *const *args, Py_ssize_t nargs)
     return out;
 }
 
+PyDoc_STRVAR(records_members_doc,
+"members(count, /)\n"
+"--\n"
+"\n"
+"The keys of the first ``count`` samples (all, where there are fewer), and the\n"
+"extensions of each one's members, in order: ``(keys, exts)``, a list of str and a\n"
+"list of tuples of str. What the member-order look takes, with no record tuple made.");
+
+static PyObject *
+records_members(PyObject *op, PyObject *arg)
+{
+    Records *self = (Records *)op;
+    Py_ssize_t count = PyNumber_AsSsize_t(arg, PyExc_OverflowError);
+    if (count == -1 && PyErr_Occurred()) {
+        return NULL;
+    }
+    if (count < 0) {
+        PyErr_SetString(PyExc_ValueError, "members: count must be >= 0");
+        return NULL;
+    }
+    Py_ssize_t n = count < self->nrows ? count : self->nrows;
+    PyObject *keys = PyList_New(n);
+    PyObject *exts = PyList_New(n);
+    if (keys == NULL || exts == NULL) {
+        goto failed;
+    }
+    for (Py_ssize_t i = 0; i < n; i++) {
+        const Row *row = &self->rows[i];
+        PyObject *names = PyTuple_New(row->count);
+        if (names == NULL) {
+            goto failed;
+        }
+        for (Py_ssize_t j = 0; j < row->count; j++) {
+            Py_ssize_t ext = self->fields[row->first + j].ext;
+            if (ext < 0 || ext >= self->nexts) {
+                Py_DECREF(names);
+                PyErr_SetString(PyExc_SystemError, "a record field names no extension");
+                goto failed;
+            }
+            Py_INCREF(self->exts[ext]);
+            PyTuple_SET_ITEM(names, j, self->exts[ext]);
+        }
+        Py_INCREF(row->key);
+        PyList_SET_ITEM(keys, i, row->key);
+        PyList_SET_ITEM(exts, i, names);
+    }
+    PyObject *out = PyTuple_Pack(2, keys, exts);
+    Py_DECREF(keys);
+    Py_DECREF(exts);
+    return out;
+failed:
+    Py_XDECREF(keys);
+    Py_XDECREF(exts);
+    return NULL;
+}
+
 static PyMethodDef records_methods[] = {
     {"append", records_append, METH_O, "append(record, /)\n--\n\nAdd a record tuple."},
     {"extend", records_extend, METH_O,
      "extend(records, /)\n--\n\nAdd every record of a Records or an iterable of tuples."},
     {"sample", (PyCFunction)(void (*)(void))records_sample, METH_FASTCALL,
      records_sample_doc},
+    {"members", records_members, METH_O, records_members_doc},
     {NULL, NULL, 0, NULL},
 };
 

@@ -26,6 +26,9 @@ class Records:
         """Record ``i`` as the stream's dict: ``__key__``, ``__url__`` and each member
         (``bytes`` copied out of ``view``, or with ``views`` a slice of it, or the bytes
         the record owns)."""
+    def members(self, count: SupportsIndex, /) -> tuple[list[str], list[tuple[str, ...]]]:
+        """The keys of the first ``count`` samples (all, where there are fewer) and the
+        extensions of each one's members, in order; no record tuple made."""
 
 def walk(
     data: memoryview,
