@@ -382,21 +382,32 @@ class Scheduler:
         """Download into ``slot``; past the hedge time, race a second request.
 
         Returns the slot that holds the chunk; every other slot used is FREE again.
+
+        A chunk that gets no hedge (a local file, hedging off, no latency model yet) is
+        downloaded in this task: no task of its own and no ``asyncio.wait`` around it,
+        which cost the engine's loop about a fifth of its time per chunk on local files
+        with 1 MiB chunks (cProfile, thread time). On an error or a cancellation its slot
+        is FREE again, as with a race.
         """
+        try:
+            after = self._hedge_after(request)
+            if after is None:
+                return slot, await self._download(request, slot, alone)
+        except BaseException:
+            self._abandon(slot)  # FILLING, never published
+            raise
         primary = asyncio.ensure_future(self._download(request, slot, alone))
         racing: dict[asyncio.Future[Timing], int] = {primary: slot}
         hedging = False
         try:
-            after = self._hedge_after(request)
-            if after is not None:
-                await asyncio.wait([primary], timeout=after)
-                if not primary.done() and self.hedging.allowed():
-                    spare = self.ring.acquire()
-                    if spare is not None:
-                        self.stats.hedged += 1
-                        self.hedging.fire()
-                        hedging = True
-                        racing[asyncio.ensure_future(self._download(request, spare))] = spare
+            await asyncio.wait([primary], timeout=after)
+            if not primary.done() and self.hedging.allowed():
+                spare = self.ring.acquire()
+                if spare is not None:
+                    self.stats.hedged += 1
+                    self.hedging.fire()
+                    hedging = True
+                    racing[asyncio.ensure_future(self._download(request, spare))] = spare
             running = set(racing)
             while True:
                 done, running = await asyncio.wait(running, return_when=asyncio.FIRST_COMPLETED)
