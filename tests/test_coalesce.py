@@ -7,6 +7,9 @@ that ``pack`` did not write.
 
 from __future__ import annotations
 
+import asyncio
+from pathlib import Path
+
 import pytest
 
 from asyncstream import (
@@ -18,6 +21,9 @@ from asyncstream import (
     resolve_shards,
 )
 from asyncstream.engine._engine import Engine, EngineConfig
+from asyncstream.stores._errors import ChunkFailure
+from asyncstream.stores._localstore import LocalStore
+from asyncstream.stores._store import ChunkRequest
 from asyncstream.testing import FaultProxy
 from tests._foreign import ForeignShards, write_foreign_shards
 from tests._servers import FAST_RETRY, SHORT
@@ -192,3 +198,56 @@ def test_a_stream_of_small_chunks_coalesces_and_stays_exact(
     assert together == alone  # the same samples in the same order
     assert sorted(alone) == sorted(shards.keys)
     assert gets_together < gets_alone
+
+
+# --------------------------------------------------------------------------- local files
+
+
+def test_local_files_read_consecutive_chunks_by_one_preadv_and_stay_exact(
+    shards: ForeignShards,
+) -> None:
+    """Local files coalesce too (one thread hand-off and one ``preadv`` a group): the same
+    bytes per chunk as chunk by chunk, fewer reads."""
+    found = resolve_shards(str(shards.folder))
+    requests = chunks_of(found, CHUNK)
+    expected = {s.url: (shards.folder / s.url.rsplit("/", 1)[1]).read_bytes() for s in found}
+
+    def read(coalesce: int) -> tuple[dict[str, bytes], dict[str, int]]:
+        config = EngineConfig(inflight=2, coalesce_bytes=coalesce, hedge=False)
+        with Engine(config, n_slots=12, slot_bytes=CHUNK) as e:
+            return drain(e, requests), e.stats()
+
+    alone, stats_alone = read(0)
+    together, stats_together = read(8 * CHUNK)
+    assert alone == together == expected
+    assert stats_alone["coalesced_chunks"] == 0
+    assert stats_together["coalesced_chunks"] > 0
+
+
+def test_a_local_group_cut_short_hands_over_its_whole_chunks_and_names_the_file(
+    tmp_path: Path,
+) -> None:
+    """A file shorter than its listing (truncated after the open): the chunks of a group
+    that were read whole are handed over; the first that is not fails, naming the file
+    and what was read, after the retries."""
+    path = tmp_path / "cut.tar"
+    payload = bytes(range(256)) * 40  # 10,240 bytes
+    path.write_bytes(payload[:7000])
+    outs = [bytearray(4096), bytearray(4096), bytearray(2048)]
+    handed: list[int] = []
+
+    async def group() -> None:
+        request = ChunkRequest(path.as_uri(), 0, 10_240, None, True)
+        await LocalStore().read_group(request, [memoryview(b) for b in outs], handed.append)
+
+    with pytest.raises(ChunkFailure, match=r"read 7000 of 10240 bytes from .*cut\.tar"):
+        asyncio.run(group())
+    assert handed == [0]  # the first chunk was whole; the second was not
+    assert bytes(outs[0]) == payload[:4096]
+
+    async def changed() -> None:
+        request = ChunkRequest(path.as_uri(), 0, 4096, None, False, size=10_240)
+        await LocalStore().read_into(request, memoryview(outs[0]))
+
+    with pytest.raises(ChunkFailure, match="its size is 7000, not 10240"):
+        asyncio.run(changed())
