@@ -141,7 +141,7 @@ class FetchConfig:
             set one (capped at the largest shard: :meth:`chunk_for`). Never part of a
             checkpoint: a state saved under one chunk size resumes under any other.
         coalesce_bytes: the most bytes one GET fetches for consecutive chunks of one
-            object; 0 fetches every chunk alone.
+            object (on local files, one ``preadv``); 0 fetches every chunk alone.
         retry: the chunk download retry policy.
         timeouts: the chunk download timeouts.
         adaptive: halve the downloads in flight on throttling and grow them back.

@@ -173,12 +173,13 @@ class Scheduler:
     def _followers(self, first: ChunkRequest) -> list[tuple[int, ChunkRequest, int]]:
         """Waiting chunks that continue ``first``'s range of its object, each with a free
         slot: fetched by the same GET (see :class:`~._policies.Coalescing`)."""
-        if not self._store(first).coalesces:
+        store = self._store(first)
+        if not store.coalesces:
             return []
         share = Coalescing.share(
             free=self.ring.free_count(),
             held_back=self.hedging.held_back,
-            starts=self.aimd.limit - self.active,
+            starts=1 if store.local else self.aimd.limit - self.active,
         )
         group = []
         for rid, request in self.coalescing.followers(first, self.pending, share):

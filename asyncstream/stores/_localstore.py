@@ -31,6 +31,7 @@ class LocalStore(Store):
     #: hand-off to the thread pool and one system call for the group): with 1 MiB
     #: chunks, the engine's work per chunk, not the copy, bounded local reads.
     coalesces = True
+    local = True
 
     @classmethod
     def canonical(cls, url: str) -> str:

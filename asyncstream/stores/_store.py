@@ -128,6 +128,9 @@ class Store(abc.ABC):
     #: whether consecutive chunks of one object are best read by one request
     #: (:meth:`read_group`): where each request pays a round trip, as on S3
     coalesces: bool = False
+    #: whether reads are local (no connection whose rate a group would hold): a group
+    #: then takes as many free slots as ``coalesce_bytes`` allows, not a fair share
+    local: bool = False
     #: whether the engine keeps what it reads in its cache folder (remote stores)
     cacheable: bool = False
     #: whether one listing of a folder is cheaper than a HEAD per named object (a
