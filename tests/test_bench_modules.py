@@ -1,7 +1,8 @@
 """The focused benchmark modules (``python -m bench.scale``, ``bench.index``,
 ``bench.tarread``, ``bench.samplecost``, ``bench.bombs``, ``bench.endtoend``,
-``bench.blenddraw``, ``bench.autotune``), each at its smallest: it runs and its figures
-are complete and finite. (Figures are not judged here: that is what the benchmark is for.)"""
+``bench.blenddraw``, ``bench.autotune``, ``bench.localring``), each at its smallest: it runs
+and its figures are complete and finite. (Figures are not judged here: that is what the
+benchmark is for.)"""
 
 from __future__ import annotations
 
@@ -94,6 +95,34 @@ def test_samplecost_benchmark_measures_both_revisions(tmp_path: Path) -> None:
                 assert side["samples"] == 40
                 assert all(math.isfinite(n) and n >= 0 for n in numbers(side))
     assert "| S3, loopback | take | after |" in stdout
+
+
+def test_localring_benchmark_reads_both_settings_from_local_files(tmp_path: Path) -> None:
+    from asyncstream import pack
+    from asyncstream.testing import generate_imagefolder
+
+    generate_imagefolder(tmp_path / "images", 40, 2, seed=0, workers=1)
+    pack(tmp_path / "images", str(tmp_path / "shards"), shard_samples=10, shard_bytes=None)
+    data, stdout = run_bench(
+        "bench.localring",
+        "--data",
+        str(tmp_path / "shards"),
+        "--rounds",
+        "1",
+        "--epochs",
+        "2",
+        out=tmp_path / "localring.json",
+    )
+    assert list(data["runs"]) == ["after, default", "after, small"]
+    for run in data["runs"].values():
+        (row,) = run["rounds"]
+        assert row == run["median"]
+        assert row["mb_per_s"] > 0
+        assert row["reads_per_epoch"] >= 4  # 4 shards: a read each at least
+        assert all(math.isfinite(n) and n >= 0 for n in numbers(row))
+    small = data["runs"]["after, small"]["median"]
+    assert small["ring_mib"] <= data["runs"]["after, default"]["median"]["ring_mib"]
+    assert "| after, small |" in stdout
 
 
 def test_bombs_benchmark_reads_each_bomb_in_a_capped_child(tmp_path: Path) -> None:
