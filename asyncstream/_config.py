@@ -33,6 +33,7 @@ __all__ = [
     "AUTO_INFLIGHT_MAX",
     "AUTO_INFLIGHT_START",
     "FLAT",
+    "RING_BUDGET_BYTES",
     "CacheConfig",
     "Configs",
     "FetchConfig",
@@ -45,7 +46,12 @@ __all__ = [
 
 
 AUTO_INFLIGHT_START = 8
-"""Where ``inflight="auto"`` starts: the fixed default it replaces."""
+"""Where ``inflight="auto"`` starts."""
+
+RING_BUDGET_BYTES = 128 << 20
+"""What a reader's ring holds at most under the default ``prefetch`` (issue 30 item 2: a
+node's memory). The window's lanes take one block each; the prefetch the rest, up to
+``2 * inflight`` blocks."""
 
 AUTO_INFLIGHT_MAX = 16
 """The most downloads ``inflight="auto"`` lets run, and so what the ring is sized for:
@@ -129,8 +135,10 @@ class FetchConfig:
             as ``adaptive`` does, and it settles at the halved value. Never part of the
             order: a checkpoint taken under ``"auto"`` resumes under a fixed K and the
             reverse.
-        prefetch: chunks requested ahead of need; default ``2 * inflight``
-            (:attr:`prefetch_chunks`). ``"auto"`` (the default under
+        prefetch: chunks requested ahead of need; default ``2 * inflight``, within a
+            ring of 128 MiB (:data:`RING_BUDGET_BYTES`: at most what the window's lanes
+            and the hedge slot leave of it, and at least enough blocks for ``inflight``
+            GETs; see ``StreamSettings.prefetch_slots``). ``"auto"`` (the default under
             ``inflight="auto"``): twice the engine's concurrency of the moment, in a ring
             sized for twice :attr:`inflight_max` (32 slots): memory stays bounded by the
             ring (the slots beyond the budget of the moment are never touched, so never
@@ -166,9 +174,9 @@ class FetchConfig:
             1, a budget outside [0, 1], an unknown transport or ``on_truncated``.
     """
 
-    inflight: int | Literal["auto"] = 8
+    inflight: int | Literal["auto"] = 32
     prefetch: int | Literal["auto"] | None = None
-    chunk_bytes: int = 16 << 20
+    chunk_bytes: int = 1 << 20
     coalesce_bytes: int = 8 << 20
     retry: RetryPolicy = field(default_factory=RetryPolicy)
     timeouts: Timeouts = field(default_factory=Timeouts)

@@ -47,13 +47,13 @@ Scenarios (``--scenarios`` picks some; all by default):
     K = 8, chunks of 1 and 16 MiB (:mod:`bench.tls`): unshaped on loopback, then over the
     S3-like network (one plain moto behind a plain and a TLS fault proxy).
 ``ring``
-    The stream's memory: the default settings (64 shards open, K = 8, 16 MiB chunks: up
-    to 1.3 GiB a reader) against a ring of at most 128 MiB with the same window (K = 16,
-    1 MiB chunks: 97 MiB), over the scenario's network: MB/s of the second epoch, the
-    ring, GETs, the CPU seconds per GB of the reader (consumer and engine), the server
-    and the proxy, and the shuffle quality (distinct classes per batch of 64 on the
-    class-sorted data). ``ASYNCSTREAM_BENCH_RING`` (JSON: name to stream settings)
-    measures other settings instead.
+    The stream's memory: the default settings (64 shards open, 1 MiB blocks, K = 32, the
+    prefetch within a ring of 128 MiB) against the default before them (16 MiB blocks,
+    K = 8, prefetch 16: up to 1.3 GiB a reader), over the scenario's network: MB/s of
+    the second epoch, the ring, GETs, the CPU seconds per GB of the reader (consumer and
+    engine), the server and the proxy, and the shuffle quality (distinct classes per
+    batch of 64 on the class-sorted data). ``ASYNCSTREAM_BENCH_RING`` (JSON: name to
+    stream settings) measures other settings instead.
 ``first_sample``
     A fresh process with torch imported: importing the reader, opening the shards named
     one by one and drawing the first sample, asyncstream against the naive boto3 reader,
@@ -417,14 +417,16 @@ def tls(b: Bench) -> dict[str, Any]:
     }
 
 
-# The stream's default memory against a ring of at most 128 MiB with the same window.
+# The stream's default (a ring of at most 128 MiB) against the default before it, with
+# the same window.
 RING_DEFAULTS: dict[str, dict[str, Any]] = {
-    "default (K = 8, 16 MiB chunks)": {"window": 64, "inflight": 8, "chunk_bytes": 16 << 20},
-    "128 MiB ring (K = 16, 1 MiB chunks)": {
+    "16 MiB blocks (K = 8, prefetch 16: the default before)": {
         "window": 64,
-        "inflight": 16,
-        "chunk_bytes": 1 << 20,
+        "inflight": 8,
+        "prefetch": 16,
+        "chunk_bytes": 16 << 20,
     },
+    "default (1 MiB blocks, K = 32, a 128 MiB ring)": {"window": 64},
 }
 
 

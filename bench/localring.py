@@ -3,8 +3,9 @@
 Issue 30 item 2's local side. ``ShardStream`` over a packed dataset as local files
 (``--data``, by default ``bench.feed``'s realistic one, made by ``python -m bench.feed
 --parts real``), a fresh process per run, ``--epochs`` epochs of plain iteration with the
-first left out, under each of two settings: the default and the small ring's (window 64,
-1 MiB blocks, K = 32, prefetch 56). ``--baseline REV`` runs revision ``REV``'s
+first left out, under each of the settings: the default, the small ring's (window 64,
+1 MiB blocks, K = 32, prefetch 56), and ``16mib``, the default before 1 MiB blocks (16
+MiB blocks, K = 8, prefetch 16), the same in any tree. ``--baseline REV`` runs revision ``REV``'s
 ``asyncstream`` beside this tree's in the same rounds, the sides' order turned every
 other round. Medians over ``--rounds``: MB/s, reads an epoch, the consumer's and the
 engine's CPU seconds per GB, and the ring's size.
@@ -28,6 +29,8 @@ DEFAULT = Path(os.environ.get("ASYNCSTREAM_BENCH_DATA", Path.home() / ".cache/as
 SETTINGS: dict[str, dict[str, Any]] = {
     "default": {},
     "small": {"window": 64, "chunk_bytes": 1 << 20, "inflight": 32, "prefetch": 56},
+    # the default until issue 30 item 2: 16 MiB blocks, K = 8, twice K ahead
+    "16mib": {"window": 64, "chunk_bytes": 16 << 20, "inflight": 8, "prefetch": 16},
 }
 
 
@@ -61,7 +64,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--data", default=str(DEFAULT / "real-4000"), help="a packed folder")
     parser.add_argument("--baseline", help="a git revision to compare with, in the same rounds")
-    parser.add_argument("--settings", default="default,small", help="of: default, small")
+    parser.add_argument("--settings", default="default,small", help="of: default, small, 16mib")
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--epochs", type=int, default=3, help="epochs a run (the first apart)")
     parser.add_argument("--json", help="write the figures to this file")

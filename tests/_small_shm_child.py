@@ -70,7 +70,8 @@ def run_loader(folder: Path) -> dict[str, Any]:
     from dali_ops import DALIImageLoader, PipelineSettings
 
     settings = PipelineSettings(image_size=32, num_threads=2, seed=7)
-    stream = ShardStream(str(folder), window=4, inflight=2, seed=0)
+    # 4 MiB blocks (the shards' size): 36 MiB a worker, 144 MiB over the four
+    stream = ShardStream(str(folder), window=4, inflight=2, chunk_bytes=4 << 20, seed=0)
     ring_bytes = stream.node_ring_bytes(4, check=False)
     images, pids = 0, set()
     with DALIImageLoader(stream, 16, device="cpu", workers=4, settings=settings) as loader:

@@ -693,3 +693,30 @@ def test_a_clean_exit_with_persistent_workers_warns_of_no_leak(tmp_path: Path) -
     pids = {line.split()[1] for line in result.stderr.splitlines() if line.startswith("pid ")}
     assert len(pids) == 3  # the script and its two workers, each named in its segments
     assert not segments(tuple(f"asyncstream-{pid}-" for pid in pids))  # held nowhere
+
+
+def test_the_default_ring_holds_at_most_128_mib_a_reader(tmp_path: Path) -> None:
+    """The default ``prefetch`` fills what the window's lanes and the hedge slot leave of
+    128 MiB, where that keeps ``inflight`` GETs busy; blocks too large for that (set by
+    the user, or a loaded state's) get ``2 * inflight`` GETs' worth, as before."""
+    for i in range(100):  # sparse: nothing is read at construction
+        with (tmp_path / f"s{i:03d}.tar").open("wb") as f:
+            f.truncate(8 << 20)
+    url, mib = str(tmp_path), 1 << 20
+
+    def ring(**settings: Any) -> tuple[int, int]:
+        with ShardStream(url, samples_per_shard=1, **settings) as s:
+            return s.ring_bytes // mib, s._settings.prefetch_slots
+
+    assert ring() == (128, 63)  # 64 lanes + 63 ahead + the hedge slot, of 1 MiB
+    assert ring(hedge=False) == (128, 64)
+    assert ring(window=16) == (16 + 64 + 1, 64)  # 2 x inflight fits: no more
+    assert ring(inflight=16) == (64 + 32 + 1, 32)
+    assert ring(prefetch=10) == (64 + 10 + 1, 10)  # set: as set
+    # 8 MiB blocks (the shards' size) of one GET each: 2 x inflight, the budget out of reach
+    assert ring(chunk_bytes=16 << 20, inflight=8) == ((64 + 16 + 1) * 8, 16)
+    # 8 MiB blocks read as 8 GETs of 1 MiB: 4 blocks keep 32 GETs busy, twice that ahead
+    assert ring(block_bytes=8 << 20) == ((64 + 8 + 1) * 8, 8)
+    # a small dataset: fewer lanes leave room for all of 2 x inflight
+    with ShardStream(sorted(str(p) for p in tmp_path.glob("s00*.tar")), samples_per_shard=1) as s:
+        assert (s.ring_bytes // mib, s._settings.prefetch_slots) == (12 + 64 + 1, 64)

@@ -208,7 +208,7 @@ class ShardStream(IterableDataset[dict[str, Any]]):
         return (
             f"ShardStream({mixed}{len(s.shards)} shards, {s.epoch_samples} samples per epoch, "
             f"epoch={self.epoch}, "
-            f"window={s.window}, inflight={s.fetch.inflight}, prefetch={s.fetch.prefetch_chunks}, "
+            f"window={s.window}, inflight={s.fetch.inflight}, prefetch={s.prefetch_slots}, "
             f"chunk_bytes={s.chunk_bytes}, "
             f"shuffle={s.shuffle}, rank={self._rank}/{self._world_size})"
         )

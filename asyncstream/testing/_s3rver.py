@@ -120,7 +120,13 @@ class S3rver(Served):
         assert self._proc.stdout is not None
         line = wait_for_line(self._proc.stdout, "S3rver listening on ", _START_TIMEOUT)
         if line is None:
-            code = self._proc.poll()
+            # Its output ended (it exited) or the time ran out. An exit closes the pipe a
+            # moment before its status can be had: a plain poll() there said "did not
+            # start within 30 s" of a node that had exited with code 3 (under load).
+            try:
+                code: int | None = self._proc.wait(timeout=2)
+            except subprocess.TimeoutExpired:
+                code = None
             self.close()
             log_tail = (self.directory / "s3rver.log").read_text()[-500:]
             how = f"exited with code {code}" if code is not None else "did not start within "
