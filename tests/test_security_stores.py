@@ -750,3 +750,47 @@ def test_a_listing_that_never_ends_is_refused(
     with pytest.raises(PermanentFetchError, match="gives a continuation token it gave before"):
         store.list(prefix)
     assert len(server.log) == 2  # the first page, then the page that gave its token again
+
+
+def _padded(request: Request, pad: int) -> Answer:
+    """The honest range, its head padded by a header field of ``pad`` bytes."""
+    answer = ranged(request)
+    head, _, body = answer.pieces[0][1].partition(b"\r\n\r\n")
+    return Answer([(0.0, head + b"\r\nX-Pad: " + b"p" * pad + b"\r\n\r\n" + body)])
+
+
+async def _read_twice(store: Any, url: str) -> list[bytes]:
+    """Two ranges, one after the other, on the store's kept-alive connection."""
+    await store.open()
+    try:
+        out = []
+        for offset in (4096, 0):
+            buffer = bytearray(4096)
+            request = ChunkRequest(url, offset, 4096, _ETAGS["web"], False, SIZE)
+            await store.read_into(request, memoryview(buffer))
+            out.append(bytes(buffer))
+        return out
+    finally:
+        await store.aclose()
+
+
+@pytest.mark.parametrize("pad", [0, 20_000, 60_000])
+def test_a_head_of_any_size_up_to_the_limit_is_read_whole(
+    pad: int, bad_server: Callable[[Behaviour], BadServer]
+) -> None:
+    """A head (with the first body bytes that come in its read) is read into a buffer the
+    connection keeps: a head larger than it (20 kB, 60 kB: the buffer is 16 KiB) is read
+    whole, the body bytes after it land in the slot, and the next request on the same
+    connection starts clean."""
+    server = bad_server(lambda request: _padded(request, pad))
+    store, url = _store_and_url("web", server)
+    assert asyncio.run(_read_twice(store, url)) == [BODY[4096:8192], BODY[:4096]]
+    assert len(server.log) == 2
+
+
+def test_a_head_over_64_kib_is_refused(bad_server: Callable[[Behaviour], BadServer]) -> None:
+    """Headers that never end are not read without a bound."""
+    server = bad_server(lambda request: _padded(request, 70_000))
+    store, url = _store_and_url("web", server)
+    judged = _judged(store, url, 4096, 4096, _ETAGS["web"])
+    assert "response headers over 65536 bytes" in str(judged.error)

@@ -402,6 +402,9 @@ class Scheduler:
         hedging = False
         try:
             await asyncio.wait([primary], timeout=after)
+            if primary.done() and not primary.cancelled() and primary.exception() is None:
+                del racing[primary]  # done before its hedge time: the common case
+                return slot, primary.result()
             if not primary.done() and self.hedging.allowed():
                 spare = self.ring.acquire()
                 if spare is not None:

@@ -17,6 +17,8 @@ from ._retry import Timeouts
 
 __all__ = ["Conn", "Reply", "Scatter", "Stale", "receive", "receive_from"]
 
+_HEAD_BYTES = 16 << 10  # a head and the body bytes read with it, in one receive
+
 
 @dataclass(frozen=True)
 class Reply:
@@ -89,6 +91,9 @@ class Conn:
         self.sock = sock  # the SSLSocket itself for TLS (wrapping detaches the plain one)
         self.tls = sock if isinstance(sock, ssl.SSLSocket) else None
         self.requests = 0
+        # Where a response's head is read (with the first body bytes that come with it),
+        # made once per connection; grown for a larger head (``_http``).
+        self.head = bytearray(_HEAD_BYTES)
 
     @property
     def fd(self) -> int:

@@ -65,6 +65,7 @@ __all__ = ["WebStore"]
 
 _RESOLVED_FOR = 600.0  # seconds a redirect's final URL is reused
 _STALE = frozenset({401, 403, 404, 410})  # from a reused redirect target: ask again
+_HEADERS_KEPT = 4096  # shard URLs whose request headers are kept
 
 
 class WebStore(HTTPStore):
@@ -94,6 +95,7 @@ class WebStore(HTTPStore):
         self.settings = settings
         self.objects = WebObjects(settings, self.timeouts)
         self._resolved: dict[str, tuple[str, float]] = {}  # shard URL -> final URL, when
+        self._headers: dict[str, dict[str, str]] = {}  # shard URL -> its headers_for
         self.redirects = 0  # redirects followed by chunk reads
         self.reresolved = 0  # reused redirect targets that failed, asked again
 
@@ -191,9 +193,20 @@ class WebStore(HTTPStore):
                 f"{request.url}: {exc} [for web URLs: {hint}]", url=request.url
             ) from exc
 
+    def _headers_for(self, url: str) -> dict[str, str]:
+        """``settings.headers_for(url)``, kept per shard URL (never changed by a caller:
+        each request merges it into a dict of its own). Made for each GET it parsed the
+        URL twice: about 5 us a GET."""
+        headers = self._headers.get(url)
+        if headers is None:
+            if len(self._headers) >= _HEADERS_KEPT:
+                self._headers.clear()
+            headers = self._headers[url] = self.settings.headers_for(url)
+        return headers
+
     async def _follow(self, request: ChunkRequest, view: Scatter) -> float:
         loop = asyncio.get_running_loop()
-        headers = {**self.settings.headers_for(request.url), **self._conditions(request)}
+        headers = {**self._headers_for(request.url), **self._conditions(request)}
         cached = self._resolved.get(request.url)
         reused = cached is not None and loop.time() - cached[1] < _RESOLVED_FOR
         url = cached[0] if cached is not None and reused else request.url
@@ -224,7 +237,7 @@ class WebStore(HTTPStore):
                 self._resolved.pop(request.url, None)
                 self.reresolved += 1
                 reused, url, hops = False, request.url, 0
-                headers = {**self.settings.headers_for(request.url), **self._conditions(request)}
+                headers = {**self._headers_for(request.url), **self._conditions(request)}
                 continue
             raise self._failure(request, url, reply)
 

@@ -212,7 +212,11 @@ class EpochRun(Iterator[dict[str, Any]]):
             budget = max(1, min(budget, 2 * self.engine.limit))
         room = budget - len(self.reader.requested)
         if room < max(1, budget // 8):
-            self.reader.flush()  # the chunks released since: the engine may fill their slots
+            # The chunks released since are told with the next request, or before a wait
+            # blocks (Engine.wait). Not told here: a message a chunk each way cost the
+            # consumer about 30 us a 1 MiB chunk (py-spy), and the engine, whose ring
+            # holds a slot for every chunk asked ahead and every lane, never waits for one
+            # of them: it sees a released slot in the ring whenever it looks for one.
             return
         s = self.settings
         outlook = self.shuffle.outlook(budget)
