@@ -267,11 +267,12 @@ def tables(out: dict[str, Any], base: Path | None = None) -> str:
     if "ring" in sc:
         r = sc["ring"]["results"]
         lines += [
-            "### The stream's memory: the default ring against 128 MiB",
+            "### The stream's memory: the default ring (at most 128 MiB) against 16 MiB blocks",
             "",
             "Each reader's ring (each DataLoader worker has one) with the default settings "
-            "and with a ring of at most 128 MiB at the same window, second epoch, best of the "
-            "rounds; shuffle quality on the class-sorted data.",
+            "and with the default before them (16 MiB blocks, K = 8, prefetch 16) at the same "
+            "window, second epoch, best of the rounds; shuffle quality on the class-sorted "
+            "data.",
             "",
             "| defaults | ring | MB/s | GETs | CPU-s per GB: reader, server, proxy "
             "| reader CPU µs per GET | \\|corr\\| | classes/batch |",

@@ -131,9 +131,9 @@ class StreamSettings:
 
         Twice ``inflight``, because lanes empty in random order and some prefetched blocks
         always wait for their lane (:mod:`._run`). Over the S3-like nginx link, window 64
-        and 1 MiB blocks with 56 blocks ahead read 1.24x the 16 MiB default's MB/s, with
-        48 ahead 1.03x (``bench/RESULTS.md``, issue 30 item 2): the budget's last slots
-        count.
+        and 1 MiB blocks with 56 blocks ahead read 1.23x the 16 MiB default's MB/s, with
+        48 ahead 1.03x, in one run (``bench/RESULTS.md``, issue 30 item 2): the budget's
+        last slots count.
         """
         block = self.chunk_bytes
         per_get = min(self.fetch.chunk_bytes, block)
