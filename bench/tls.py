@@ -1,12 +1,13 @@
 """HTTP against HTTPS: raw fetch on both transports, chunks of 1 and 16 MiB, the same server.
 
 Run: ``python -m bench.tls`` (``--quick`` for a smoke run; ``--server s3rver`` for the
-second S3 implementation). The same objects (random bytes: raw fetch does not parse them)
-are uploaded to two servers of the same software, each in a process of its own: one on a
-plain port, one on a TLS port with a certificate made at run time
-(:func:`asyncstream.testing.make_test_certificates`). The software is moto (the embedded
-server, Python) or s3rver (Node.js, from npm: :class:`asyncstream.testing.S3rver`),
-whose TLS is OpenSSL driven from C++, so its own cost per byte is far lower than moto's.
+second S3 implementation; ``--server nginx`` for the store off the reader's cores). The
+same objects (random bytes: raw fetch does not parse them) are uploaded to two servers of
+the same software, each in a process of its own: one on a plain port, one on a TLS port
+with a certificate made at run time (:func:`asyncstream.testing.make_test_certificates`).
+The software is moto (the embedded server, Python) or s3rver (Node.js, from npm:
+:class:`asyncstream.testing.S3rver`), whose TLS is OpenSSL driven from C++, so its own
+cost per byte is far lower than moto's; or nginx, one process serving both ports.
 Each row is the fetch engine reading every chunk into the ring and straight back, K = 8
 downloads in flight, twice on one engine; the second pass counts
 (``bench.stream.raw_fetch``): MB/s and the engine's CPU seconds per GB. Rows are
@@ -14,7 +15,12 @@ interleaved and the best of ``--repeat`` is kept.
 
 The server shares the cores with the engine here, and TLS costs the server as much as the
 client: the HTTPS rows also measure the server's encryption, which a remote store does on
-its own machines. The engine's CPU seconds per GB are the client's alone; the server's
+its own machines. Not so with ``--server nginx`` (:class:`asyncstream.testing.Nginx`, C,
+path-style S3 from files): one nginx serves both ports, pinned to a CPU of its own while
+this process and the engines it starts run on the others (as ``python -m bench
+--profile nginx`` pins them), and over ``--network s3-like`` it makes the link itself (its
+first-byte delay and per-connection rate, no proxy), so both rows cost the reader's cores
+only the reader's work. The engine's CPU seconds per GB are the client's alone; the server's
 (read from ``/proc``, over both passes) show what the server spends on the same bytes.
 """
 
@@ -39,7 +45,7 @@ MiB = 1 << 20
 CHUNKS = (MiB, 16 * MiB)
 
 
-Server = Literal["moto", "s3rver"]
+Server = Literal["moto", "s3rver", "nginx"]
 Network = Literal["loopback", "s3-like"]
 
 
@@ -71,6 +77,10 @@ def _endpoints(
     proxies with :meth:`NetworkProfile.s3_like` (20 to 50 ms to first byte, 90 MB/s per
     connection): a plain one and one that speaks TLS to the engine."""
     certs = make_test_certificates(folder)
+    if kind == "nginx":
+        with _nginx(network, folder, certs.server, certs.ca, objects, size) as ends:
+            yield ends
+        return
     with contextlib.ExitStack() as stack:
         plain = stack.enter_context(_server(kind, folder / "plain", None, None))
         url = upload(plain, objects, size)
@@ -94,6 +104,35 @@ def _endpoints(
                 replace(options, endpoint_url=https.endpoint_url, ca_bundle=certs.ca), url, None
             ),
         }
+
+
+@contextlib.contextmanager
+def _nginx(
+    network: Network, folder: Path, tls: tuple[str, str], ca: str, objects: int, size: int
+) -> Iterator[dict[str, _Endpoint]]:
+    """One nginx serving the objects from files on a plain and a TLS port, pinned to the
+    last CPU, this process (and every engine it starts) to the others meanwhile."""
+    from asyncstream.testing import Nginx
+
+    from ._nginx import _cpus
+
+    raw = folder / "root" / "tls-bench" / "raw"
+    raw.mkdir(parents=True)
+    for i in range(objects):
+        (raw / f"{i:04d}.tar").write_bytes(os.urandom(size))
+    profile = NetworkProfile.s3_like() if network == "s3-like" else None
+    server_cpu, reader_cpus = _cpus()
+    before = os.sched_getaffinity(0)
+    with Nginx(folder / "root", tls=tls, ca_bundle=ca, profile=profile, cpu=server_cpu) as nginx:
+        os.sched_setaffinity(0, reader_cpus)
+        try:
+            url = "s3://tls-bench/raw/"
+            yield {
+                "http": _Endpoint(nginx.options(), url, nginx.pid),
+                "https": _Endpoint(nginx.options(https=True), url, nginx.pid),
+            }
+        finally:
+            os.sched_setaffinity(0, before)
 
 
 def _cpu_seconds(pid: int) -> float:
@@ -188,14 +227,18 @@ def _cpu(seconds_per_gb: float | None) -> str:
 def main() -> None:
     def more(parser: argparse.ArgumentParser) -> None:
         parser.add_argument(
-            "--server", choices=("moto", "s3rver"), default="moto", help="the S3 software"
+            "--server",
+            choices=("moto", "s3rver", "nginx"),
+            default="moto",
+            help="the S3 software (nginx: path-style from files, pinned to a CPU of its own)",
         )
         parser.add_argument(
             "--network",
             choices=("loopback", "s3-like"),
             default="loopback",
             help="loopback: a plain and a TLS server, unshaped; s3-like: one plain server "
-            "behind a plain and a TLS proxy with the S3-like profile",
+            "behind a plain and a TLS proxy with the S3-like profile (nginx: its own "
+            "first-byte delay and rate on both ports, no proxy)",
         )
 
     args = arguments(__doc__ or "", more)

@@ -1,8 +1,8 @@
 """The focused benchmark modules (``python -m bench.scale``, ``bench.index``,
 ``bench.tarread``, ``bench.samplecost``, ``bench.bombs``, ``bench.endtoend``,
-``bench.blenddraw``, ``bench.autotune``, ``bench.localring``), each at its smallest: it runs
-and its figures are complete and finite. (Figures are not judged here: that is what the
-benchmark is for.)"""
+``bench.blenddraw``, ``bench.autotune``, ``bench.localring``, ``bench.tls --server
+nginx``), each at its smallest: it runs and its figures are complete and finite.
+(Figures are not judged here: that is what the benchmark is for.)"""
 
 from __future__ import annotations
 
@@ -215,3 +215,31 @@ def test_autotune_benchmark_sweeps_fixed_k_and_auto_on_both_links(tmp_path: Path
         assert link["best_fixed"] in (2, 8)
         assert 1 <= min(link["rows"]["auto"]["concurrency_end"]) <= 16
     assert "| slow | auto |" in stdout
+
+
+@pytest.mark.timeout(400)
+def test_tls_benchmark_reads_both_ports_of_one_pinned_nginx(tmp_path: Path) -> None:
+    """``bench.tls --server nginx``: HTTP and HTTPS rows from one nginx, pinned, its CPU
+    read for both schemes, every figure finite."""
+    from asyncstream.testing import NginxUnavailable, _nginxinstall
+
+    try:
+        _nginxinstall.install()
+    except NginxUnavailable as exc:
+        pytest.skip(f"nginx with its Lua module cannot be installed here: {exc}")
+    data, stdout = run_bench(
+        "bench.tls", "--server", "nginx", "--quick", "--repeat", "1", out=tmp_path / "tls.json"
+    )
+    assert data["server"] == "nginx"
+    assert [(r["chunk_mib"], r["transport"]) for r in data["rows"]] == [
+        (1, "direct"),
+        (1, "aiohttp"),
+        (16, "direct"),
+        (16, "aiohttp"),
+    ]
+    for row in data["rows"]:
+        assert all(math.isfinite(n) and n >= 0 for n in numbers(row))
+        assert row["http_mb_per_s"] > 0
+        assert row["https_mb_per_s"] > 0
+        assert row["https_server_cpu_s_per_gb"] is not None  # nginx's /proc, read
+    assert "nginx, loopback" in stdout
