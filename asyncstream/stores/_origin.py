@@ -46,8 +46,9 @@ class Origin:
 
     @classmethod
     def of(cls, url: str) -> Origin:
-        """The origin of ``url``, kept per URL (an engine asks for each GET of a shard:
-        parsed each time, with ``hostname`` and ``port``, it cost about 5 us a GET).
+        """The origin of ``url``, kept per URL (the web store asks for each GET of a
+        shard: parsed each time, with ``hostname`` and ``port``, it cost about 5 us a call,
+        timeit).
 
         Raises:
             ValueError: not an http:// or https:// URL with a host.
