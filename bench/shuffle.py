@@ -171,13 +171,53 @@ def render(out: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+def at_window(window: int, chunks: tuple[int, ...], seeds: int, jobs: int | None) -> dict[str, Any]:
+    """The window shuffle at one ``window``, for each block of ``chunks`` samples: what a
+    smaller block changes at the same number of open shards (``--window``)."""
+    todo: list[Task] = [("samples", window * c, c, window, s) for c in chunks for s in range(seeds)]
+    with ProcessPoolExecutor(max_workers=jobs) as pool:
+        results = list(pool.map(measure, todo))
+    rows = []
+    for chunk in chunks:
+        got = [(corr, d) for (_, _, c, _, _), corr, d in results if c == chunk]
+        rows.append(
+            {
+                "window": window,
+                "chunk": chunk,
+                "abs_correlation": sum(abs(c) for c, _ in got) / len(got),
+                "distinct_classes_per_batch": sum(d for _, d in got) / len(got),
+            }
+        )
+    return {"dataset": f"{SHARDS} class-sorted shards x {SHARD_SAMPLES} samples", "rows": rows}
+
+
 def main() -> dict[str, Any]:
     parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="two memories, one seed")
     parser.add_argument("--seeds", type=int, default=3)
     parser.add_argument("--jobs", type=int, default=None, help="processes (default: all cores)")
     parser.add_argument("--json", help="write all figures to this file ('-' for stdout)")
+    parser.add_argument(
+        "--window",
+        type=int,
+        help="one window, the blocks of --chunks samples each (for a block's effect alone)",
+    )
+    parser.add_argument("--chunks", default="9,150", help="block sizes in samples, --window's")
     args = parser.parse_args()
+    if args.window:
+        chunks = tuple(int(c) for c in args.chunks.split(","))
+        out = at_window(args.window, chunks, args.seeds, args.jobs)
+        print("| window | block (samples) | \\|corr\\| | classes per batch |")
+        print("|---:|---:|---:|---:|")
+        for r in out["rows"]:
+            print(
+                f"| {r['window']} | {r['chunk']} | {r['abs_correlation']:.3f} "
+                f"| {r['distinct_classes_per_batch']:.1f} |"
+            )
+        if args.json:
+            with open(args.json, "w") as f:
+                json.dump(out, f, indent=1)
+        return out
     if args.quick:
         out = run((1_000, 10_000), (100, 1_000), 1, args.jobs)
     else:

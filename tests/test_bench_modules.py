@@ -1,7 +1,8 @@
 """The focused benchmark modules (``python -m bench.scale``, ``bench.index``,
 ``bench.tarread``, ``bench.samplecost``, ``bench.bombs``, ``bench.endtoend``,
 ``bench.blenddraw``, ``bench.autotune``, ``bench.localring``, ``bench.tls --server
-nginx``), each at its smallest: it runs and its figures are complete and finite.
+nginx``, ``bench.shuffle --window``), each at its smallest: it runs and its figures are
+complete and finite.
 (Figures are not judged here: that is what the benchmark is for.)"""
 
 from __future__ import annotations
@@ -243,3 +244,18 @@ def test_tls_benchmark_reads_both_ports_of_one_pinned_nginx(tmp_path: Path) -> N
         assert row["https_mb_per_s"] > 0
         assert row["https_server_cpu_s_per_gb"] is not None  # nginx's /proc, read
     assert "nginx, loopback" in stdout
+
+
+def test_shuffle_benchmark_at_one_window_compares_block_sizes(tmp_path: Path) -> None:
+    """``bench.shuffle --window``: one row per block size at the same window, the figures
+    of a real simulated order (classes per batch between 1 and a batch's 64)."""
+    data, stdout = run_bench(
+        "bench.shuffle",
+        *("--window", "8", "--chunks", "5,50", "--seeds", "1", "--jobs", "1"),
+        out=tmp_path / "shuffle.json",
+    )
+    assert [(r["window"], r["chunk"]) for r in data["rows"]] == [(8, 5), (8, 50)]
+    for row in data["rows"]:
+        assert 0 <= row["abs_correlation"] <= 1
+        assert 1 <= row["distinct_classes_per_batch"] <= 64
+    assert "| 8 | 50 |" in stdout
