@@ -14,6 +14,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import shutil
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -37,11 +38,16 @@ class NginxLink:
     pid: int | None
     pinning: dict[str, Any]
     requests: Callable[[], int]
+    # Copies what the embedded server holds under an s3:// prefix into nginx's folder
+    # (nginx takes no uploads: a peer converts on the embedded server, then reads the
+    # copy from nginx); returns the objects copied.
+    mirror: Callable[[str], int]
 
 
-def _copy_bucket(client: Any, bucket: str, folder: Path) -> int:
+def _copy_bucket(client: Any, bucket: str, folder: Path, prefix: str = "") -> int:
     copied = 0
-    for page in client.get_paginator("list_objects_v2").paginate(Bucket=bucket):
+    pages = client.get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=prefix)
+    for page in pages:
         for obj in page.get("Contents", []):
             target = folder / obj["Key"]
             target.parent.mkdir(parents=True, exist_ok=True)
@@ -103,6 +109,18 @@ def nginx_link(options: S3Options, bucket: str, workdir: Path) -> Iterator[Nginx
                 "link": "20 to 50 ms to first byte, 90 MB/s per connection (TCP pacing)",
                 "objects": objects,
             }
-            yield NginxLink(link, nginx.pid, pinning, lambda: len(nginx.requests()))
+
+            def mirror(url: str) -> int:
+                """``s3://BUCKET/PREFIX`` of the embedded server, copied into nginx's
+                folder afresh (what was there under the prefix first removed)."""
+                bucket_of, _, prefix = url.removeprefix("s3://").partition("/")
+                place = root / bucket_of / prefix
+                if prefix and place.is_dir():
+                    shutil.rmtree(place)
+                copied = _copy_bucket(sync_client(options), bucket_of, root / bucket_of, prefix)
+                nginx.refresh()
+                return copied
+
+            yield NginxLink(link, nginx.pid, pinning, lambda: len(nginx.requests()), mirror)
         finally:
             os.sched_setaffinity(0, before)

@@ -129,15 +129,40 @@ def loader(b: Bench) -> dict[str, Any]:
             workers = 0 if name == "naive" else workers_of
 
             def run(workers: int, name: str = name) -> dict[str, Any]:
-                return peers.run_peer(
+                settings = peers.PeerSettings(seed=0, shuffle_buffer=buffer, workers=workers)
+                common = {"url": b.url, "workdir": b.args.peer_logs, "settings": settings}
+                if b.link is None or not peers.PEERS[name].converts:
+                    return peers.run_peer(
+                        name,
+                        endpoint_url=options.endpoint_url,
+                        credentials=options.credentials,
+                        timeout=600,
+                        **common,
+                    )
+                # nginx takes no uploads: the peer converts on the embedded server (and
+                # reads it there once), its format is copied into nginx's folder, and the
+                # measured read is the one through nginx.
+                converted = peers.run_peer(
                     name,
-                    url=b.url,
-                    workdir=b.args.peer_logs,
+                    endpoint_url=b.options.endpoint_url,
+                    credentials=b.options.credentials,
+                    timeout=600,
+                    **common,
+                )
+                if not converted["ok"]:
+                    return converted
+                b.link.mirror(converted["target"])
+                result = peers.run_peer(
+                    name,
                     endpoint_url=options.endpoint_url,
                     credentials=options.credentials,
-                    settings=peers.PeerSettings(seed=0, shuffle_buffer=buffer, workers=workers),
+                    target=converted["target"],
+                    convert=False,
                     timeout=600,
+                    **common,
                 )
+                result["convert"] = converted["convert"]
+                return result
 
             result = run(workers)
             note = None
