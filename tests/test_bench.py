@@ -196,3 +196,46 @@ def test_the_nginx_profile_is_refused_with_an_endpoint() -> None:
     proc = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=60)
     assert proc.returncode == 2
     assert "--profile nginx" in proc.stderr
+
+
+@pytest.mark.timeout(300)
+def test_the_nginx_link_mirrors_a_prefix_the_embedded_server_holds(tmp_path: Path) -> None:
+    """What a converting peer wrote to the embedded server under a prefix, copied into
+    nginx's folder afresh (nginx takes no uploads), is read back through nginx byte for
+    byte; what an earlier copy left under the prefix is gone."""
+    from asyncstream import LocalS3
+    from asyncstream.stores._s3 import sync_client
+    from asyncstream.testing import NginxUnavailable, _nginxinstall
+    from bench._nginx import nginx_link
+
+    try:
+        _nginxinstall.install()
+    except NginxUnavailable as exc:
+        pytest.skip(f"nginx with its Lua module cannot be installed here: {exc}")
+    before = os.sched_getaffinity(0)
+    bucket, peer = "mirror-test", "_peers/p/train/"
+    with LocalS3(mode="process") as server:
+        client = server.client()
+        client.create_bucket(Bucket=bucket)
+        client.put_object(Bucket=bucket, Key="train/0.tar", Body=b"shard")
+        with nginx_link(server.options(), bucket, tmp_path) as link:
+            client.put_object(Bucket=bucket, Key=peer + "index.json", Body=b"{}")
+            client.put_object(Bucket=bucket, Key=peer + "a.bin", Body=b"first")
+            assert link.mirror(f"s3://{bucket}/{peer}") == 2
+            client.delete_object(Bucket=bucket, Key=peer + "a.bin")
+            client.put_object(Bucket=bucket, Key=peer + "b.bin", Body=bytes(range(256)))
+            assert link.mirror(f"s3://{bucket}/{peer}") == 2
+            through = sync_client(link.options)
+
+            def read(key: str) -> bytes:
+                body: bytes = through.get_object(Bucket=bucket, Key=key)["Body"].read()
+                return body
+
+            assert read(peer + "b.bin") == bytes(range(256))
+            assert read("train/0.tar") == b"shard"
+            listed = through.list_objects_v2(Bucket=bucket, Prefix=peer)
+            assert sorted(o["Key"] for o in listed["Contents"]) == [
+                peer + "b.bin",
+                peer + "index.json",
+            ]
+    assert os.sched_getaffinity(0) == before  # the pinning ends with the link
