@@ -25,7 +25,7 @@ from typing import Literal
 
 __all__ = ["DEFAULT_MAX_SAMPLE_BYTES", "ReadLimits", "sample_limit"]
 
-DEFAULT_MAX_SAMPLE_BYTES = 16 << 20  # the default block: FetchConfig.chunk_bytes
+DEFAULT_MAX_SAMPLE_BYTES = 16 << 20  # samples a 1 MiB block carries across its edges
 
 
 def sample_limit(max_sample_bytes: int | None, block: int) -> int:
