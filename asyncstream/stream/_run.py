@@ -214,8 +214,7 @@ class EpochRun(Iterator[dict[str, Any]]):
         if room < max(1, budget // 8):
             # The chunks released since are told with the next request, or before a wait
             # blocks (Engine.wait). Told here too, they made a message for nearly every
-            # chunk (1,535 for 1,680 over four epochs of 1 MiB blocks of local files; 531
-            # now, before waits that block), and the engine, whose ring holds a slot for
+            # chunk with 1 MiB blocks, and the engine, whose ring holds a slot for
             # every chunk asked ahead and every lane, never waits for one of them: it sees
             # a released slot in the ring whenever it looks for one.
             return
