@@ -10,7 +10,9 @@ loader's time goes shows on any machine, whatever else it runs.
 the loader kept across rounds, with each thread's CPU per image from
 ``/proc/self/task``: DALI's threads, the training thread, and the rest (the loader's
 producer thread, which ends with its pass and so is counted as what the process spent
-besides the threads alive at both ends), and the fetch engine's process apart.
+besides the threads alive at both ends; its own CPU, measured in the thread itself, is
+given beside it: ``feed_cpu_seconds`` of the loader's ``stats()``), and the fetch engine's
+process apart.
 """
 
 from __future__ import annotations
@@ -79,13 +81,19 @@ def per_thread(
         source.epoch(pipe), loader_epoch()  # warm-up: pipelines built, engine started
         for _ in range(args.per_thread):
             for name, run in (("ceiling", lambda: source.epoch(pipe)), ("loader", loader_epoch)):
-                engine = F._engine_cpu(loader.stats())
+                before = loader.stats()
                 images, wall, per = _by_thread(run)
-                engine = 1e6 * (F._engine_cpu(loader.stats()) - engine) / images
+                after = loader.stats()
+                engine = 1e6 * (F._engine_cpu(after) - F._engine_cpu(before)) / images
                 shares = ", ".join(f"{k} {v:.1f}" for k, v in per.items())
+                producer = ""
+                if name == "loader":
+                    cpu = after["feed_cpu_seconds"] - before["feed_cpu_seconds"]
+                    producer = f" (of which the producer thread {1e6 * cpu / images:.2f})"
                 print(
-                    f"{name}: {images / wall:.0f} images/s; CPU us per image: {shares}, "
-                    f"engine {engine:.1f}; {sum(per.values()) * images / 1e6 / wall:.2f} cores"
+                    f"{name}: {images / wall:.0f} images/s; CPU us per image: {shares}"
+                    f"{producer}, engine {engine:.1f}; "
+                    f"{sum(per.values()) * images / 1e6 / wall:.2f} cores"
                 )
 
 

@@ -54,6 +54,9 @@ class Counters:
         decode_wait_seconds: the training loop's time waiting for DALI's outputs.
         feed_wait_seconds: DALI's source waiting for the producer (the feed is behind).
         feed_seconds: the producer's time building batches (thread or worker hand-over).
+        feed_cpu_seconds: the producer thread's CPU time (``workers=0``; DataLoader
+            workers spend theirs in their own processes, and their hand-over in the
+            training thread).
         probe_seconds: time spent finding the image DALI failed on.
     """
 
@@ -66,6 +69,7 @@ class Counters:
     decode_wait_seconds: float = 0.0
     feed_wait_seconds: float = 0.0
     feed_seconds: float = 0.0
+    feed_cpu_seconds: float = 0.0
     probe_seconds: float = 0.0
 
 

@@ -64,11 +64,14 @@ class Feed:
     Attributes:
         wait_seconds: DALI's source's time waiting for a batch (the feed was behind).
         busy_seconds: time spent preparing batches.
+        cpu_seconds: the CPU time of a producer thread of the feed's own (0 where the
+            batches are built elsewhere).
     """
 
     def __init__(self) -> None:
         self.wait_seconds = 0.0
         self.busy_seconds = 0.0
+        self.cpu_seconds = 0.0
 
     def start(self) -> None:
         """Start producing."""
@@ -176,6 +179,7 @@ class ThreadFeed(Feed):
         self._next_state = state
 
     def _run(self) -> None:
+        cpu = time.thread_time()  # this thread's own CPU: a clock read per batch
         produced = read_batches(
             self.stream, self.builder, drop_last=self.drop_last, track=self._track
         )
@@ -187,6 +191,7 @@ class ThreadFeed(Feed):
                     break
                 prepare(batch)
                 self.busy_seconds += time.perf_counter() - started
+                self.cpu_seconds = time.thread_time() - cpu
                 with self._cond:
                     while len(self._ready) >= self._depth and not self._stopping:
                         self._cond.wait()
@@ -201,6 +206,7 @@ class ThreadFeed(Feed):
                 self._ready.append(EncodedBatch(state=self._next_state, error=exc))
         finally:
             produced.close()
+            self.cpu_seconds = time.thread_time() - cpu
             with self._cond:
                 self._done = True
                 self._cond.notify_all()

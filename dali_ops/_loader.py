@@ -307,7 +307,8 @@ class DALIImageLoader:
         finally:
             self._counters.feed_seconds += feed.busy_seconds
             self._counters.feed_wait_seconds += feed.wait_seconds
-            self._feeder.stop()
+            self._feeder.stop()  # the producer thread has ended: its CPU is all counted
+            self._counters.feed_cpu_seconds += feed.cpu_seconds
 
     # -- epochs and state ---------------------------------------------------------------
 
@@ -404,6 +405,7 @@ class DALIImageLoader:
         if feed is not None:
             counters["feed_seconds"] += feed.busy_seconds
             counters["feed_wait_seconds"] += feed.wait_seconds
+            counters["feed_cpu_seconds"] += feed.cpu_seconds
         snapshots = self._feeder.stream_stats
         if self.workers:
             stream: dict[str, Any] = {"workers": {w: snapshots[w] for w in sorted(snapshots)}}

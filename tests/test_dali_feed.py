@@ -91,6 +91,8 @@ def test_every_sample_once_per_epoch_and_len_is_the_truth(
     assert stats["images"] == 2 * N_IMAGES
     assert stats["builds"] == 1  # one pipeline for both epochs
     assert stats["workers"] == workers
+    # the producer thread's own CPU: counted where it runs in this process, and only there
+    assert (stats["feed_cpu_seconds"] > 0) == (workers == 0)
     if workers:
         assert sorted(stats["stream"]["workers"]) == list(range(workers))
 
