@@ -32,6 +32,7 @@ from .stores._retry import RetryPolicy, Timeouts
 __all__ = [
     "AUTO_INFLIGHT_MAX",
     "AUTO_INFLIGHT_START",
+    "AUTO_START_BYTES",
     "FLAT",
     "RING_BUDGET_BYTES",
     "CacheConfig",
@@ -40,22 +41,44 @@ __all__ = [
     "FlatSettings",
     "IndexConfig",
     "OrderConfig",
+    "auto_range",
     "group",
     "hedge_reserve",
 ]
 
 
 AUTO_INFLIGHT_START = 8
-"""Where ``inflight="auto"`` starts."""
+"""Where ``inflight="auto"`` starts at the least (GETs of 4 MiB and more; see
+:func:`auto_range`)."""
+
+AUTO_START_BYTES = 32 << 20
+"""The bytes in flight ``inflight="auto"`` starts with: 32 GETs of 1 MiB (the fixed
+default K at the default block), 8 of 4 MiB (see :func:`auto_range`)."""
 
 RING_BUDGET_BYTES = 128 << 20
 """What a reader's ring holds at most under the default ``prefetch`` (issue 30 item 2: a
 node's memory). The window's lanes take one block each; the prefetch the rest, up to
 ``2 * inflight`` blocks."""
 
-AUTO_INFLIGHT_MAX = 16
-"""The most downloads ``inflight="auto"`` lets run, and so what the ring is sized for:
-``prefetch`` defaults to twice this (32 slots) under ``"auto"``."""
+AUTO_INFLIGHT_MAX = 64
+"""The most downloads ``inflight="auto"`` ever lets run (GETs of 512 KiB and less; see
+:func:`auto_range`)."""
+
+
+def auto_range(get_bytes: int) -> tuple[int, int]:
+    """Where ``inflight="auto"`` starts, and the most it lets run, for GETs of
+    ``get_bytes``: it starts with :data:`AUTO_START_BYTES` in flight (within
+    :data:`AUTO_INFLIGHT_START` and half :data:`AUTO_INFLIGHT_MAX` downloads) and may
+    double that.
+
+    In bytes, because what a link needs in flight is its rate times its time to the first
+    byte, whatever the GET's size: 1 MiB GETs start at 32 (the fixed default) and may
+    reach 64, GETs of 4 MiB and more start at 8 and may reach 16 (the range the tuner was
+    first measured with, in ``bench/RESULTS.md``).
+    """
+    start = AUTO_START_BYTES // max(1, get_bytes)
+    start = max(AUTO_INFLIGHT_START, min(AUTO_INFLIGHT_MAX // 2, start))
+    return start, 2 * start
 
 
 def hedge_reserve(hedge: bool) -> int:
@@ -125,22 +148,25 @@ class FetchConfig:
 
     Args:
         inflight: K, chunk downloads in flight at most (fewer while throttled); or
-            ``"auto"``: the engine finds K itself, between 1 and 16
-            (:attr:`inflight_max`). It starts at 8, and while the downloads are what the
-            stream waits for (chunks are wanted, the ring has free slots, and every
-            download allowed is running) it tries 16; it keeps a step that raised the
-            bytes per second by a quarter of its size (25% for 8 to 16) and 5% at least,
-            takes back one that did not and tries half the step later (less often after
-            each try that failed), and settles. Throttling (``503 SlowDown``) halves it
-            as ``adaptive`` does, and it settles at the halved value. Never part of the
-            order: a checkpoint taken under ``"auto"`` resumes under a fixed K and the
-            reverse.
-        prefetch: chunks requested ahead of need; default ``2 * inflight``, within a
-            ring of 128 MiB (:data:`RING_BUDGET_BYTES`: at most what the window's lanes
-            and the hedge slot leave of it, and at least enough blocks for ``inflight``
-            GETs; see ``StreamSettings.prefetch_slots``). ``"auto"`` (the default under
-            ``inflight="auto"``): twice the engine's concurrency of the moment, in a ring
-            sized for twice :attr:`inflight_max` (32 slots): memory stays bounded by the
+            ``"auto"``: the engine finds K itself, from where it starts to twice that
+            (:meth:`inflight_range`): 32 MiB in flight to start with, i.e. 32 GETs of
+            1 MiB (the default) rising to at most 64, 8 GETs of 4 MiB or more rising to
+            16 (:func:`auto_range`), and never more than the ring's prefetch slots. While
+            the downloads are what the stream waits for (chunks are wanted, the ring has
+            free slots, and every download allowed is running) it tries its ceiling; it
+            keeps a step that raised the bytes per second by an eighth of its size (12.5%
+            for a doubling) and 5% at least, takes back one that did not and tries half
+            the step later (less often after each try that failed), and settles.
+            Throttling (``503 SlowDown``) halves it as ``adaptive`` does, and it settles
+            at the halved value. Never part of the order: a checkpoint taken under
+            ``"auto"`` resumes under a fixed K and the reverse.
+        prefetch: chunks requested ahead of need; unset, ``2 * inflight`` (under
+            ``"auto"``, twice its ceiling), within a ring of 128 MiB
+            (:data:`RING_BUDGET_BYTES`: at most what the window's lanes and the hedge
+            slot leave of it, and at least enough blocks for the GETs of the start; see
+            ``StreamSettings.prefetch_slots``). ``"auto"`` (the default under
+            ``inflight="auto"``): the same slots, of which the stream asks ahead for
+            twice the engine's concurrency of the moment: memory stays bounded by the
             ring (the slots beyond the budget of the moment are never touched, so never
             resident) and a fixed ``prefetch`` bounds it further.
         chunk_bytes: the most bytes one ranged GET reads: a block
@@ -228,20 +254,31 @@ class FetchConfig:
         ``prefetch="auto"``, or no ``prefetch`` under ``inflight="auto"``."""
         return self.prefetch == "auto" or (self.prefetch is None and self.auto_inflight)
 
+    def inflight_range(self, get_bytes: int | None = None) -> tuple[int, int]:
+        """The downloads allowed at the start and at most: ``(inflight, inflight)``, or
+        under ``"auto"`` :func:`auto_range` of the GET size (``get_bytes``, by default
+        ``chunk_bytes``: a block smaller than that is read by GETs of the block)."""
+        if self.inflight == "auto":
+            return auto_range(self.chunk_bytes if get_bytes is None else get_bytes)
+        return self.inflight, self.inflight
+
     @property
     def inflight_max(self) -> int:
-        """The most downloads at once: ``inflight``, or 16 under ``"auto"``."""
-        return AUTO_INFLIGHT_MAX if self.inflight == "auto" else self.inflight
+        """The most downloads at once: ``inflight``, or under ``"auto"`` twice where it
+        starts (64 for 1 MiB GETs; :func:`auto_range`)."""
+        return self.inflight_range()[1]
 
     @property
     def inflight_start(self) -> int:
-        """The downloads allowed at the start: ``inflight``, or 8 under ``"auto"``."""
-        return AUTO_INFLIGHT_START if self.inflight == "auto" else self.inflight
+        """The downloads allowed at the start: ``inflight``, or under ``"auto"``
+        :func:`auto_range` of ``chunk_bytes`` (32 for 1 MiB GETs)."""
+        return self.inflight_range()[0]
 
     @property
     def prefetch_chunks(self) -> int:
-        """The most chunks requested ahead (the ring's prefetch slots): ``prefetch``, or
-        twice :attr:`inflight_max`."""
+        """The most chunks requested ahead where no ring budget applies (a count of
+        shards): ``prefetch``, or twice :attr:`inflight_max`. A stream's own is
+        ``StreamSettings.prefetch_slots``, within the ring's budget."""
         if self.prefetch is None or self.prefetch == "auto":
             return 2 * self.inflight_max
         return self.prefetch

@@ -14,12 +14,15 @@ start-up and the tuner's learning included), every sample checked to come exactl
 per epoch; rounds alternate the order of the settings (forward, then backward) and each
 figure is the median over ``--repeat`` rounds. Reported: MB/s of sample bytes over the
 whole run (the tuner's learning included) and over its last epoch (the steady state, on
-the engine kept from the epochs before), and for auto the concurrency it ended at and the
-most it reached; then auto against the best fixed K of each link, both ways (it must be
-within 5%).
+the engine kept from the epochs before) and over the second half of the epochs (the
+steady state measured over more than one short epoch), and for auto the concurrency it
+ended at and the most it reached; then auto against the best fixed K of each link, each
+way (it must be within 5%). ``--render JSON`` prints the tables of a run's ``--json``
+again.
 
-Stream settings as the throughput scenarios of ``python -m bench``: 4 MiB chunks, 16
-shards open, seed 0.
+Stream settings: the library's defaults (1 MiB blocks, window 64, the ring within
+128 MiB), seed 0; ``--chunk-mib`` and ``--window`` set others (the sweeps before the
+1 MiB default used 4 MiB chunks and window 16).
 """
 
 from __future__ import annotations
@@ -41,8 +44,7 @@ from ._run import arguments, header, report
 HERE = Path(__file__).resolve()
 ROOT = HERE.parent.parent
 DEFAULT = Path(os.environ.get("ASYNCSTREAM_BENCH_DATA", Path.home() / ".cache/asyncstream-bench"))
-KS = (2, 4, 8, 12, 16)
-SETTINGS: dict[str, Any] = {"chunk_bytes": 4 << 20, "window": 16, "seed": 0}
+KS = (8, 16, 32, 64)
 BUCKET = "bench"
 
 
@@ -134,14 +136,21 @@ def _link(root: Path, profile: Any) -> Iterator[tuple[str, dict[str, Any]]]:
 
 
 def sweep(
-    url: str, samples: int, endpoint: str, settings: list[Any], *, rounds: int, epochs: int
+    url: str,
+    samples: int,
+    endpoint: str,
+    settings: list[Any],
+    *,
+    rounds: int,
+    epochs: int,
+    stream_settings: dict[str, Any],
 ) -> dict[str, Any]:
     """Every setting ``rounds`` times, the order turned every other round; medians."""
     runs: dict[str, list[dict[str, Any]]] = {str(k): [] for k in settings}
     with tempfile.TemporaryDirectory(prefix="autotune-") as tmp:
         for r in range(rounds):
             for k in settings if r % 2 == 0 else reversed(settings):
-                stream = {**SETTINGS, "inflight": k}
+                stream = {**stream_settings, "inflight": k}
                 spec = {
                     "url": url,
                     "endpoint": endpoint,
@@ -163,6 +172,7 @@ def sweep(
         out[k] = {
             "mb_per_s": statistics.median(r["mb_per_s"] for r in rows),
             "mb_per_s_runs": [r["mb_per_s"] for r in rows],
+            "epochs_mb_per_s_runs": [r["epochs_mb_per_s"] for r in rows],
             "last_epoch_mb_per_s": statistics.median(r["epochs_mb_per_s"][-1] for r in rows),
             "inflight_mean": statistics.median(r["inflight_mean"] for r in rows),
         }
@@ -170,15 +180,41 @@ def sweep(
             out[k]["concurrency_end"] = [r["concurrency_limit"] for r in rows]
             out[k]["concurrency_max"] = [r["concurrency_limit_max"] for r in rows]
             out[k]["autotune"] = [r["autotune"] for r in rows]
+    return judged(out)
+
+
+def steady(epochs: list[float]) -> float:
+    """MB/s over the second half of a run's epochs (the same bytes each: the harmonic mean
+    of their rates); the last epoch alone where a run has one. Epochs of a fast link are
+    a quarter of a second, so one epoch is mostly noise; half the run is less so."""
+    half = epochs[len(epochs) // 2 :]
+    return len(half) / sum(1.0 / r for r in half)
+
+
+def judged(rows: dict[str, Any]) -> dict[str, Any]:
+    """The rows with their steady figures, and auto against the best fixed K on each
+    figure: the whole run, the last epoch, the second half of the epochs (steady)."""
+    for row in rows.values():
+        runs = row.get("epochs_mb_per_s_runs")
+        if runs:
+            row["steady_mb_per_s_runs"] = [steady(e) for e in runs]
+            row["steady_mb_per_s"] = statistics.median(row["steady_mb_per_s_runs"])
     verdicts: dict[str, Any] = {}
-    for figure in ("mb_per_s", "last_epoch_mb_per_s"):
-        fixed = {k: v[figure] for k, v in out.items() if k != "auto"}
+    for figure in ("mb_per_s", "last_epoch_mb_per_s", "steady_mb_per_s"):
+        fixed = {k: v[figure] for k, v in rows.items() if k != "auto" and figure in v}
+        if not fixed or figure not in rows["auto"]:
+            continue
         best = max(fixed, key=fixed.__getitem__)
         verdicts[figure] = {
             "best_fixed": int(best),
-            "auto_over_best": out["auto"][figure] / fixed[best],
+            "auto_over_best": rows["auto"][figure] / fixed[best],
         }
-    return {"rows": out, **verdicts["mb_per_s"], "last_epoch": verdicts["last_epoch_mb_per_s"]}
+    return {
+        "rows": rows,
+        **verdicts["mb_per_s"],
+        "last_epoch": verdicts["last_epoch_mb_per_s"],
+        **({"steady": verdicts["steady_mb_per_s"]} if "steady_mb_per_s" in verdicts else {}),
+    }
 
 
 def render(out: dict[str, Any]) -> str:
@@ -188,8 +224,8 @@ def render(out: dict[str, Any]) -> str:
         f"readers on {out['pinning']['reader_cpus']}.",
         "",
         "| link | inflight | MB/s, whole run (median) | runs | MB/s, last epoch (median) "
-        "| downloads in flight, mean |",
-        "|---|---|---|---|---|---|",
+        "| MB/s, second half (median) | downloads in flight, mean |",
+        "|---|---|---|---|---|---|---|",
     ]
     for link, data in out["links"].items():
         for k, row in data["rows"].items():
@@ -197,13 +233,17 @@ def render(out: dict[str, Any]) -> str:
             extra = ""
             if k == "auto":
                 extra = f" (K at the end {row['concurrency_end']}, most {row['concurrency_max']})"
+            half = f"{row['steady_mb_per_s']:.0f}" if "steady_mb_per_s" in row else ""
             lines.append(
                 f"| {link} | {k} | {row['mb_per_s']:.0f} | {runs} | "
-                f"{row['last_epoch_mb_per_s']:.0f} | {row['inflight_mean']:.1f}{extra} |"
+                f"{row['last_epoch_mb_per_s']:.0f} | {half} | {row['inflight_mean']:.1f}{extra} |"
             )
     lines.append("")
     for link, data in out["links"].items():
-        for what, verdict in (("whole run", data), ("last epoch", data["last_epoch"])):
+        figures = [("whole run", data), ("last epoch", data["last_epoch"])]
+        if "steady" in data:
+            figures.append(("second half", data["steady"]))
+        for what, verdict in figures:
             within = "within 5%" if verdict["auto_over_best"] >= 0.95 else "NOT within 5%"
             lines.append(
                 f"- {link}, {what}: best fixed K = {verdict['best_fixed']}; auto / best = "
@@ -216,6 +256,12 @@ def main() -> None:
     if len(sys.argv) == 3 and sys.argv[1] == "--child":
         spec = json.loads(Path(sys.argv[2]).read_text())
         Path(spec["out"]).write_text(json.dumps(_child(spec)))
+        return
+    if len(sys.argv) == 3 and sys.argv[1] == "--render":  # a run's JSON, tables again
+        saved = json.loads(Path(sys.argv[2]).read_text())
+        for link in saved["links"].values():
+            link.update(judged(link["rows"]))
+        print(render(saved))
         return
 
     def more(parser: Any) -> None:
@@ -233,6 +279,8 @@ def main() -> None:
         parser.add_argument(
             "--slow-rate", type=float, default=90e6, help="the slow link's bytes/s a connection"
         )
+        parser.add_argument("--chunk-mib", type=float, help="chunk_bytes in MiB (default 1)")
+        parser.add_argument("--window", type=int, help="shards open (default 64)")
 
     args = arguments(__doc__, more)
     from asyncstream.testing import NetworkProfile
@@ -249,6 +297,11 @@ def main() -> None:
             first_byte_latency=(low, high), bandwidth_bytes_per_s=args.slow_rate
         ),
     }
+    settings: dict[str, Any] = {"seed": 0}
+    if args.chunk_mib:
+        settings["chunk_bytes"] = int(args.chunk_mib * (1 << 20))
+    if args.window:
+        settings["window"] = args.window
     data = Path(args.data)
     if args.quick and not data.exists():
         raise SystemExit(f"{data}: no dataset (see bench/RESULTS.md for how to make one)")
@@ -257,7 +310,7 @@ def main() -> None:
         "dataset": f"{data.name}",
         "epochs": epochs,
         "repeat": rounds,
-        "settings": SETTINGS,
+        "settings": settings,
         "profiles": {
             name: {"first_byte_s": list(p.first_byte_latency), "rate": p.bandwidth_bytes_per_s}
             for name, p in profiles.items()
@@ -271,7 +324,13 @@ def main() -> None:
             with _link(Path(tmp), profiles[name]) as (endpoint, pinning):
                 out["pinning"] = pinning
                 out["links"][name] = sweep(
-                    url, samples, endpoint, [*ks, "auto"], rounds=rounds, epochs=epochs
+                    url,
+                    samples,
+                    endpoint,
+                    [*ks, "auto"],
+                    rounds=rounds,
+                    epochs=epochs,
+                    stream_settings=settings,
                 )
     report(out, render(out), args.json)
 

@@ -16,9 +16,10 @@ import pytest
 from _servers import FAST_RETRY, SHORT, Dataset, assert_exact_epoch, upload_foreign
 
 from asyncstream import FetchConfig, LocalS3, S3Options, ShardStream
+from asyncstream._config import auto_range
 from asyncstream.testing import FaultProxy, NetworkProfile, TestCertificates
 
-START = 8  # where auto starts (asyncstream._config.AUTO_INFLIGHT_START)
+START, MOST = auto_range(64 << 10)  # where auto starts and its ceiling: 32 and 64
 
 
 @pytest.fixture(scope="module")
@@ -39,11 +40,23 @@ def slow_link(s3_server: LocalS3) -> Iterator[S3Options]:
         yield S3Options(endpoint_url=proxy.endpoint_url).resolve()
 
 
-def _stream(data: Dataset, options: S3Options, inflight: int | str, **more: Any) -> ShardStream:
+@pytest.fixture
+def slower_link(s3_server: LocalS3) -> Iterator[S3Options]:
+    """300 ms to the first byte: long enough that auto's ceiling (64 GETs of 64 KiB) asks
+    about 200 a second, which moto answers on two busy cores, so the link, not moto, is
+    what more downloads overcome."""
+    profile = NetworkProfile(first_byte_latency=(0.3, 0.3))
+    with FaultProxy(s3_server.endpoint_url, profile=profile) as proxy:
+        yield S3Options(endpoint_url=proxy.endpoint_url).resolve()
+
+
+def _stream(
+    data: Dataset, options: S3Options, inflight: int | str, coalesce: int = 0, **more: Any
+) -> ShardStream:
     fetch = FetchConfig(
         inflight=inflight,  # type: ignore[arg-type]  # "auto" or a count
         chunk_bytes=64 << 10,
-        coalesce_bytes=0,  # a GET per chunk: the round trips are what K hides
+        coalesce_bytes=coalesce,  # 0: a GET per chunk: the round trips are what K hides
         hedge=False,
         retry=FAST_RETRY,
         timeouts=SHORT,
@@ -59,17 +72,20 @@ def _stream(data: Dataset, options: S3Options, inflight: int | str, **more: Any)
     )
 
 
+@pytest.mark.parametrize("coalesce", [0, 8 << 20], ids=["a-get-per-chunk", "coalesced"])
 def test_auto_grows_concurrency_where_requests_wait_for_their_first_byte(
-    data: Dataset, slow_link: S3Options
+    data: Dataset, slower_link: S3Options, coalesce: int
 ) -> None:
-    with _stream(data, slow_link, "auto") as stream:
-        for epoch in range(2):
+    """Coalesced, no chunk waits to start (the downloads allowed take every chunk wanted,
+    several a GET): a GET carrying several is what says more downloads would help."""
+    with _stream(data, slower_link, "auto", coalesce) as stream:
+        for epoch in range(4 if coalesce else 2):  # coalesced: fewer GETs to judge by
             stream.set_epoch(epoch)
             assert_exact_epoch(list(stream), data)  # every sample once, whatever K does
         fetch = stream.stats()["fetch"]
     assert fetch["concurrency_start"] == START
     assert fetch["concurrency_limit"] > START
-    assert fetch["concurrency_limit_max"] <= fetch["autotune"]["ceiling"] == 16
+    assert fetch["concurrency_limit_max"] <= fetch["autotune"]["ceiling"] == MOST
     assert fetch["autotune"]["kept"] >= 1
 
 
@@ -84,9 +100,10 @@ def test_a_fixed_inflight_does_not_move(data: Dataset, slow_link: S3Options) -> 
 def test_auto_shrinks_concurrency_when_the_store_throttles(
     s3_server: LocalS3, data: Dataset
 ) -> None:
-    """The proxy serves 2 GETs at once and answers the rest ``503 SlowDown``."""
+    """The proxy serves a quarter of auto's start (8 GETs) at once and answers the rest
+    ``503 SlowDown``."""
     profile = NetworkProfile(first_byte_latency=(0.01, 0.02))
-    with FaultProxy(s3_server.endpoint_url, profile=profile, capacity=2) as proxy:
+    with FaultProxy(s3_server.endpoint_url, profile=profile, capacity=START // 4) as proxy:
         options = S3Options(endpoint_url=proxy.endpoint_url).resolve()
         with _stream(data, options, "auto") as stream:
             assert_exact_epoch(list(stream), data)
@@ -119,8 +136,14 @@ def test_a_checkpoint_resumes_exactly_under_the_other_setting(
 
 
 def test_auto_settings_are_checked() -> None:
-    fetch = FetchConfig(inflight="auto")
-    assert (fetch.inflight_start, fetch.inflight_max, fetch.prefetch_chunks) == (8, 16, 32)
+    fetch = FetchConfig(inflight="auto")  # 1 MiB GETs: from the fixed default's 32, to 64
+    assert (fetch.inflight_start, fetch.inflight_max, fetch.prefetch_chunks) == (32, 64, 128)
+    # the range is bytes in flight: 32 MiB at the start, within 8 and 32 downloads
+    assert [auto_range(n << 20) for n in (1, 2, 4, 16)] == [(32, 64), (16, 32), (8, 16), (8, 16)]
+    assert auto_range(64 << 10) == (32, 64)
+    assert FetchConfig(inflight="auto", chunk_bytes=4 << 20).inflight_range() == (8, 16)
+    assert FetchConfig(inflight="auto").inflight_range(4 << 20) == (8, 16)
+    assert FetchConfig(inflight=5).inflight_range(4 << 20) == (5, 5)
     assert fetch.auto_prefetch
     assert FetchConfig(inflight="auto", prefetch=10).prefetch_chunks == 10
     assert not FetchConfig(inflight="auto", prefetch=10).auto_prefetch

@@ -720,3 +720,11 @@ def test_the_default_ring_holds_at_most_128_mib_a_reader(tmp_path: Path) -> None
     # a small dataset: fewer lanes leave room for all of 2 x inflight
     with ShardStream(sorted(str(p) for p in tmp_path.glob("s00*.tar")), samples_per_shard=1) as s:
         assert (s.ring_bytes // mib, s._settings.prefetch_slots) == (12 + 64 + 1, 64)
+    # inflight="auto" keeps the same budget: its ceiling (64 GETs of 1 MiB) is cut to the
+    # 63 slots ahead, and "auto" prefetch sizes the ring as an unset one does
+    assert ring(inflight="auto") == ring(inflight="auto", prefetch="auto") == (128, 63)
+    with ShardStream(url, samples_per_shard=1, inflight="auto") as s:
+        engine = s._settings.engine_config(0)
+        assert (engine.inflight_start, engine.inflight) == (32, 63)
+    # 4 MiB GETs: auto from 8 to 16; the budget out of reach, 2 x 16 blocks ahead as before
+    assert ring(inflight="auto", chunk_bytes=4 << 20) == ((64 + 32 + 1) * 4, 32)

@@ -22,8 +22,10 @@ class EngineConfig:
     Args:
         inflight: K, the most chunk downloads at once.
         auto: find the concurrency below ``inflight`` (``FetchConfig(inflight="auto")``):
-            it starts at ``min(8, inflight)`` and moves as
+            it starts at ``min(auto_start, inflight)`` and moves as
             :class:`~._policies.HillClimb` decides.
+        auto_start: where ``auto`` starts (``asyncstream._config.auto_range`` of the
+            GET size).
         retry: retries of one chunk.
         timeouts: time limits of one attempt.
         check_etag: compare the listed ETag with every response (``If-Match``).
@@ -63,6 +65,7 @@ class EngineConfig:
 
     inflight: int = 8
     auto: bool = False
+    auto_start: int = AUTO_INFLIGHT_START
     retry: RetryPolicy = field(default_factory=RetryPolicy)
     timeouts: Timeouts = field(default_factory=Timeouts)
     check_etag: bool = True
@@ -106,8 +109,8 @@ class EngineConfig:
     @property
     def inflight_start(self) -> int:
         """The downloads allowed at the start: ``inflight``, or under ``auto``
-        :data:`~asyncstream._config.AUTO_INFLIGHT_START` at most."""
-        return min(AUTO_INFLIGHT_START, self.inflight) if self.auto else self.inflight
+        ``auto_start`` at most."""
+        return min(self.auto_start, self.inflight) if self.auto else self.inflight
 
     @property
     def wait_timeout(self) -> float:

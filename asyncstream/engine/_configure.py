@@ -23,6 +23,7 @@ def engine_config(
     request_bytes: int | None = None,
     withhold: frozenset[str] = frozenset(),
     inflight: int | None = None,
+    auto_start: int | None = None,
 ) -> EngineConfig:
     """The engine's settings for a stream (or a count) fetching with ``fetch``.
 
@@ -40,10 +41,13 @@ def engine_config(
             here as data, so a DataLoader worker of any start method withholds them too).
         inflight: the most downloads at once, where the ring allows fewer than
             ``fetch.inflight_max`` (None: that).
+        auto_start: where ``inflight="auto"`` starts, for the stream's GET size (None:
+            ``fetch.inflight_start``, for GETs of ``chunk_bytes``).
     """
     return EngineConfig(
         inflight=inflight if inflight is not None else fetch.inflight_max,
         auto=fetch.auto_inflight,
+        auto_start=auto_start if auto_start is not None else fetch.inflight_start,
         retry=fetch.retry,
         timeouts=fetch.timeouts,
         check_etag=fetch.check_etag,

@@ -212,13 +212,16 @@ class Scheduler:
                 self.stats.concurrency_limit_min, self.aimd.limit
             )
 
-    def _completed(self, nbytes: int) -> None:
+    def _completed(self, nbytes: int, *, grouped: bool = False) -> None:
         """A download of ``nbytes`` completed: AIMD grows back, and the tuner (if any)
-        counts it, with whether only the limit held chunks back (chunks waiting to start
-        while a slot is free: the ring has room)."""
+        counts it, with whether only the limit held chunks back while the ring had room
+        (a slot free): chunks waiting to start, or this download carrying several
+        (``grouped``: coalesced because there were more chunks wanted than downloads
+        allowed, which more downloads would have carried at once)."""
         self.aimd.completed()
         if self.tuner is not None:
-            bound = bool(self.pending) and self.ring.free_count() > self.hedging.held_back
+            wanted = bool(self.pending) or grouped
+            bound = wanted and self.ring.free_count() > self.hedging.held_back
             self.tuner.completed(nbytes, bound=bound, round_trip=self.latency.median_total())
             self.stats.concurrency_limit_max = max(
                 self.stats.concurrency_limit_max, self.aimd.limit
@@ -323,7 +326,7 @@ class Scheduler:
                 self._send(ChunkFailed(rid, error, trace))
         else:
             stats.timed(timing.first_byte, time.monotonic() - began)
-            self._completed(sum(request.length for _, request, _ in group))
+            self._completed(sum(request.length for _, request, _ in group), grouped=len(group) > 1)
         finally:
             stats.add_inflight(-1)
             self.active -= 1

@@ -106,28 +106,39 @@ class StreamSettings:
 
     @functools.cached_property
     def prefetch_slots(self) -> int:
-        """Chunks requested ahead at most: ``prefetch`` (by default
-        :meth:`default_prefetch`), or the epoch's chunk count if smaller. The same number
+        """Chunks requested ahead at most: ``prefetch``, or (unset or ``"auto"``)
+        :meth:`default_prefetch`, or the epoch's chunk count if smaller. The same number
         sizes the ring's prefetch slots: every requested chunk fits at once, so a chunk a
         lane waits for never queues behind prefetched ones."""
         chunks = sum(
             n * -(-s.size // self.chunk_bytes)
             for s, n in zip(self.shards, self._passes, strict=True)
         )
-        wanted = self.fetch.prefetch_chunks
-        if self.fetch.prefetch is None and not self.fetch.auto_inflight:
-            wanted = self.default_prefetch()
+        prefetch = self.fetch.prefetch
+        wanted = prefetch if isinstance(prefetch, int) else self.default_prefetch()
         return max(1, min(wanted, chunks))
 
+    @property
+    def get_bytes(self) -> int:
+        """The bytes one GET reads: ``fetch.chunk_bytes``, or the block where smaller."""
+        return min(self.fetch.chunk_bytes, self.chunk_bytes)
+
+    @property
+    def inflight_range(self) -> tuple[int, int]:
+        """The downloads allowed at the start and at most, for this stream's GETs
+        (:meth:`~asyncstream.FetchConfig.inflight_range`)."""
+        return self.fetch.inflight_range(self.get_bytes)
+
     def default_prefetch(self) -> int:
-        """``prefetch`` where it is not set: ``2 * inflight`` blocks, cut to keep a ring
-        of :data:`~asyncstream._config.RING_BUDGET_BYTES` (128 MiB) per reader where
-        that leaves at least the blocks that keep ``inflight`` GETs busy: at most what
-        the window's lanes and the hedge slot leave of the budget. Where the budget
-        cannot be kept so (blocks of several MiB: set by the user, or a loaded state's),
-        ``2 * inflight`` blocks, as before the budget; ``inflight`` counts the GETs, so
-        a block read by several GETs (``chunk_bytes`` below the block) counts for as
-        many.
+        """``prefetch`` where it is not set: twice the blocks of the most GETs allowed
+        (``inflight``; under ``"auto"`` its ceiling), cut to keep a ring of
+        :data:`~asyncstream._config.RING_BUDGET_BYTES` (128 MiB) per reader where that
+        leaves at least the blocks that keep the starting GETs busy (``inflight``; under
+        ``"auto"`` where it starts): at most what the window's lanes and the hedge slot
+        leave of the budget. Where the budget cannot be kept so (blocks of several MiB:
+        set by the user, or a loaded state's), twice the most GETs' blocks, as before the
+        budget; a block read by several GETs (``chunk_bytes`` below the block) counts for
+        as many. Under ``"auto"`` the engine never runs more downloads than these slots.
 
         Twice ``inflight``, because lanes empty in random order and some prefetched blocks
         always wait for their lane (:mod:`._run`). Over the S3-like nginx link, window 64
@@ -135,11 +146,14 @@ class StreamSettings:
         48 ahead 1.03x, in one run (``bench/RESULTS.md``, issue 30 item 2): the budget's
         last slots count.
         """
-        block = self.chunk_bytes
-        per_get = min(self.fetch.chunk_bytes, block)
-        busy = max(1, -(-self.fetch.inflight_max * per_get // block))
+        block, per_get = self.chunk_bytes, self.get_bytes
+        start, most = self.inflight_range
+
+        def blocks(gets: int) -> int:
+            return max(1, -(-gets * per_get // block))
+
         room = RING_BUDGET_BYTES // block - self.lanes - self.fetch.hedge_slots
-        return min(2 * busy, room) if room >= busy else 2 * busy
+        return min(2 * blocks(most), room) if room >= blocks(start) else 2 * blocks(most)
 
     @functools.cached_property
     def _source_starts(self) -> list[int]:
@@ -193,9 +207,10 @@ class StreamSettings:
             request_bytes=self.request_bytes,
             withhold=self.withhold,
             # auto: no more downloads than the prefetch slots could ever hold
-            inflight=min(self.fetch.inflight_max, self.prefetch_slots)
+            inflight=min(self.inflight_range[1], self.prefetch_slots)
             if self.fetch.auto_inflight
             else None,
+            auto_start=self.inflight_range[0],
         )
 
     def counting(self) -> CountSettings:
