@@ -148,18 +148,20 @@ class FetchConfig:
 
     Args:
         inflight: K, chunk downloads in flight at most (fewer while throttled); or
-            ``"auto"``: the engine finds K itself, from where it starts to twice that
-            (:meth:`inflight_range`): 32 MiB in flight to start with, i.e. 32 GETs of
-            1 MiB (the default) rising to at most 64, 8 GETs of 4 MiB or more rising to
-            16 (:func:`auto_range`), and never more than the ring's prefetch slots. While
-            the downloads are what the stream waits for (chunks are wanted, the ring has
-            free slots, and every download allowed is running) it tries its ceiling; it
-            keeps a step that raised the bytes per second by an eighth of its size (12.5%
-            for a doubling) and 5% at least, takes back one that did not and tries half
-            the step later (less often after each try that failed), and settles.
-            Throttling (``503 SlowDown``) halves it as ``adaptive`` does, and it settles
-            at the halved value. Never part of the order: a checkpoint taken under
-            ``"auto"`` resumes under a fixed K and the reverse.
+            ``"auto"`` (the default): the engine finds K itself, from where it starts to
+            twice that (:meth:`inflight_range`): 32 MiB in flight to start with, i.e. 32
+            GETs of 1 MiB (the default block) rising to at most 64, 8 GETs of 4 MiB or
+            more rising to 16 (:func:`auto_range`), and never more than the ring's
+            prefetch slots. While the downloads are what the stream waits for (chunks
+            are wanted, the ring has free slots, and every download allowed is running)
+            it tries its ceiling; it keeps a step that raised the bytes per second by an
+            eighth of its size (12.5% for a doubling) and 5% at least, takes back one
+            that did not and tries half the step later (less often after each try that
+            failed), and settles. Throttling (``503 SlowDown``) halves it as
+            ``adaptive`` does, and it settles at the halved value. Over an S3-like link
+            it reads 1.4x a fixed K = 32 (``bench/RESULTS.md``, issue 31 item 4). Never
+            part of the order: a checkpoint taken under ``"auto"`` resumes under a fixed
+            K and the reverse.
         prefetch: chunks requested ahead of need; unset, ``2 * inflight`` (under
             ``"auto"``, twice its ceiling), within a ring of 128 MiB
             (:data:`RING_BUDGET_BYTES`: at most what the window's lanes and the hedge
@@ -200,7 +202,7 @@ class FetchConfig:
             1, a budget outside [0, 1], an unknown transport or ``on_truncated``.
     """
 
-    inflight: int | Literal["auto"] = 32
+    inflight: int | Literal["auto"] = "auto"
     prefetch: int | Literal["auto"] | None = None
     chunk_bytes: int = 1 << 20
     coalesce_bytes: int = 8 << 20

@@ -451,7 +451,8 @@ RING_DEFAULTS: dict[str, dict[str, Any]] = {
         "prefetch": 16,
         "chunk_bytes": 16 << 20,
     },
-    "default (1 MiB blocks, K = 32, a 128 MiB ring)": {"window": 64},
+    "1 MiB blocks, K = 32 (the default before auto)": {"window": 64, "inflight": 32},
+    "default (1 MiB blocks, K found from 32, a 128 MiB ring)": {"window": 64},
 }
 
 

@@ -136,7 +136,8 @@ def test_a_checkpoint_resumes_exactly_under_the_other_setting(
 
 
 def test_auto_settings_are_checked() -> None:
-    fetch = FetchConfig(inflight="auto")  # 1 MiB GETs: from the fixed default's 32, to 64
+    assert FetchConfig().inflight == "auto"  # the default
+    fetch = FetchConfig(inflight="auto")  # 1 MiB GETs: from 32 to 64
     assert (fetch.inflight_start, fetch.inflight_max, fetch.prefetch_chunks) == (32, 64, 128)
     # the range is bytes in flight: 32 MiB at the start, within 8 and 32 downloads
     assert [auto_range(n << 20) for n in (1, 2, 4, 16)] == [(32, 64), (16, 32), (8, 16), (8, 16)]

@@ -697,8 +697,9 @@ def test_a_clean_exit_with_persistent_workers_warns_of_no_leak(tmp_path: Path) -
 
 def test_the_default_ring_holds_at_most_128_mib_a_reader(tmp_path: Path) -> None:
     """The default ``prefetch`` fills what the window's lanes and the hedge slot leave of
-    128 MiB, where that keeps ``inflight`` GETs busy; blocks too large for that (set by
-    the user, or a loaded state's) get ``2 * inflight`` GETs' worth, as before."""
+    128 MiB, up to twice the most GETs (a fixed ``inflight``, or auto's ceiling, twice
+    where it starts), where that keeps the starting GETs busy; blocks too large for that
+    (set by the user, or a loaded state's) get twice the most GETs' worth, as before."""
     for i in range(100):  # sparse: nothing is read at construction
         with (tmp_path / f"s{i:03d}.tar").open("wb") as f:
             f.truncate(8 << 20)
@@ -708,23 +709,28 @@ def test_the_default_ring_holds_at_most_128_mib_a_reader(tmp_path: Path) -> None
         with ShardStream(url, samples_per_shard=1, **settings) as s:
             return s.ring_bytes // mib, s._settings.prefetch_slots
 
-    assert ring() == (128, 63)  # 64 lanes + 63 ahead + the hedge slot, of 1 MiB
+    # the default, inflight="auto": 64 lanes + 63 ahead + the hedge slot, of 1 MiB; its
+    # ceiling (64 GETs) cut to the 63 slots ahead
+    assert ring() == ring(inflight="auto", prefetch="auto") == (128, 63)
+    with ShardStream(url, samples_per_shard=1) as s:
+        engine = s._settings.engine_config(0)
+        assert (engine.auto, engine.inflight_start, engine.inflight) == (True, 32, 63)
     assert ring(hedge=False) == (128, 64)
-    assert ring(window=16) == (16 + 64 + 1, 64)  # 2 x inflight fits: no more
+    assert ring(window=16) == (128, 111)  # twice auto's ceiling would not fit: the budget
+    assert ring(window=16, inflight=32) == (16 + 64 + 1, 64)  # 2 x inflight fits: no more
     assert ring(inflight=16) == (64 + 32 + 1, 32)
     assert ring(prefetch=10) == (64 + 10 + 1, 10)  # set: as set
     # 8 MiB blocks (the shards' size) of one GET each: 2 x inflight, the budget out of reach
     assert ring(chunk_bytes=16 << 20, inflight=8) == ((64 + 16 + 1) * 8, 16)
-    # 8 MiB blocks read as 8 GETs of 1 MiB: 4 blocks keep 32 GETs busy, twice that ahead
-    assert ring(block_bytes=8 << 20) == ((64 + 8 + 1) * 8, 8)
-    # a small dataset: fewer lanes leave room for all of 2 x inflight
-    with ShardStream(sorted(str(p) for p in tmp_path.glob("s00*.tar")), samples_per_shard=1) as s:
+    # 8 MiB blocks read as 8 GETs of 1 MiB: 4 blocks keep 32 GETs busy, twice that ahead;
+    # under auto, twice its ceiling of 64 GETs
+    assert ring(block_bytes=8 << 20, inflight=32) == ((64 + 8 + 1) * 8, 8)
+    assert ring(block_bytes=8 << 20) == ((64 + 16 + 1) * 8, 16)
+    # a small dataset: fewer lanes leave room for all of 2 x inflight, or the budget
+    small = sorted(str(p) for p in tmp_path.glob("s00*.tar"))
+    with ShardStream(small, samples_per_shard=1, inflight=32) as s:
         assert (s.ring_bytes // mib, s._settings.prefetch_slots) == (12 + 64 + 1, 64)
-    # inflight="auto" keeps the same budget: its ceiling (64 GETs of 1 MiB) is cut to the
-    # 63 slots ahead, and "auto" prefetch sizes the ring as an unset one does
-    assert ring(inflight="auto") == ring(inflight="auto", prefetch="auto") == (128, 63)
-    with ShardStream(url, samples_per_shard=1, inflight="auto") as s:
-        engine = s._settings.engine_config(0)
-        assert (engine.inflight_start, engine.inflight) == (32, 63)
+    with ShardStream(small, samples_per_shard=1) as s:  # the epoch's 80 chunks, at most
+        assert (s.ring_bytes // mib, s._settings.prefetch_slots) == (12 + 80 + 1, 80)
     # 4 MiB GETs: auto from 8 to 16; the budget out of reach, 2 x 16 blocks ahead as before
     assert ring(inflight="auto", chunk_bytes=4 << 20) == ((64 + 32 + 1) * 4, 32)
