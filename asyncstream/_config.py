@@ -278,9 +278,10 @@ class FetchConfig:
 
     @property
     def prefetch_chunks(self) -> int:
-        """The most chunks requested ahead where no ring budget applies (a count of
-        shards): ``prefetch``, or twice :attr:`inflight_max`. A stream's own is
-        ``StreamSettings.prefetch_slots``, within the ring's budget."""
+        """``prefetch``, or twice :attr:`inflight_max`: the chunks a ring with no budget
+        would take ahead. A stream's own are ``StreamSettings.prefetch_slots``, within
+        the ring's 128 MiB budget; the library itself no longer reads this (public, kept
+        for callers)."""
         if self.prefetch is None or self.prefetch == "auto":
             return 2 * self.inflight_max
         return self.prefetch

@@ -26,8 +26,9 @@ chunks, ``prefetch`` for chunks downloading or downloaded and waiting for their 
 prefetched chunks always wait READY for their lane, and with only ``inflight`` slots for
 them fewer than ``inflight`` downloads would run (measured under the S3-like profile: 6.4
 of 8 on average, against 7.9 of 8 with twice the slots). Under ``prefetch="auto"`` (the
-default of ``inflight="auto"``) the ring is sized for twice the most downloads
-(``FetchConfig.inflight_max``) and the chunks asked ahead are twice the engine's
+default of ``inflight="auto"``, itself the default) the ring is sized for twice the most
+downloads within the 128 MiB budget (``StreamSettings.default_prefetch``) and the chunks
+asked ahead are twice the engine's
 concurrency of the moment (each ``ChunkReady`` says it), so the slots beyond are never
 touched while the engine runs fewer; which chunks are asked ahead never changes the order.
 """
