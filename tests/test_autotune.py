@@ -188,3 +188,28 @@ def test_auto_over_https_in_dataloader_workers_resumes_under_a_fixed_inflight(
         resumed.load_state_dict(state)
         tail = [key for batch in resumed for key in batch]
     assert head + tail == reference
+
+
+def test_the_default_reads_foreign_shards_over_https_in_workers_as_webdataset_does(
+    data: Dataset, s3_tls_server: LocalS3, certs: TestCertificates
+) -> None:
+    """``inflight`` left unset (auto, the default), over HTTPS, in two StatefulDataLoader
+    workers: the shards ``tarfile`` and ``webdataset.TarWriter`` wrote give, each once,
+    the samples webdataset's own reader takes from the same bytes."""
+    from _wds import wds_samples
+    from torchdata.stateful_dataloader import StatefulDataLoader
+
+    options = S3Options(endpoint_url=s3_tls_server.endpoint_url, ca_bundle=certs.ca).resolve()
+    fetch = FetchConfig(chunk_bytes=64 << 10, retry=FAST_RETRY, timeouts=SHORT)
+    with ShardStream(
+        data.prefix, s3=options, fetch=fetch, samples_per_shard=data.shards.counts, seed=5
+    ) as stream:
+        assert stream._settings.engine_config(0).auto  # nothing set: the engine finds K
+        got = [
+            {k: v if k.startswith("__") else bytes(v) for k, v in s.items() if k != "__url__"}
+            for s in StatefulDataLoader(stream, batch_size=None, num_workers=2)
+        ]
+    theirs = [s for url, blob in sorted(data.blobs.items()) for s in wds_samples(blob, url)]
+    key = "__key__"
+    assert sorted(got, key=lambda s: s[key]) == sorted(theirs, key=lambda s: s[key])
+    assert len({s[key] for s in got}) == len(got) == sum(data.shards.counts)
