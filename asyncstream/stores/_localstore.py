@@ -9,11 +9,13 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import errno
 import os
 import secrets
 import shutil
 from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
+from typing import Any
 from urllib.parse import unquote, urlparse
 
 from .._exceptions import NotFoundError, ShardURLError
@@ -23,9 +25,13 @@ from ._store import ChunkRequest, Store, Timing
 
 __all__ = ["LocalStore", "local_path", "local_uri"]
 
+_NOWAIT: int = getattr(os, "RWF_NOWAIT", 0)
+_INLINE_MOST = 16 << 20  # the largest read tried on the event loop
+
 
 class LocalStore(Store):
-    """Local files; ranges read with ``preadv`` straight into the buffer (in a thread)."""
+    """Local files; ranges read with ``preadv`` straight into the buffer: on the event loop
+    where the page cache holds them, else in a thread (:meth:`_read_inline`)."""
 
     #: Consecutive chunks of a file are read by one ``preadv`` into their slots (one
     #: hand-off to the thread pool and one system call for the group): with 1 MiB
@@ -116,18 +122,13 @@ class LocalStore(Store):
         loop = asyncio.get_running_loop()
         start = loop.time()
         path = self._read_path(request.url)
-
-        def read() -> int:
-            fd = os.open(path, os.O_RDONLY)
-            try:
-                size = os.fstat(fd).st_size
-                if request.size is not None and size != request.size:
-                    raise ChunkFailure("changed", f"its size is {size}, not {request.size}")
-                return os.preadv(fd, outs, request.offset)
-            finally:
-                os.close(fd)
-
-        n = await loop.run_in_executor(None, read)
+        n = self._read_inline(path, request, outs) if self._inline else 0
+        if n < request.length:  # not in the page cache (or not all of it): in a thread
+            self.thread_reads += 1
+            rest = _after(outs, n)
+            n += await loop.run_in_executor(
+                None, _pread, path, request.size, rest, request.offset + n, 0
+            )
         whole = 0
         for i, out in enumerate(outs):
             whole += len(out)
@@ -139,6 +140,78 @@ class LocalStore(Store):
             raise ChunkFailure("truncated", f"read {n} of {request.length} bytes from {path}")
         elapsed = loop.time() - start
         return Timing(elapsed, elapsed)
+
+    #: whether a read first tries the page cache on the event loop (``RWF_NOWAIT``):
+    #: turned off for good once a file system refuses the flag
+    _inline = bool(_NOWAIT)
+
+    def _read_inline(self, path: Path, request: ChunkRequest, outs: Sequence[memoryview]) -> int:
+        """What of ``request`` the page cache holds, read on the event loop without waiting
+        for a disk (``preadv2`` with ``RWF_NOWAIT``): 0 where none of it is there yet, or
+        where the group is larger than :data:`_INLINE_MOST`.
+
+        Why: handing a read to the thread pool and its result back to the loop cost
+        60 to 90 us of CPU a read beyond the copy itself (145 us a MiB here), about the
+        whole of the engine's extra cost per 1 MiB chunk of local files (an asyncio loop
+        reading 1 MiB from the page cache 2,000 times, one read at a time, 2 cores,
+        2026-11-28: 234 to 242 us of CPU a read through ``run_in_executor``, 146 to 164
+        us inline). A read from the page cache copies at memory speed, so the loop is
+        held about 0.15 ms a MiB, 2.3 ms for the largest group read this way. A read
+        the page cache cannot answer at once (``EAGAIN``), and the rest of one it
+        answers in part, go to the thread as before: a cold disk never holds the loop.
+        """
+        if request.length > _INLINE_MOST:
+            return 0
+        try:
+            n = _pread(path, request.size, outs, request.offset, _NOWAIT)
+        except BlockingIOError:
+            return 0
+        except OSError as exc:
+            if exc.errno not in (errno.EOPNOTSUPP, errno.EINVAL):
+                raise
+            self._inline = False  # a file system that refuses RWF_NOWAIT: threads from now
+            return 0
+        self.cached_reads += n == request.length
+        return n
+
+    #: reads answered whole on the event loop from the page cache, and reads (or their
+    #: rest) done in a thread: ``stats()["fetch"]`` has both
+    cached_reads = 0
+    thread_reads = 0
+
+    def stats(self) -> dict[str, Any]:
+        return {
+            "transport": "local",
+            "cached_reads": self.cached_reads,
+            "thread_reads": self.thread_reads,
+        }
+
+
+def _pread(
+    path: Path, size: int | None, outs: Sequence[memoryview], offset: int, flags: int
+) -> int:
+    """``preadv`` of ``path`` at ``offset`` into ``outs``, once the file's size is checked
+    against ``size`` (the size it was listed with, where known)."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        actual = os.fstat(fd).st_size
+        if size is not None and actual != size:
+            raise ChunkFailure("changed", f"its size is {actual}, not {size}")
+        return os.preadv(fd, outs, offset, flags)
+    finally:
+        os.close(fd)
+
+
+def _after(outs: Sequence[memoryview], n: int) -> list[memoryview]:
+    """The buffers of ``outs`` past their first ``n`` bytes."""
+    rest: list[memoryview] = []
+    for out in outs:
+        if n >= len(out):
+            n -= len(out)
+            continue
+        rest.append(out[n:])
+        n = 0
+    return rest
 
 
 def _path(url: str) -> Path:

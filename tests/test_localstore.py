@@ -1,0 +1,132 @@
+"""Local reads: from the page cache on the event loop, else in a thread.
+
+:class:`LocalStore` first asks for a range with ``RWF_NOWAIT``, which the kernel answers
+only from the page cache; what it cannot answer at once is read in a thread. Files are
+made cold for real, with ``posix_fadvise(DONTNEED)`` after ``fsync``, and a file system
+without the flag is a real one (``/proc``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import random
+from pathlib import Path
+
+import pytest
+
+from asyncstream import ShardStream
+from asyncstream.stores._localstore import LocalStore
+from asyncstream.stores._store import ChunkRequest
+from tests._foreign import write_foreign_shards
+
+MIB = 1 << 20
+
+
+def _file(path: Path, size: int) -> bytes:
+    data = random.Random(size).randbytes(size)
+    path.write_bytes(data)
+    return data
+
+
+def _drop_cache(path: Path, warm: int = 0) -> None:
+    """Evict ``path``'s pages from the page cache (written back first), then read its
+    first ``warm`` bytes back in, with no readahead; skip where the file system keeps the
+    file in memory (tmpfs). The whole file is evicted: the kernel keeps a large folio
+    that a range evicted only in part."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_RANDOM)  # this descriptor: no readahead
+        if warm:
+            os.preadv(fd, [bytearray(warm)], 0)
+        try:
+            os.preadv(fd, [bytearray(4096)], path.stat().st_size - 4096, os.RWF_NOWAIT)
+        except BlockingIOError:
+            return
+    finally:
+        os.close(fd)
+    pytest.skip(f"{path.parent} keeps its files in memory: no read of it waits for a disk")
+
+
+def _read(store: LocalStore, path: Path, sizes: list[int], offset: int = 0) -> list[bytes]:
+    """One group read of consecutive chunks of ``sizes`` bytes at ``offset``; the chunks,
+    each checked to have been handed over whole."""
+    outs = [bytearray(n) for n in sizes]
+    handed: list[int] = []
+    request = ChunkRequest(path.as_uri(), offset, sum(sizes), None, True, size=path.stat().st_size)
+    asyncio.run(store.read_group(request, [memoryview(b) for b in outs], handed.append))
+    assert handed == list(range(len(sizes)))
+    return [bytes(b) for b in outs]
+
+
+def test_a_range_in_the_page_cache_is_read_on_the_loop(tmp_path: Path) -> None:
+    data = _file(tmp_path / "warm.tar", 3 * MIB)
+    store = LocalStore()
+    chunks = _read(store, tmp_path / "warm.tar", [MIB, MIB, MIB // 2], offset=4096)
+    assert b"".join(chunks) == data[4096 : 4096 + 5 * MIB // 2]
+    assert store.stats() == {"transport": "local", "cached_reads": 1, "thread_reads": 0}
+
+
+def test_a_cold_range_is_read_in_a_thread(tmp_path: Path) -> None:
+    path = tmp_path / "cold.tar"
+    data = _file(path, 2 * MIB)
+    _drop_cache(path)
+    store = LocalStore()
+    assert b"".join(_read(store, path, [MIB, MIB])) == data
+    assert (store.cached_reads, store.thread_reads) == (0, 1)
+    assert store._inline  # the file system has the flag: later reads still try the cache
+
+
+def test_a_range_cached_in_part_is_finished_in_a_thread(tmp_path: Path) -> None:
+    """The page cache holds the group's first chunks, not its last: what it holds is read
+    on the loop, the rest (from inside a chunk, wherever the cached part ends) in a
+    thread, and every chunk is handed over whole."""
+    path = tmp_path / "half.tar"
+    data = _file(path, 8 * MIB)
+    _drop_cache(path, warm=MIB)
+    fd = os.open(path, os.O_RDONLY)
+    try:  # what the page cache answers at once: the first MiB, inside the first chunk
+        assert os.preadv(fd, [bytearray(8 * MIB)], 0, os.RWF_NOWAIT) == MIB
+    finally:
+        os.close(fd)
+    store = LocalStore()
+    chunks = _read(store, path, [1536 << 10, 1536 << 10, 5 * MIB])
+    assert b"".join(chunks) == data
+    assert (store.cached_reads, store.thread_reads) == (0, 1)
+
+
+def test_a_file_system_without_the_flag_is_read_in_threads(tmp_path: Path) -> None:
+    """``/proc`` refuses ``RWF_NOWAIT``: the read goes to a thread, and the store stops
+    asking for good."""
+    path = Path("/proc/version")
+    expected = path.read_bytes()[:16]
+    store = LocalStore()
+    outs = [bytearray(16)]
+    request = ChunkRequest(path.as_uri(), 0, 16, None, True)
+    asyncio.run(store.read_group(request, [memoryview(outs[0])], None))
+    assert bytes(outs[0]) == expected
+    assert not store._inline
+    assert (store.cached_reads, store.thread_reads) == (0, 1)
+
+
+def test_a_stream_over_local_files_reads_them_from_the_page_cache(tmp_path: Path) -> None:
+    """Shards written by ``tarfile`` and ``webdataset.TarWriter``, read in small chunks
+    (so most samples straddle one): every sample once, and the engine's reads come from
+    the page cache; after the files are evicted, an epoch reads them in threads, the
+    same samples again."""
+    shards = write_foreign_shards(tmp_path / "data", 4, seed=7, jpg_bytes=(2000, 30000))
+    with ShardStream(str(shards.folder), chunk_bytes=64 << 10, seed=3) as stream:
+        keys = [sample["__key__"] for sample in stream]
+        fetch = stream.stats()["fetch"]
+        assert sorted(keys) == sorted(shards.keys)
+        assert fetch["transport"] == "local"
+        assert fetch["cached_reads"] >= 1
+        assert fetch["thread_reads"] == 0
+        for path in sorted(shards.folder.glob("*.tar")):
+            _drop_cache(path)
+        stream.set_epoch(1)
+        again = [sample["__key__"] for sample in stream]
+        assert sorted(again) == sorted(shards.keys)
+        assert stream.stats()["fetch"]["thread_reads"] >= 1
