@@ -1,8 +1,8 @@
 """The focused benchmark modules (``python -m bench.scale``, ``bench.index``,
 ``bench.tarread``, ``bench.samplecost``, ``bench.bombs``, ``bench.endtoend``,
-``bench.blenddraw``, ``bench.autotune``, ``bench.localring``, ``bench.tls --server
-nginx``, ``bench.shuffle --window``), each at its smallest: it runs and its figures are
-complete and finite.
+``bench.blenddraw``, ``bench.autotune``, ``bench.localring``, ``bench.localread``,
+``bench.tls --server nginx``, ``bench.shuffle --window``), each at its smallest: it
+runs and its figures are complete and finite.
 (Figures are not judged here: that is what the benchmark is for.)"""
 
 from __future__ import annotations
@@ -124,6 +124,25 @@ def test_localring_benchmark_reads_both_settings_from_local_files(tmp_path: Path
     small = data["runs"]["after, small"]["median"]
     assert small["ring_mib"] <= data["runs"]["after, default"]["median"]["ring_mib"]
     assert "| after, small |" in stdout
+
+
+def test_localread_benchmark_reads_on_the_loop_and_in_threads(tmp_path: Path) -> None:
+    """``bench.localread`` reads a cached file both ways: every read of the loop's runs
+    answered by the page cache, every read of the threads' runs in a thread."""
+    (tmp_path / "shards").mkdir()
+    (tmp_path / "shards" / "a.tar").write_bytes(bytes(range(256)) * (3 << 12))  # 3 MiB
+    data, stdout = run_bench(
+        "bench.localread",
+        *("--data", str(tmp_path / "shards"), "--reads", "24", "--rounds", "1"),
+        out=tmp_path / "localread.json",
+    )
+    assert list(data["runs"]) == ["1, loop", "1, thread", "8, loop", "8, thread"]
+    for label, run in data["runs"].items():
+        (row,) = run["rounds"]
+        loop = label.endswith("loop")
+        assert (row["cached_reads"], row["thread_reads"]) == ((24, 0) if loop else (0, 24))
+        assert all(math.isfinite(n) and n > 0 for n in numbers(row) if n)
+    assert "| 8 | thread |" in stdout
 
 
 def test_bombs_benchmark_reads_each_bomb_in_a_capped_child(tmp_path: Path) -> None:

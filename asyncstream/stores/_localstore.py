@@ -150,15 +150,15 @@ class LocalStore(Store):
         for a disk (``preadv2`` with ``RWF_NOWAIT``): 0 where none of it is there yet, or
         where the group is larger than :data:`_INLINE_MOST`.
 
-        Why: handing a read to the thread pool and its result back to the loop cost
-        60 to 90 us of CPU a read beyond the copy itself (145 us a MiB here), about the
-        whole of the engine's extra cost per 1 MiB chunk of local files (an asyncio loop
-        reading 1 MiB from the page cache 2,000 times, one read at a time, 2 cores,
-        2026-11-28: 234 to 242 us of CPU a read through ``run_in_executor``, 146 to 164
-        us inline). A read from the page cache copies at memory speed, so the loop is
-        held about 0.15 ms a MiB, 2.3 ms for the largest group read this way. A read
-        the page cache cannot answer at once (``EAGAIN``), and the rest of one it
-        answers in part, go to the thread as before: a cold disk never holds the loop.
+        Why: handing a read to the thread pool and its result back to the loop cost 80
+        to 100 us of CPU a read beyond the copy itself (about 150 us a MiB), most of the
+        engine's cost per 1 MiB chunk of local files (``python -m bench.localread``,
+        2 cores, 2026-11-28: 257 us of CPU a 1 MiB read through a thread, 159 on the
+        loop; bench/RESULTS.md). A read from the page cache copies at memory speed, so
+        the loop is held about 0.15 ms a MiB, 2.4 ms for the largest group read this
+        way. A read the page cache cannot answer at once (``EAGAIN``), and the rest of
+        one it answers in part, go to the thread as before: a cold disk never holds the
+        loop.
         """
         if request.length > _INLINE_MOST:
             return 0
