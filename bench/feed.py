@@ -67,6 +67,18 @@ def _thread_cpu() -> float:
     return usage.ru_utime + usage.ru_stime
 
 
+def _faults() -> tuple[int, int]:
+    """This process's minor page faults, and the machine's transparent huge pages
+    faulted in (``thp_fault_alloc`` of ``/proc/vmstat``, 0 where there is none): the
+    first epoch writes the feed's buffers for the first time."""
+    huge = 0
+    with contextlib.suppress(OSError), open("/proc/vmstat") as vmstat:
+        for line in vmstat:
+            if line.startswith("thp_fault_alloc "):
+                huge = int(line.split()[1])
+    return resource.getrusage(resource.RUSAGE_SELF).ru_minflt, huge
+
+
 # -- data ------------------------------------------------------------------------------
 
 
@@ -240,6 +252,7 @@ def loader_epochs(
             loader.set_epoch(epoch)
             before = loader.stats()
             thread0, process0 = _thread_cpu(), time.process_time()
+            faults0 = _faults()
             started = time.perf_counter()
             images = 0
             with GpuSampler() as gpu:
@@ -248,6 +261,8 @@ def loader_epochs(
                 _synchronize(device)
             wall = time.perf_counter() - started
             thread, process = _thread_cpu() - thread0, time.process_time() - process0
+            faults = _faults()
+            minor, huge = faults[0] - faults0[0], faults[1] - faults0[1]
             after = loader.stats()
             engine = _engine_cpu(after)
             out.append(
@@ -257,6 +272,8 @@ def loader_epochs(
                     "main_thread_us": 1e6 * thread / images,
                     "process_ms_per_1000": 1e6 * process / images,
                     "engine_us": 1e6 * (engine - engine0) / images,
+                    "minor_faults_per_image": minor / images,
+                    "huge_page_faults": huge,
                     "gpu_util": gpu.mean,
                     # Shares of the wall time the loop waited on DALI, and DALI on the feed.
                     **{
@@ -544,6 +561,7 @@ def real(args: argparse.Namespace, packages: dict[str, ModuleType]) -> dict[str,
         "mb": sum(map(len, blobs)) / 1e6,
         "runs": {},
         "ratios": {},
+        "first": {},  # each round's first epoch: images/s, huge pages faulted in
     }
     names = list(packages)
     for round_ in range(args.repeat):
@@ -558,6 +576,9 @@ def real(args: argparse.Namespace, packages: dict[str, ModuleType]) -> dict[str,
                 steady = _steady(epochs, lambda e: e["images_per_s"])
                 ratio = steady / _steady(ceil, float)
                 out["ratios"].setdefault(name, {}).setdefault(f"{n} workers", []).append(ratio)
+                out["first"].setdefault(name, {}).setdefault(f"{n} workers", []).append(
+                    [epochs[0]["images_per_s"], epochs[0]["huge_page_faults"]]
+                )
                 print(
                     f"real {name} workers {n}: warm-up {epochs[0]['images_per_s']:.0f}, steady "
                     f"{steady:.0f} img/s; ceiling {ceil[0]:.0f} then {_steady(ceil, float):.0f}"
@@ -719,6 +740,12 @@ def render(out: dict[str, Any]) -> str:
                     f"{name}, loader with {label}: loader / ceiling by round "
                     f"{', '.join(f'{r:.2f}' for r in ratios)}; median "
                     f"{statistics.median(ratios):.2f}"
+                )
+        for name, by in out["real"].get("first", {}).items():
+            for label, firsts in by.items():
+                lines.append(
+                    f"{name}, loader with {label}: first epoch img/s (huge pages faulted in) "
+                    f"by round {', '.join(f'{r:.0f} ({h})' for r, h in firsts)}"
                 )
     if "handover" in out:
         lines += _table(

@@ -87,13 +87,26 @@ class _Segment:
 
 
 class _Private:
-    """A batch's own buffer when the pool has none free: plain memory, sent pickled."""
+    """Plain memory: the buffers of a pool that is not shared (the thread feed's), and a
+    worker's batch's own buffer when its pool has none free (sent pickled).
+
+    An anonymous private mapping, not ``np.empty``: NumPy asks for transparent huge pages
+    on arrays of 4 MiB and more (``madvise``), and where the kernel's THP ``defrag`` is
+    ``madvise`` (Debian's and Ubuntu's default) each 2 MiB page faulted in may first
+    compact memory. On this 2-core machine after some hours of work that cost the feed
+    thread 0.5 s more CPU in its first epoch than in the next (144 huge-page faults while
+    its ~10 buffers of ~37 MiB were first written, ``/proc/vmstat``), and the realistic
+    run's first epoch 887 to 914 images/s; with this mapping (4 KiB pages, or huge pages
+    only where the kernel gives them without compacting) 939 to 961, the steady epochs
+    level (``python -m bench.feed --parts real --baseline``, bench/RESULTS.md).
+    """
 
     __slots__ = ("array", "size")
 
     def __init__(self, nbytes: int) -> None:
         self.size = nbytes
-        self.array = np.empty(nbytes, dtype=np.uint8)
+        mapping = mmap.mmap(-1, nbytes, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+        self.array = np.frombuffer(mapping, dtype=np.uint8)
 
 
 def _attach(handle: Handle) -> npt.NDArray[np.uint8]:

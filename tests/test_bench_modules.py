@@ -1,8 +1,8 @@
 """The focused benchmark modules (``python -m bench.scale``, ``bench.index``,
 ``bench.tarread``, ``bench.samplecost``, ``bench.bombs``, ``bench.endtoend``,
 ``bench.blenddraw``, ``bench.autotune``, ``bench.localring``, ``bench.localread``,
-``bench.tls --server nginx``, ``bench.shuffle --window``), each at its smallest: it
-runs and its figures are complete and finite.
+``bench.tls --server nginx``, ``bench.shuffle --window``, ``bench.feed --parts real``),
+each at its smallest: it runs and its figures are complete and finite.
 (Figures are not judged here: that is what the benchmark is for.)"""
 
 from __future__ import annotations
@@ -143,6 +143,28 @@ def test_localread_benchmark_reads_on_the_loop_and_in_threads(tmp_path: Path) ->
         assert (row["cached_reads"], row["thread_reads"]) == ((24, 0) if loop else (0, 24))
         assert all(math.isfinite(n) and n > 0 for n in numbers(row) if n)
     assert "| 8 | thread |" in stdout
+
+
+def test_feed_benchmark_realistic_run_reports_each_rounds_first_epoch(tmp_path: Path) -> None:
+    """``bench.feed --parts real`` at its smallest (DALI on the CPU): the loader's epochs
+    beside DALI's ceiling, each with its page faults, and each round's first epoch."""
+    data, stdout = run_bench(
+        "bench.feed",
+        *("--parts", "real", "--images", "40", "--epochs", "2", "--repeat", "2"),
+        *("--threads", "1", "--data", str(tmp_path)),
+        out=tmp_path / "feed.json",
+    )
+    real = data["real"]
+    epochs = real["runs"]["after"]["loader, 0 workers"]
+    assert [e["images"] for e in epochs] == [40, 40]
+    for epoch in epochs:
+        assert epoch["minor_faults_per_image"] >= 0
+        assert epoch["huge_page_faults"] >= 0
+        assert all(math.isfinite(n) for n in numbers(epoch))
+    firsts = real["first"]["after"]["0 workers"]
+    assert len(firsts) == 2  # a round each
+    assert firsts[-1] == [epochs[0]["images_per_s"], epochs[0]["huge_page_faults"]]
+    assert "first epoch img/s (huge pages faulted in) by round" in stdout
 
 
 def test_bombs_benchmark_reads_each_bomb_in_a_capped_child(tmp_path: Path) -> None:
