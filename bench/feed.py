@@ -273,6 +273,10 @@ def loader_epochs(
                     "process_ms_per_1000": 1e6 * process / images,
                     "engine_us": 1e6 * (engine - engine0) / images,
                     "minor_faults_per_image": minor / images,
+                    # the producer thread's own CPU (workers=0; 0 where workers build)
+                    "feed_cpu_us": 1e6
+                    * (after.get("feed_cpu_seconds", 0.0) - before.get("feed_cpu_seconds", 0.0))
+                    / images,
                     "huge_page_faults": huge,
                     "gpu_util": gpu.mean,
                     # Shares of the wall time the loop waited on DALI, and DALI on the feed.
@@ -561,7 +565,9 @@ def real(args: argparse.Namespace, packages: dict[str, ModuleType]) -> dict[str,
         "mb": sum(map(len, blobs)) / 1e6,
         "runs": {},
         "ratios": {},
-        "first": {},  # each round's first epoch: images/s, huge pages faulted in
+        # each round's first epoch: images/s, huge pages faulted in, the feed thread's CPU
+        # an image (us), and the feed thread's CPU in the last epoch
+        "first": {},
     }
     names = list(packages)
     for round_ in range(args.repeat):
@@ -576,8 +582,14 @@ def real(args: argparse.Namespace, packages: dict[str, ModuleType]) -> dict[str,
                 steady = _steady(epochs, lambda e: e["images_per_s"])
                 ratio = steady / _steady(ceil, float)
                 out["ratios"].setdefault(name, {}).setdefault(f"{n} workers", []).append(ratio)
+                first, last = epochs[0], epochs[-1]
                 out["first"].setdefault(name, {}).setdefault(f"{n} workers", []).append(
-                    [epochs[0]["images_per_s"], epochs[0]["huge_page_faults"]]
+                    [
+                        first["images_per_s"],
+                        first["huge_page_faults"],
+                        first["feed_cpu_us"],
+                        last["feed_cpu_us"],
+                    ]
                 )
                 print(
                     f"real {name} workers {n}: warm-up {epochs[0]['images_per_s']:.0f}, steady "
@@ -744,8 +756,9 @@ def render(out: dict[str, Any]) -> str:
         for name, by in out["real"].get("first", {}).items():
             for label, firsts in by.items():
                 lines.append(
-                    f"{name}, loader with {label}: first epoch img/s (huge pages faulted in) "
-                    f"by round {', '.join(f'{r:.0f} ({h})' for r, h in firsts)}"
+                    f"{name}, loader with {label}: first epoch img/s (huge pages faulted in; "
+                    "feed thread us/img, first and last epoch) by round "
+                    + ", ".join(f"{r:.0f} ({h}; {a:.0f}, {b:.0f})" for r, h, a, b in firsts)
                 )
     if "handover" in out:
         lines += _table(

@@ -93,12 +93,12 @@ class _Private:
     An anonymous private mapping, not ``np.empty``: NumPy asks for transparent huge pages
     on arrays of 4 MiB and more (``madvise``), and where the kernel's THP ``defrag`` is
     ``madvise`` (Debian's and Ubuntu's default) each 2 MiB page faulted in may first
-    compact memory. On this 2-core machine after some hours of work that cost the feed
-    thread 0.5 s more CPU in its first epoch than in the next (144 huge-page faults while
-    its ~10 buffers of ~37 MiB were first written, ``/proc/vmstat``), and the realistic
-    run's first epoch 887 to 914 images/s; with this mapping (4 KiB pages, or huge pages
-    only where the kernel gives them without compacting) 939 to 961, the steady epochs
-    level (``python -m bench.feed --parts real --baseline``, bench/RESULTS.md).
+    compact memory. On this 2-core machine after some hours of work the realistic run's
+    first epoch, when the feed's ~10 buffers of ~37 MiB are first written, faulted in 134
+    to 146 huge pages and ran at 889 to 902 images/s; with this mapping (4 KiB pages, or
+    huge pages only where the kernel gives them without compacting) none, at 943 to 966,
+    the steady epochs level (``python -m bench.feed --parts real --baseline da829a4``,
+    bench/RESULTS.md).
     """
 
     __slots__ = ("array", "size")

@@ -163,8 +163,15 @@ def test_feed_benchmark_realistic_run_reports_each_rounds_first_epoch(tmp_path: 
         assert all(math.isfinite(n) for n in numbers(epoch))
     firsts = real["first"]["after"]["0 workers"]
     assert len(firsts) == 2  # a round each
-    assert firsts[-1] == [epochs[0]["images_per_s"], epochs[0]["huge_page_faults"]]
-    assert "first epoch img/s (huge pages faulted in) by round" in stdout
+    first, last = epochs
+    assert firsts[-1] == [
+        first["images_per_s"],
+        first["huge_page_faults"],
+        first["feed_cpu_us"],
+        last["feed_cpu_us"],
+    ]
+    assert first["feed_cpu_us"] > 0  # the producer thread's CPU, workers=0
+    assert "first epoch img/s (huge pages faulted in; feed thread" in stdout
 
 
 def test_bombs_benchmark_reads_each_bomb_in_a_capped_child(tmp_path: Path) -> None:
