@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import math
 import shutil
+import statistics
 import subprocess
 from pathlib import Path
 from typing import Any
@@ -145,16 +146,30 @@ def test_localread_benchmark_reads_on_the_loop_and_in_threads(tmp_path: Path) ->
     assert "| 8 | thread |" in stdout
 
 
-def test_feed_benchmark_realistic_run_reports_each_rounds_first_epoch(tmp_path: Path) -> None:
+@pytest.mark.parametrize("flank", [False, True])
+def test_feed_benchmark_realistic_run_reports_each_rounds_first_epoch(
+    tmp_path: Path, flank: bool
+) -> None:
     """``bench.feed --parts real`` at its smallest (DALI on the CPU): the loader's epochs
-    beside DALI's ceiling, each with its page faults, and each round's first epoch."""
+    beside DALI's ceiling, each with its page faults, and each round's first epoch; with
+    ``--flank``, the ceiling measured again after the loader and the ratio against the
+    mean of the two."""
     data, stdout = run_bench(
         "bench.feed",
         *("--parts", "real", "--images", "40", "--epochs", "2", "--repeat", "2"),
-        *("--threads", "1", "--data", str(tmp_path)),
+        *("--threads", "1", "--data", str(tmp_path), *(["--flank"] if flank else [])),
         out=tmp_path / "feed.json",
     )
     real = data["real"]
+    runs = real["runs"]["after"]
+    assert real["flanked"] is flank
+    assert sorted(runs) == sorted(
+        ["ceiling", "loader, 0 workers", *(["ceiling after 0 workers"] if flank else [])]
+    )
+    steady = statistics.mean(e["images_per_s"] for e in runs["loader, 0 workers"][1:])
+    ceilings = [runs["ceiling"][1:], *([runs["ceiling after 0 workers"][1:]] if flank else [])]
+    reference = statistics.mean(statistics.mean(c) for c in ceilings)
+    assert real["ratios"]["after"]["0 workers"][-1] == pytest.approx(steady / reference)
     epochs = real["runs"]["after"]["loader, 0 workers"]
     assert [e["images"] for e in epochs] == [40, 40]
     for epoch in epochs:
