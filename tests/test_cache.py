@@ -33,6 +33,7 @@ from asyncstream.stores._localstore import LocalStore
 from asyncstream.stores._store import ChunkRequest
 from asyncstream.testing import FaultProxy
 from tests._foreign import ForeignShards, write_foreign_shards
+from tests._pagecache import evict
 
 HERE = Path(__file__).parent
 CHILD = HERE / "_cache_child.py"
@@ -130,17 +131,26 @@ def test_second_epoch_zero_gets_identical_samples(
         assert warm["hits"] == data["chunks"]
         assert warm["misses"] == cold["misses"]
         assert warm["checked"] == 0  # it wrote them itself, and they have not changed
+        assert warm["loop_hits"] == data["chunks"]  # in the page cache: read on the loop
         total = sum(p.stat().st_size for p in data["shards"].folder.glob("*.tar"))
         assert warm["bytes_from_cache"] == total
     assert len(files(cache, ".chunk")) == data["chunks"]
     assert not files(cache, ".tmp")
-    # A new stream (a new engine process) finds the same folder full, and checks it all.
+    # A new stream (a new engine process) finds the same folder full, and checks it all,
+    # in threads: a file is read on the loop only once this process has checked it.
     with open_stream(data, proxy, cache) as stream:
         stream.set_epoch(1)
         before = gets(proxy)
         assert digests(stream) == data["reference"][1]
         assert gets(proxy) == before
-        assert stream.stats()["fetch"]["cache"]["checked"] == data["chunks"]
+        fresh = stream.stats()["fetch"]["cache"]
+        assert fresh["checked"] == data["chunks"]
+        assert fresh["loop_hits"] == 0
+        stream.set_epoch(0)  # now checked, and in the page cache: read on the loop
+        assert digests(stream) == data["reference"][0]
+        warm = stream.stats()["fetch"]["cache"]
+        assert (warm["loop_hits"], warm["checked"]) == (data["chunks"], data["chunks"])
+        assert gets(proxy) == before
 
 
 def test_an_object_replaced_after_it_was_cached_is_read_anew(
@@ -251,6 +261,54 @@ def test_least_recently_used_chunks_go_first(tmp_path: Path) -> None:
         assert folder.evictions == 2  # one for room, one for the twentieth of slack
     finally:
         folder.close()
+
+
+def test_a_hit_is_read_on_the_loop_only_when_checked_and_in_the_page_cache(
+    tmp_path: Path,
+) -> None:
+    """``CacheDir.read_now`` answers at once only for a file this process has checked (or
+    written), as it is, whose bytes the page cache holds; every other case is left to
+    ``read`` (in a thread), which checks, serves or drops as before."""
+    key, other = hashlib.sha256(b"a").digest(), hashlib.sha256(b"b").digest()
+    payload = bytes(range(256)) * 64  # 16 KiB
+    out = memoryview(bytearray(len(payload)))
+    writer = CacheDir(str(tmp_path), None)
+    writer.open()
+    try:
+        assert writer.read_now(other, out) == "miss"  # no file: a miss, at once
+        assert writer.write(key, memoryview(payload))
+        assert writer.read_now(key, out) == "hit"  # written here: trusted, cached
+        assert bytes(out) == payload
+    finally:
+        writer.close()
+    reader = CacheDir(str(tmp_path), None)  # another process's view: nothing checked yet
+    reader.open()
+    try:
+        assert reader.read_now(key, out) is None  # its CRC to check first: in a thread
+        assert reader.checked == 0
+        out[:] = bytes(len(payload))
+        assert reader.read(key, out) == "hit"
+        assert reader.checked == 1
+        assert reader.read_now(key, out) == "hit"
+        assert bytes(out) == payload
+        evict(Path(reader.file(key)))
+        assert reader.read_now(key, out) is None  # on the disk only: in a thread
+        assert reader.read(key, out) == "hit"
+        assert reader.checked == 1  # trusted still: not checked again
+        assert reader.read_now(key, out) == "hit"  # read back into the page cache
+        with open(reader.file(key), "r+b") as f:  # written to since: checked again
+            f.seek(HEADER_BYTES + 10)
+            f.write(b"\x00")
+        os.utime(reader.file(key), ns=(0, 0))  # not within the clock's tick (see _cachedir)
+        assert reader.read_now(key, out) is None
+        assert reader.read(key, out) == "bad"  # and dropped by read, as before
+        assert reader.read_now(key, out) == "miss"
+        os.symlink(tmp_path / ".key", reader.file(other))
+        assert reader.read_now(other, out) is None  # a symlink: read drops it
+        assert reader.read(other, out) == "bad"
+        assert not os.path.lexists(reader.file(other))
+    finally:
+        reader.close()
 
 
 def corrupt(chunks: list[Path]) -> None:

@@ -13,12 +13,11 @@ import os
 import random
 from pathlib import Path
 
-import pytest
-
 from asyncstream import ShardStream
 from asyncstream.stores._localstore import LocalStore
 from asyncstream.stores._store import ChunkRequest
 from tests._foreign import write_foreign_shards
+from tests._pagecache import evict
 
 MIB = 1 << 20
 
@@ -27,27 +26,6 @@ def _file(path: Path, size: int) -> bytes:
     data = random.Random(size).randbytes(size)
     path.write_bytes(data)
     return data
-
-
-def _drop_cache(path: Path, warm: int = 0) -> None:
-    """Evict ``path``'s pages from the page cache (written back first), then read its
-    first ``warm`` bytes back in, with no readahead; skip where the file system keeps the
-    file in memory (tmpfs). The whole file is evicted: the kernel keeps a large folio
-    that a range evicted only in part."""
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
-        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_RANDOM)  # this descriptor: no readahead
-        if warm:
-            os.preadv(fd, [bytearray(warm)], 0)
-        try:
-            os.preadv(fd, [bytearray(4096)], path.stat().st_size - 4096, os.RWF_NOWAIT)
-        except BlockingIOError:
-            return
-    finally:
-        os.close(fd)
-    pytest.skip(f"{path.parent} keeps its files in memory: no read of it waits for a disk")
 
 
 def _read(store: LocalStore, path: Path, sizes: list[int], offset: int = 0) -> list[bytes]:
@@ -72,7 +50,7 @@ def test_a_range_in_the_page_cache_is_read_on_the_loop(tmp_path: Path) -> None:
 def test_a_cold_range_is_read_in_a_thread(tmp_path: Path) -> None:
     path = tmp_path / "cold.tar"
     data = _file(path, 2 * MIB)
-    _drop_cache(path)
+    evict(path)
     store = LocalStore()
     assert b"".join(_read(store, path, [MIB, MIB])) == data
     assert (store.cached_reads, store.thread_reads) == (0, 1)
@@ -85,7 +63,7 @@ def test_a_range_cached_in_part_is_finished_in_a_thread(tmp_path: Path) -> None:
     thread, and every chunk is handed over whole."""
     path = tmp_path / "half.tar"
     data = _file(path, 8 * MIB)
-    _drop_cache(path, warm=MIB)
+    evict(path, warm=MIB)
     fd = os.open(path, os.O_RDONLY)
     try:  # what the page cache answers at once: the first MiB, inside the first chunk
         assert os.preadv(fd, [bytearray(8 * MIB)], 0, os.RWF_NOWAIT) == MIB
@@ -125,7 +103,7 @@ def test_a_stream_over_local_files_reads_them_from_the_page_cache(tmp_path: Path
         assert fetch["cached_reads"] >= 1
         assert fetch["thread_reads"] == 0
         for path in sorted(shards.folder.glob("*.tar")):
-            _drop_cache(path)
+            evict(path)
         stream.set_epoch(1)
         again = [sample["__key__"] for sample in stream]
         assert sorted(again) == sorted(shards.keys)

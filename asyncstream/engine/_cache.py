@@ -33,8 +33,10 @@ Failures of the cache never fail a read: a file that cannot be read is a miss, a
 write that fails (a full disk) is logged (the first of each kind as a warning) and
 counted, and the chunk is served from the inner store's read.
 
-Statistics (``stats()["cache"]``, so ``ShardStream.stats()["fetch"]["cache"]``): hits,
-misses and ``bytes_from_cache``; ``writes`` and ``write_failures``; ``dropped`` (files
+Statistics (``stats()["cache"]``, so ``ShardStream.stats()["fetch"]["cache"]``): hits
+(``loop_hits`` of them read on the engine's loop from the page cache, the others in a
+thread: :meth:`CacheDir.read_now <._cachedir.CacheDir.read_now>`), misses and
+``bytes_from_cache``; ``writes`` and ``write_failures``; ``dropped`` (files
 that failed verification); ``checked`` (reads that checked every byte's CRC: the first
 of each file by this process, see :mod:`._cachedir`); ``evictions``, ``evicted_bytes``
 and ``stale_removed`` (a crashed writer's temporary files), the last three by this
@@ -49,7 +51,7 @@ import dataclasses
 import logging
 import os
 from collections.abc import Awaitable, Callable, Iterable
-from typing import Any, TypeVar
+from typing import Any, Literal, TypeVar
 
 from .._folders import UnsafeFolderError, default_cache_dir
 from ..shards._urls import Shard
@@ -139,6 +141,7 @@ class CachedStore(Store):
         self.writes = 0
         self.write_failures = 0
         self.dropped = 0
+        self.loop_hits = 0  # hits read on the event loop, from the page cache
         self._warned: set[str] = set()
 
     def __repr__(self) -> str:
@@ -201,7 +204,13 @@ class CachedStore(Store):
         start = loop.time()
         with out[: unit.length] as view:
             try:
-                found = await _waited(lambda: self.dir.read(key, view))
+                now = self.dir.read_now(key, view)  # a hit the page cache holds: here
+                found: Literal["hit", "miss", "bad"]
+                if now is None:
+                    found = await _waited(lambda: self.dir.read(key, view))
+                else:
+                    found = now
+                    self.loop_hits += found == "hit"
             except OSError as exc:
                 self._warn(f"read:{exc.errno}", f"reading failed ({exc})")
                 found = "miss"
@@ -244,6 +253,7 @@ class CachedStore(Store):
                 "dir": self.dir.path,
                 "limit": self.dir.limit,
                 "hits": self.hits,
+                "loop_hits": self.loop_hits,
                 "misses": self.misses,
                 "bytes_from_cache": self.bytes_from_cache,
                 "writes": self.writes,
