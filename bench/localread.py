@@ -7,6 +7,9 @@ file system that refuses the flag). An asyncio loop reads ``--reads`` ranges of
 ``--mib`` MiB from one file (``--data``'s largest shard, read once beforehand so that it
 is cached), ``--inflight`` at a time, into buffers of their own; the figure is the
 process's CPU (and wall) time a read, each way in turn, ``--rounds`` times, medians.
+``--cold``: the file is evicted from the page cache before each run and each range read
+once, so that every read waits for the disk (the loop's way then tries the page cache
+first, finds nothing, and reads in a thread).
 """
 
 from __future__ import annotations
@@ -24,8 +27,21 @@ from typing import Any
 DEFAULT = Path(os.environ.get("ASYNCSTREAM_BENCH_DATA", Path.home() / ".cache/asyncstream-bench"))
 
 
-def measure(path: Path, mib: int, reads: int, inflight: int, inline: bool) -> dict[str, float]:
-    """CPU and wall microseconds a read, over ``reads`` reads of ``mib`` MiB."""
+def _evict(path: Path) -> None:
+    """Drop ``path`` from the page cache (``posix_fadvise``), so that reads go to the disk."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+    finally:
+        os.close(fd)
+
+
+def measure(
+    path: Path, mib: int, reads: int, inflight: int, inline: bool, cold: bool = False
+) -> dict[str, float]:
+    """CPU and wall microseconds a read, over ``reads`` reads of ``mib`` MiB; ``cold``:
+    the file evicted first, and each range read once, in order (the disk's case)."""
     from asyncstream.stores._localstore import LocalStore
     from asyncstream.stores._store import ChunkRequest
 
@@ -34,6 +50,9 @@ def measure(path: Path, mib: int, reads: int, inflight: int, inline: bool) -> di
     if size < length:
         raise SystemExit(f"{path}: {size} bytes, less than one read of {mib} MiB")
     spots = size // length
+    if cold:
+        reads = min(reads, spots)
+        _evict(path)
     store = LocalStore()
     store._inline = inline and store._inline
     buffers = mmap.mmap(-1, length * inflight)
@@ -75,15 +94,22 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--reads", type=int, default=2000)
     parser.add_argument("--inflight", default="1,8", help="reads at a time, a run each")
     parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument(
+        "--cold",
+        action="store_true",
+        help="evict the file before each run and read each range once (from the disk)",
+    )
     parser.add_argument("--json", type=Path, help="write the figures to this file")
     args = parser.parse_args(argv)
     path = max(args.data.rglob("*.tar*"), key=lambda p: p.stat().st_size)
-    path.read_bytes()  # into the page cache
+    if not args.cold:
+        path.read_bytes()  # into the page cache
     out: dict[str, Any] = {
         "date": time.strftime("%Y-%m-%d"),
         "file": str(path),
         "mib": args.mib,
         "reads": args.reads,
+        "cold": args.cold,
         "runs": {},
     }
     print(
@@ -92,7 +118,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     for inflight in (int(n) for n in args.inflight.split(",")):
         for way in ("loop", "thread"):
             rows = [
-                measure(path, args.mib, args.reads, inflight, way == "loop")
+                measure(path, args.mib, args.reads, inflight, way == "loop", args.cold)
                 for _ in range(args.rounds)
             ]
             med = {key: statistics.median(r[key] for r in rows) for key in rows[0]}

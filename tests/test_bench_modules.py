@@ -144,6 +144,18 @@ def test_localread_benchmark_reads_on_the_loop_and_in_threads(tmp_path: Path) ->
         assert (row["cached_reads"], row["thread_reads"]) == ((24, 0) if loop else (0, 24))
         assert all(math.isfinite(n) and n > 0 for n in numbers(row) if n)
     assert "| 8 | thread |" in stdout
+    cold, _ = run_bench(
+        "bench.localread",
+        *("--data", str(tmp_path / "shards"), "--reads", "24", "--rounds", "1", "--cold"),
+        out=tmp_path / "cold.json",
+    )
+    assert cold["cold"] is True
+    for label, run in cold["runs"].items():
+        (row,) = run["rounds"]  # each range of the 3 MiB file once, from the disk
+        if label.endswith("thread"):
+            assert (row["cached_reads"], row["thread_reads"]) == (0, 3)
+        else:  # the page cache first: readahead may have brought the next range in
+            assert row["cached_reads"] + row["thread_reads"] == 3
 
 
 @pytest.mark.parametrize("flank", [False, True])
