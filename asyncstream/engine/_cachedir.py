@@ -251,6 +251,11 @@ class CacheDir:
     def _shown(self, name: str) -> str:
         return os.path.join(self.path, name)
 
+    def _named(self, key: bytes) -> tuple[int, bytes, str]:
+        """The folder's descriptor, and the tag and file name of chunk ``key``."""
+        tag = self._tag(key)
+        return self._folder(), tag, self._name(tag)
+
     def _folder(self) -> int:
         folder = self._dir
         if folder is None:
@@ -268,9 +273,7 @@ class CacheDir:
             ``"hit"``: ``out`` holds the chunk; ``"miss"``: not cached; ``"bad"``: a
             file that failed verification was there, now removed (``out`` holds garbage).
         """
-        folder = self._folder()
-        tag = self._tag(key)
-        name = self._name(tag)
+        folder, tag, name = self._named(key)
         try:
             fd = os.open(name, os.O_RDONLY | NOFOLLOW, dir_fd=folder)
         except FileNotFoundError:
@@ -283,11 +286,7 @@ class CacheDir:
             return "bad"
         try:
             st = os.fstat(fd)
-            if (
-                stat.S_ISREG(st.st_mode)
-                and st.st_uid == os.geteuid()
-                and st.st_size == HEADER_BYTES + len(out)
-            ):
+            if _plausible(st, out):
                 check = self._to_check(name, st)
                 header = bytearray(HEADER_BYTES)
                 try:
@@ -320,9 +319,7 @@ class CacheDir:
         """
         if not self.nowait:
             return None
-        folder = self._folder()
-        tag = self._tag(key)
-        name = self._name(tag)
+        folder, tag, name = self._named(key)
         try:
             fd = os.open(name, os.O_RDONLY | NOFOLLOW, dir_fd=folder)
         except FileNotFoundError:
@@ -331,11 +328,7 @@ class CacheDir:
             return None  # a symlink (dropped by read), or an error read reports
         try:
             st = os.fstat(fd)
-            if (
-                not stat.S_ISREG(st.st_mode)
-                or st.st_uid != os.geteuid()
-                or st.st_size != HEADER_BYTES + len(out)
-            ):
+            if not _plausible(st, out):
                 return None
             with self._trust_lock:
                 if self._trusted.get(name) != _identity(st):
@@ -526,6 +519,16 @@ def _exists(name: str, folder: int) -> bool:
 
 def _identity(st: os.stat_result) -> tuple[int, ...]:
     return (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
+
+
+def _plausible(st: os.stat_result, out: memoryview) -> bool:
+    """Whether an opened chunk file may hold the chunk ``out`` is to receive: a regular
+    file of this user, of the header's and the chunk's size."""
+    return (
+        stat.S_ISREG(st.st_mode)
+        and st.st_uid == os.geteuid()
+        and st.st_size == HEADER_BYTES + len(out)
+    )
 
 
 def _valid(header: bytearray, tag: bytes, payload: memoryview, *, crc: bool) -> bool:
