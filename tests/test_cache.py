@@ -24,6 +24,7 @@ import pytest
 from _cache_child import digest
 from _procs import alive, engine_pids
 from torch.utils.data import DataLoader
+from torchdata.stateful_dataloader import StatefulDataLoader
 
 from asyncstream import LocalS3, ShardStream
 from asyncstream.engine._cache import CachedStore, _waited
@@ -34,6 +35,7 @@ from asyncstream.stores._store import ChunkRequest
 from asyncstream.testing import FaultProxy
 from tests._foreign import ForeignShards, write_foreign_shards
 from tests._pagecache import evict
+from tests.test_targroup import by_shard_and_key, webdataset_reads
 
 HERE = Path(__file__).parent
 CHILD = HERE / "_cache_child.py"
@@ -193,6 +195,28 @@ def test_an_object_replaced_after_it_was_cached_is_read_anew(
         assert after == digests(stream)  # what the bucket holds now, without a cache
     assert after != before
     assert len(after) == shards.total - shards.counts[1] + new.total
+
+
+def test_over_https_and_in_workers_cached_hits_read_as_webdataset_reads_them(
+    data: dict[str, Any], s3_tls_server: LocalS3, tmp_path: Path
+) -> None:
+    """The cache in front of S3 over HTTPS, shards written by ``tarfile`` and
+    ``webdataset.TarWriter``: the cold epoch fills it, the next is every chunk a hit read
+    on the loop; ``StatefulDataLoader`` workers, each with its engine, read from the same
+    folder; every epoch gives the samples webdataset's reader has."""
+    expected = webdataset_reads(data["shards"].folder)
+    settings = {**SETTINGS, "samples_per_shard": data["shards"].counts}
+    cache = tmp_path / "cache"
+    with ShardStream(data["url"], s3=s3_tls_server.options(), cache_dir=cache, **settings) as s:
+        assert by_shard_and_key(iter(s)) == expected
+        assert s.stats()["fetch"]["stores"][0]["tls"]
+        s.set_epoch(1)
+        assert by_shard_and_key(iter(s)) == expected
+        warm = s.stats()["fetch"]["cache"]
+        assert warm["hits"] == warm["loop_hits"] == data["chunks"]
+        loader = StatefulDataLoader(s, batch_size=None, num_workers=2)
+        s.set_epoch(2)
+        assert by_shard_and_key(iter(loader)) == expected
 
 
 def test_dataloader_workers_hit_on_every_epoch_whatever_the_split(

@@ -13,11 +13,14 @@ import os
 import random
 from pathlib import Path
 
+from torchdata.stateful_dataloader import StatefulDataLoader
+
 from asyncstream import ShardStream
 from asyncstream.stores._localstore import LocalStore
 from asyncstream.stores._store import ChunkRequest
 from tests._foreign import write_foreign_shards
 from tests._pagecache import evict
+from tests.test_targroup import by_shard_and_key, webdataset_reads
 
 MIB = 1 << 20
 
@@ -75,7 +78,7 @@ def test_a_range_cached_in_part_is_finished_in_a_thread(tmp_path: Path) -> None:
     assert (store.cached_reads, store.thread_reads) == (0, 1)
 
 
-def test_a_file_system_without_the_flag_is_read_in_threads(tmp_path: Path) -> None:
+def test_a_file_system_without_the_flag_is_read_in_threads() -> None:
     """``/proc`` refuses ``RWF_NOWAIT``: the read goes to a thread, and the store stops
     asking for good."""
     path = Path("/proc/version")
@@ -91,20 +94,36 @@ def test_a_file_system_without_the_flag_is_read_in_threads(tmp_path: Path) -> No
 
 def test_a_stream_over_local_files_reads_them_from_the_page_cache(tmp_path: Path) -> None:
     """Shards written by ``tarfile`` and ``webdataset.TarWriter``, read in small chunks
-    (so most samples straddle one): every sample once, and the engine's reads come from
-    the page cache; after the files are evicted, an epoch reads them in threads, the
-    same samples again."""
+    (so most samples straddle one): every sample as webdataset's reader has it, and the
+    engine's reads come from the page cache; after the files are evicted, an epoch reads
+    them in threads, the same samples again."""
     shards = write_foreign_shards(tmp_path / "data", 4, seed=7, jpg_bytes=(2000, 30000))
+    expected = webdataset_reads(shards.folder)
     with ShardStream(str(shards.folder), chunk_bytes=64 << 10, seed=3) as stream:
-        keys = [sample["__key__"] for sample in stream]
+        assert by_shard_and_key(iter(stream)) == expected
         fetch = stream.stats()["fetch"]
-        assert sorted(keys) == sorted(shards.keys)
+        assert len(expected) == shards.total
         assert fetch["transport"] == "local"
         assert fetch["cached_reads"] >= 1
         assert fetch["thread_reads"] == 0
         for path in sorted(shards.folder.glob("*.tar")):
             evict(path)
         stream.set_epoch(1)
-        again = [sample["__key__"] for sample in stream]
-        assert sorted(again) == sorted(shards.keys)
+        assert by_shard_and_key(iter(stream)) == expected
         assert stream.stats()["fetch"]["thread_reads"] >= 1
+
+
+def test_local_files_in_statefuldataloader_workers_read_as_webdataset_reads_them(
+    tmp_path: Path,
+) -> None:
+    """Each DataLoader worker runs an engine of its own (in a thread of the worker): the
+    same reads, cached or evicted first, give every sample once, as webdataset has it."""
+    shards = write_foreign_shards(tmp_path / "data", 4, seed=8, jpg_bytes=(2000, 30000))
+    expected = webdataset_reads(shards.folder)
+    with ShardStream(str(shards.folder), chunk_bytes=64 << 10, seed=4) as stream:
+        loader = StatefulDataLoader(stream, batch_size=None, num_workers=2)
+        assert by_shard_and_key(iter(loader)) == expected
+        for path in sorted(shards.folder.glob("*.tar")):
+            evict(path)
+        stream.set_epoch(1)
+        assert by_shard_and_key(iter(loader)) == expected
