@@ -20,7 +20,7 @@ $(BIN)/asyncstream: pyproject.toml
 # The native extension, rebuilt in place (where `pip install -e` put it) when its source
 # changes after the install.
 NATIVE := asyncstream/shards/_tarwalk.c asyncstream/shards/_records.c asyncstream/shards/_records.h
-NATIVE += asyncstream/shards/_table.h
+NATIVE += asyncstream/shards/_table.h asyncstream/shards/_member.c asyncstream/shards/_member.h
 NATIVE += asyncstream/order/_drawc.c asyncstream/stream/_nextc.c dali_ops/_batchc.c
 NATIVE_SO := asyncstream/shards/.native-built
 $(NATIVE_SO): $(BIN)/asyncstream $(NATIVE) setup.py

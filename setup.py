@@ -27,7 +27,11 @@ _STRICT = [
 ]
 
 
-_HEADERS = ["asyncstream/shards/_records.h", "asyncstream/shards/_table.h"]
+_HEADERS = [
+    "asyncstream/shards/_records.h",
+    "asyncstream/shards/_table.h",
+    "asyncstream/shards/_member.h",
+]
 
 
 class _StrictBuild(build_ext):
@@ -46,7 +50,11 @@ setup(
         Extension("asyncstream.stream._nextc", sources=["asyncstream/stream/_nextc.c"]),
         Extension(
             "asyncstream.shards._tarwalk",
-            sources=["asyncstream/shards/_tarwalk.c", "asyncstream/shards/_records.c"],
+            sources=[
+                "asyncstream/shards/_tarwalk.c",
+                "asyncstream/shards/_records.c",
+                "asyncstream/shards/_member.c",
+            ],
             depends=_HEADERS,
         ),
         # The batch sink reads a chunk's records through _records.h's C sink protocol.

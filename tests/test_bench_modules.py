@@ -1,6 +1,7 @@
 """The focused benchmark modules (``python -m bench.scale``, ``bench.index``,
 ``bench.tarread``, ``bench.samplecost``, ``bench.bombs``, ``bench.endtoend``,
 ``bench.blenddraw``, ``bench.autotune``, ``bench.localring``, ``bench.localread``,
+``bench.tarblocks``,
 ``bench.tls --server nginx``, ``bench.shuffle --window``, ``bench.feed --parts real``),
 each at its smallest: it runs and its figures are complete and finite.
 (Figures are not judged here: that is what the benchmark is for.)"""
@@ -125,6 +126,40 @@ def test_localring_benchmark_reads_both_settings_from_local_files(tmp_path: Path
     small = data["runs"]["after, small"]["median"]
     assert small["ring_mib"] <= data["runs"]["after, default"]["median"]["ring_mib"]
     assert "| after, small |" in stdout
+
+
+def test_tarblocks_benchmark_reads_every_sample_at_each_block_size(tmp_path: Path) -> None:
+    """``bench.tarblocks`` reads a ``webdataset.TarWriter`` shard of about 4 MiB in blocks
+    of 1 and 2 MiB, both sides against the tree itself as the baseline."""
+    from tests._foreign import webdataset_shard, write
+
+    shard = webdataset_shard("a.tar", 0, 600)
+    write(tmp_path / "shards", [shard])
+    revision = subprocess.run(
+        ["git", "-C", str(ROOT), "rev-parse", "HEAD"], capture_output=True, text=True, check=True
+    ).stdout.strip()
+    data, stdout = run_bench(
+        "bench.tarblocks",
+        *("--data", str(tmp_path / "shards"), "--blocks", "2,1", "--rounds", "1"),
+        *("--repeat", "1", "--baseline", revision),
+        out=tmp_path / "tarblocks.json",
+    )
+    assert list(data["runs"]) == [
+        "before, 1 MiB",
+        "before, 2 MiB",
+        "after, 1 MiB",
+        "after, 2 MiB",
+    ]
+    blocks = -(-len(shard.data) // (1 << 20))
+    for label, run in data["runs"].items():
+        (row,) = run["rounds"]
+        assert row["samples"] == 600
+        assert row["blocks"] == (blocks if label.endswith(" 1 MiB") else -(-blocks // 2))
+        assert row["general"] >= 1  # at least one member cut by a block's end
+        assert math.isfinite(run["us_per_sample"])
+        assert run["us_per_sample"] > 0
+        assert (run["us_per_edge"] is None) == label.endswith("2 MiB")
+    assert "| after | 1 MiB |" in stdout
 
 
 def test_localread_benchmark_reads_on_the_loop_and_in_threads(tmp_path: Path) -> None:

@@ -16,6 +16,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from asyncstream._exceptions import CorruptTarError, DataError
+from asyncstream.shards import _tarfast
 from asyncstream.shards._compressed import count_samples
 from asyncstream.shards._limits import ReadLimits
 from asyncstream.shards._members import sample_member
@@ -229,6 +230,40 @@ def test_zero_copy_in_one_range_and_bytes_when_carried() -> None:
     assert [type(v) for v in rest[0].fields.values()] == [bytes, bytes]
     assert rest[0].fields == {"jpg": b"A" * 600, "cls": b"1"}
     assert all(isinstance(v, memoryview) for s in rest[1:] for v in s.fields.values())
+
+
+@pytest.mark.parametrize("native", [True, False], ids=["native", "python"])
+def test_a_member_cut_by_ranges_is_read_once_and_gathered_as_its_bytes(native: bool) -> None:
+    """A range's end cuts a member: its header is read once, by the general parser, and
+    its bytes are gathered as the ranges bring them (several ranges for a large member),
+    the field of its sample, ``bytes``, once the last one is in; the walk goes on after it
+    in the range that completes it."""
+    big = bytes(range(256)) * 40  # 10,240 bytes: four ranges of 3 KiB hold parts of it
+    tar = files(("a.cls", b"7"), ("a.jpg", big), ("a.txt", b"t"), ("b.jpg", b"B" * 10))
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(_tarfast, "NATIVE", native and _tarfast._NATIVE_WALK is not None)
+        reader = ShardReader(URL, len(tar))
+        out = []
+        for offset in range(0, len(tar), 3072):
+            slot = bytearray(tar[offset : offset + 3072])
+            got = reader.feed(memoryview(slot), offset, final=offset + 3072 >= len(tar))
+            out += [
+                (s.key, {k: bytes(v) for k, v in s.fields.items()}, type(s.fields["jpg"]))
+                for s in got
+            ]
+            del got
+            if offset + 3072 < 512 * 3 + len(big):  # a's jpg not complete yet
+                assert reader.pending_offset == 0  # resumable from a's first header
+            slot.extend(b"resized")  # the reader kept no view of the range
+    assert [(key, fields) for key, fields, _ in out] == [
+        ("a", {"cls": b"7", "jpg": big, "txt": b"t"}),
+        ("b", {"jpg": b"B" * 10}),
+    ]
+    assert out[0][2] is bytes  # gathered, not a view of a range
+    # a.jpg, over four ranges, and a.txt, whose header ends the fourth: each member a
+    # range's end cuts, read by the general parser (the ranges are whole blocks, as the
+    # ring's are: no header is cut)
+    assert reader.general_members == 2
 
 
 def test_sample_completed_by_next_header_is_returned_without_copy() -> None:

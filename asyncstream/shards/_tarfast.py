@@ -54,11 +54,13 @@ if TYPE_CHECKING:
 __all__ = [
     "NATIVE",
     "Field",
+    "Member",
     "Names",
     "RangeWalker",
     "Record",
     "Records",
     "native_deliver",
+    "new_member",
     "new_records",
 ]
 
@@ -120,6 +122,50 @@ def new_records() -> Records:
         records: _tarwalk.Records = _TARWALK.Records()
         return records
     return []
+
+
+class Member:
+    """A member's bytes gathered across ranges: the reference of ``_tarwalk.Member``
+    (``_member.c``), which copies each part into the bytes object it hands out, where
+    this keeps the parts and joins them."""
+
+    __slots__ = ("_parts", "_size", "missing")
+
+    def __init__(self, size: int) -> None:
+        if size < 0:
+            raise ValueError(f"a member of {size} bytes")
+        self._parts: list[bytes] | None = []
+        self._size = size
+        self.missing = size  # bytes the member still lacks
+
+    def add(self, data: memoryview | bytes) -> bool:
+        """Copy ``data`` in after the bytes added so far; True once the member is full."""
+        if self._parts is None:
+            raise ValueError("the member was taken")
+        if len(data) > self.missing:
+            raise ValueError(f"{len(data)} bytes for a member with {self.missing} left")
+        self._parts.append(bytes(data))
+        self.missing -= len(data)
+        return self.missing == 0
+
+    def take(self) -> bytes:
+        """The member's bytes, once full; it holds nothing after."""
+        if self._parts is None:
+            raise ValueError("the member was taken")
+        if self.missing:
+            raise ValueError(
+                f"the member has {self._size - self.missing} of its {self._size} bytes"
+            )
+        parts, self._parts = self._parts, None
+        return b"".join(parts)
+
+
+def new_member(size: int) -> Member | _tarwalk.Member:
+    """A member of ``size`` bytes to gather across ranges: native where the walk is."""
+    if NATIVE and _TARWALK is not None:
+        member: _tarwalk.Member = _TARWALK.Member(size)
+        return member
+    return Member(size)
 
 
 def native_deliver() -> Callable[..., tuple[int, bool, BaseException | None]] | None:

@@ -34,6 +34,7 @@
 #endif
 
 #include "_table.h"
+#include "_member.h"
 
 #define BLOCK 512
 #define AHEAD 2048 /* bytes asked for ahead of the next header (prefetch_ahead) */
@@ -683,6 +684,7 @@ static PyMethodDef methods[] = {
 
 static PyModuleDef_Slot slots[] = {
     {Py_mod_exec, (void *)table_module_exec},
+    {Py_mod_exec, (void *)member_module_exec},
     {0, NULL},
 };
 

@@ -30,6 +30,18 @@ class Records:
         """The keys of the first ``count`` samples (all, where there are fewer) and the
         extensions of each one's members, in order; no record tuple made."""
 
+class Member:
+    """A tar member's bytes, gathered across ranges into the bytes object it becomes."""
+
+    def __init__(self, size: int) -> None: ...
+    @property
+    def missing(self) -> int:
+        """Bytes the member still lacks."""
+    def add(self, data: memoryview | bytes, /) -> bool:
+        """Copy ``data`` in after the bytes added so far; True once the member is full."""
+    def take(self) -> bytes:
+        """The member's bytes, once full; the Member holds nothing after."""
+
 def walk(
     data: memoryview,
     rel: int,

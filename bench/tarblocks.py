@@ -1,0 +1,122 @@
+"""``python -m bench.tarblocks``: the tar reader's cost at a block's edge.
+
+:class:`~asyncstream.shards._tar.ShardReader` alone over the shards of a packed folder
+(``--data``, by default ``bench.feed``'s realistic one: ``python -m bench.feed --parts
+real`` makes it) read into memory, fed as the ring hands them in blocks of each size of
+``--blocks`` (MiB; by default 1, the default block, and 16), each size in a fresh process,
+``--repeat`` passes over every shard, the fastest counted. Reported: the reader's CPU per
+sample, members read by the general parser, and the CPU a block's edge costs: the
+difference from the largest size, over the extra blocks. ``--baseline REV`` runs
+revision ``REV``'s reader beside this tree's, the sides' order turned every other round;
+medians over ``--rounds``.
+
+A block's edge cuts a member; the reader keeps that member's bytes until the next block
+completes it. With the walk native and no decode, that is what a small block costs the
+reader over a large one; what it costs the stream besides (the engine's messages, the
+prefetch) is ``python -m bench.localring``'s.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+HERE = Path(__file__).resolve()
+ROOT = HERE.parent.parent
+DEFAULT = Path(os.environ.get("ASYNCSTREAM_BENCH_DATA", Path.home() / ".cache/asyncstream-bench"))
+
+
+def measure(data: str, block: int, repeat: int) -> dict[str, float]:
+    """Run in the child: the fastest of ``repeat`` passes over the folder's shards."""
+    from asyncstream.shards._tar import ShardReader
+
+    shards = [(p.name, p.read_bytes()) for p in sorted(Path(data).glob("*.tar"))]
+    if not shards:
+        raise SystemExit(f"{data}: no .tar shard")
+    best = float("inf")
+    for _ in range(repeat):
+        samples = general = blocks = 0
+        cpu0 = time.process_time()
+        for name, body in shards:
+            reader = ShardReader(name, len(body))
+            view = memoryview(body)
+            for offset in range(0, len(body), block):
+                final = offset + block >= len(body)
+                samples += len(reader.records(view[offset : offset + block], offset, final=final))
+                blocks += 1
+            general += reader.general_members
+        best = min(best, time.process_time() - cpu0)
+    return {"cpu_s": best, "samples": samples, "blocks": blocks, "general": general}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--data", default=str(DEFAULT / "real-4000"), help="a packed folder")
+    parser.add_argument("--blocks", default="1,16", help="block sizes in MiB, comma-separated")
+    parser.add_argument("--baseline", help="a git revision to compare with, in the same rounds")
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--repeat", type=int, default=5, help="passes a run, the fastest kept")
+    parser.add_argument("--json", help="write the figures to this file")
+    parser.add_argument("--child", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.child:
+        config = json.loads(args.child)
+        print(json.dumps(measure(config["data"], config["block"], config["repeat"])))
+        return
+    sizes = sorted(int(b) for b in args.blocks.split(","))
+    sys.path.insert(0, str(ROOT))
+    from bench._run import baseline_tree
+    from bench.samplecost import run_child
+
+    out: dict[str, Any] = {"date": time.strftime("%Y-%m-%d"), "data": args.data, "runs": {}}
+    runs: dict[tuple[str, int], list[dict[str, float]]] = {}
+    with tempfile.TemporaryDirectory() as tmp:
+        sides = {"after": ROOT}
+        if args.baseline:
+            sides = {"before": baseline_tree(args.baseline, Path(tmp)), **sides}
+        for round_ in range(args.rounds):
+            for side in list(sides) if round_ % 2 == 0 else list(reversed(sides)):
+                for mib in sizes:
+                    config = {"data": args.data, "block": mib << 20, "repeat": args.repeat}
+                    row = run_child(HERE, config, sides[side])
+                    runs.setdefault((side, mib), []).append(row)
+                    print(f"round {round_}, {side}, {mib} MiB: {row}", flush=True)
+    print(
+        "| side | block | CPU us a sample (rounds) | general members | CPU us a block's edge |"
+        "\n|---|---:|---|---:|---:|"
+    )
+    for side in sides:
+        largest = runs[(side, sizes[-1])]
+        for mib in sizes:
+            rows = runs[(side, mib)]
+            per = [r["cpu_s"] / r["samples"] * 1e6 for r in rows]
+            # each round's edge cost against the same round's largest block
+            edges = [
+                (r["cpu_s"] - big["cpu_s"]) / (r["blocks"] - big["blocks"]) * 1e6
+                for r, big in zip(rows, largest, strict=True)
+                if r["blocks"] > big["blocks"]
+            ]
+            edge = statistics.median(edges) if edges else None
+            out["runs"][f"{side}, {mib} MiB"] = {
+                "us_per_sample": statistics.median(per),
+                "us_per_edge": edge,
+                "rounds": rows,
+            }
+            spread = ", ".join(f"{p:.2f}" for p in per)
+            print(
+                f"| {side} | {mib} MiB | {statistics.median(per):.2f} ({spread}) | "
+                f"{rows[0]['general']} | {'-' if edge is None else f'{edge:.1f}'} |"
+            )
+    if args.json:
+        Path(args.json).write_text(json.dumps(out, indent=1))
+
+
+if __name__ == "__main__":
+    main()
