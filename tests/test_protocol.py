@@ -21,6 +21,7 @@ from asyncstream.engine._protocol import (
     AskStats,
     ChunkFailed,
     ChunkReady,
+    ChunksReady,
     Fatal,
     Fetch,
     Hello,
@@ -49,6 +50,7 @@ TIMEOUT = 30.0
         Stop(),
         Started(),
         ChunkReady(7, 2, 1000),
+        ChunksReady(((7, 2, 1000), (8, 0, 12)), 32),
         Stats({"chunks": 3, "retries": {"stall": 1}}),
     ],
 )
@@ -109,15 +111,14 @@ def test_the_engine_side_speaks_the_protocol(tmp_path: Path) -> None:
         got: dict[int, ChunkReady] = {}
         while len(got) < 3:
             message = _recv(conn)
-            assert isinstance(message, ChunkReady)
-            got[message.id] = message
-            ring.take(message.slot)
-            assert (
-                bytes(ring.view(message.slot)[: message.nbytes])
-                == data[(message.id - 10) * 4096 :][: message.nbytes]
-            )
-            ring.release(message.slot)  # two slots for three chunks: the release is needed
-            conn.send(Release(message.slot))
+            assert isinstance(message, ChunksReady)  # those of one turn of its loop
+            assert message.limit == 2
+            for rid, slot, nbytes in message.chunks:
+                got[rid] = ChunkReady(rid, slot, nbytes)
+                ring.take(slot)
+                assert bytes(ring.view(slot)[:nbytes]) == data[(rid - 10) * 4096 :][:nbytes]
+                ring.release(slot)  # two slots for three chunks: the release is needed
+                conn.send(Release(slot))
         assert [got[i].nbytes for i in (10, 11, 12)] == [4096, 4096, len(data) - 8192]
         missing = ChunkRequest((tmp_path / "missing.tar").as_uri(), 0, 10)
         conn.send(Fetch([(13, missing)]))
@@ -136,6 +137,38 @@ def test_the_engine_side_speaks_the_protocol(tmp_path: Path) -> None:
         gc.collect()  # (its last views: a mapping holds a descriptor until unmapped)
         assert _descriptors(ring.name) == own  # stopped: the engine let go of its own
         assert ring.free_count() == 2  # the consumer's is its to close
+    finally:
+        conn.close()
+        thread.join(TIMEOUT)
+        ring.close()
+
+
+def test_chunks_read_together_arrive_in_one_message_before_a_failure(tmp_path: Path) -> None:
+    """Consecutive chunks of a local file are read as one group, in one turn of the
+    engine's loop: their ChunkReady go as one ChunksReady, in order. A failure submitted
+    with them comes after them (any other message sends the turn's ready chunks first)."""
+    data = bytes(range(256)) * 64
+    shard = tmp_path / "a.tar"
+    shard.write_bytes(data)
+    ring = Ring.create(5, 4096)  # a slot each
+    config = EngineConfig(inflight=4, hedge=False, retry=RetryPolicy(max_attempts=1))
+    conn, thread = _serve(ring, config)
+    try:
+        assert _recv(conn) == Started()
+        chunks = [ChunkRequest(shard.as_uri(), i * 4096, 4096) for i in range(4)]
+        missing = ChunkRequest((tmp_path / "missing.tar").as_uri(), 0, 10)
+        conn.send(Fetch([*((i, c) for i, c in enumerate(chunks)), (4, missing)]))
+        messages = [_recv(conn), _recv(conn)]
+        ready, failed = messages
+        assert isinstance(ready, ChunksReady), messages
+        assert [(rid, nbytes) for rid, _, nbytes in ready.chunks] == [(i, 4096) for i in range(4)]
+        assert len({slot for _, slot, _ in ready.chunks}) == 4
+        for rid, slot, nbytes in ready.chunks:
+            assert bytes(ring.view(slot)[:nbytes]) == data[rid * 4096 :][:nbytes]
+        assert isinstance(failed, ChunkFailed)
+        assert failed.id == 4
+        conn.send(Stop())
+        thread.join(TIMEOUT)
     finally:
         conn.close()
         thread.join(TIMEOUT)

@@ -50,6 +50,7 @@ from ._protocol import (
     AskStats,
     ChunkFailed,
     ChunkReady,
+    ChunksReady,
     Fatal,
     Fetch,
     FromEngine,
@@ -303,7 +304,13 @@ class Engine:
                 message: FromEngine = self._conn.recv()
             except (EOFError, OSError) as exc:
                 raise self._died() from exc
-            if isinstance(message, ChunkReady | ChunkFailed):
+            if isinstance(message, ChunksReady):
+                arrived, limit = self._arrived, message.limit
+                for rid, slot, nbytes in message.chunks:
+                    arrived[rid] = ChunkReady(rid, slot, nbytes, limit)
+                if limit:
+                    self.limit = limit
+            elif isinstance(message, ChunkReady | ChunkFailed):
                 self._arrived[message.id] = message
                 if isinstance(message, ChunkReady) and message.limit:
                     self.limit = message.limit

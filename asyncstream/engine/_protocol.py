@@ -18,7 +18,10 @@ behind it on the same socket, the ring's descriptor (``SCM_RIGHTS``,
                          Stop()                           finish and exit
     engine -> consumer   Started()                        once, when it can fetch
                                                           (informative; not awaited)
-                         ChunkReady(id, slot, nbytes)     as each chunk completes
+                         ChunkReady(id, slot, nbytes)     as each chunk completes,
+                                                          sent as
+                         ChunksReady(chunks, limit)       the chunks of one turn of the
+                                                          engine's loop together
                          ChunkFailed(id, error, trace)    at the chunk's place
                          Stats(stats)                     the answer to AskStats
                          Fatal(error, trace)              the engine itself broke
@@ -52,6 +55,7 @@ __all__ = [
     "AskStats",
     "ChunkFailed",
     "ChunkReady",
+    "ChunksReady",
     "Fatal",
     "Fetch",
     "FromEngine",
@@ -124,6 +128,17 @@ class ChunkReady(NamedTuple):
     limit: int = 0
 
 
+class ChunksReady(NamedTuple):
+    """The :class:`ChunkReady` of one turn of the engine's event loop, in order, in one
+    message: ``(id, slot, nbytes)`` each, and the ``limit`` of the last. A group of
+    chunks read at once (consecutive chunks of a shard, read or received together)
+    completes in one turn; one message for them saves each side a pickle and a system
+    call a chunk (see :class:`~._server._Server`)."""
+
+    chunks: tuple[tuple[int, int, int], ...]
+    limit: int = 0
+
+
 class ChunkFailed(NamedTuple):
     """Chunk ``id`` could not be fetched; its slot is FREE again."""
 
@@ -154,7 +169,7 @@ class Log(NamedTuple):
     text: str
 
 
-FromEngine = Started | ChunkReady | ChunkFailed | Stats | Fatal | Log
+FromEngine = Started | ChunkReady | ChunksReady | ChunkFailed | Stats | Fatal | Log
 
 
 def send(conn: Connection, message: ToEngine | FromEngine) -> None:

@@ -31,6 +31,8 @@ from ..stores._store import ChunkRequest, Store, StoreSetup
 from ._config import EngineConfig
 from ._protocol import (
     AskStats,
+    ChunkReady,
+    ChunksReady,
     Fatal,
     Fetch,
     FromEngine,
@@ -64,6 +66,8 @@ class _Server:
         self.stores: dict[StoreKey, Store] = {}
         self.scheduler: Scheduler | None = None
         self._keys: dict[tuple[str, str | None], StoreKey] = {}
+        self._ready: list[tuple[int, int, int]] = []  # this turn's ChunkReady, unsent
+        self._ready_limit = 0
 
     async def run(self) -> None:
         loop = asyncio.get_running_loop()
@@ -233,6 +237,27 @@ class _Server:
         )
 
     def _send(self, message: FromEngine) -> None:
+        """Send ``message``; a :class:`ChunkReady` waits for the end of the loop's turn,
+        sent with the others of that turn as one :class:`ChunksReady` (every other
+        message sends them first, so the order holds). Measured with 1 MiB blocks of
+        local files, where a group of chunks completes at once: a message a chunk cost
+        the consumer 26 us a chunk in ``Engine.wait`` (a poll, two reads, an unpickle)
+        and the engine a pickle and a write."""
+        if isinstance(message, ChunkReady):
+            if not self._ready:
+                asyncio.get_running_loop().call_soon(self._send_ready)
+            self._ready.append((message.id, message.slot, message.nbytes))
+            self._ready_limit = message.limit
+            return
+        self._send_ready()
+        self._write(message)
+
+    def _send_ready(self) -> None:
+        if self._ready:
+            ready, self._ready = self._ready, []
+            self._write(ChunksReady(tuple(ready), self._ready_limit))
+
+    def _write(self, message: FromEngine) -> None:
         try:
             send(self.conn, message)
         except (BrokenPipeError, EOFError, OSError):
