@@ -13,9 +13,10 @@ import os
 import random
 from pathlib import Path
 
+import pytest
 from torchdata.stateful_dataloader import StatefulDataLoader
 
-from asyncstream import ShardStream
+from asyncstream import NotFoundError, ShardStream
 from asyncstream.stores._localstore import LocalStore
 from asyncstream.stores._store import ChunkRequest
 from tests._foreign import write_foreign_shards
@@ -111,6 +112,20 @@ def test_a_stream_over_local_files_reads_them_from_the_page_cache(tmp_path: Path
         stream.set_epoch(1)
         assert by_shard_and_key(iter(stream)) == expected
         assert stream.stats()["fetch"]["thread_reads"] >= 1
+
+
+def test_a_shard_deleted_after_the_listing_fails_at_once_naming_it(tmp_path: Path) -> None:
+    """A local shard gone since the stream listed it is S3's 404: a NotFoundError naming
+    it, raised at its first read, not retried through the retry budget as a failed
+    connection."""
+    shards = write_foreign_shards(tmp_path / "data", 3, seed=5)
+    with ShardStream(str(shards.folder), seed=1, shuffle=False) as stream:
+        gone = sorted(shards.folder.glob("*.tar"))[1]
+        gone.unlink()
+        with pytest.raises(NotFoundError, match=f"{gone.name}: not found") as caught:
+            list(stream)
+        assert gone.as_uri() in str(caught.value)
+        assert "attempts" not in str(caught.value)  # not "giving up after N attempts"
 
 
 def test_local_files_in_statefuldataloader_workers_read_as_webdataset_reads_them(

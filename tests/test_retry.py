@@ -50,6 +50,7 @@ def client_error(code: str, status: int) -> botocore.exceptions.ClientError:
         (aiohttp.ClientPayloadError("Response payload is not completed"), "truncated"),
         (aiohttp.ServerDisconnectedError(), "connection"),
         (ConnectionResetError(104, "reset"), "connection"),
+        (OSError(5, "Input/output error"), "connection"),  # EIO: a disk or NFS that may heal
         (ChunkFailure("stall", "no byte"), "stall"),
         (TimeoutError(), "stall"),
     ],
@@ -69,6 +70,9 @@ def test_retryable(exc: BaseException, cause: str) -> None:
         (client_error("PreconditionFailed", 412), PermanentFetchError),
         (botocore.exceptions.NoCredentialsError(), AccessDeniedError),
         (ValueError("a bug, not I/O"), PermanentFetchError),
+        (FileNotFoundError(2, "No such file or directory"), NotFoundError),
+        (NotADirectoryError(20, "Not a directory"), NotFoundError),
+        (PermissionError(13, "Permission denied"), AccessDeniedError),
     ],
 )
 def test_permanent(exc: BaseException, kind: type[Exception]) -> None:

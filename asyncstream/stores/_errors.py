@@ -18,7 +18,8 @@ An :class:`HTTPErrorResponse` (any web server's error answer) is judged by its s
 S3's are; its ``Retry-After`` lengthens the wait before the retry (:mod:`._retry`).
 
 Raised at once (permanent): 400 (other codes), 403 (also bad credentials and expired
-tokens; 401, a web server asking for credentials), 404 (NoSuchKey, NoSuchBucket),
+tokens; 401, a web server asking for credentials; a local file it may not read), 404
+(NoSuchKey, NoSuchBucket; a local file or folder that is not there),
 ``no_ranges`` (a server that answers a ranged GET with the whole object: it cannot be
 read by range, and a retry would only download it whole again), ``range`` (a ``206``
 whose ``Content-Range`` is missing or names other bytes than those asked for:
@@ -310,7 +311,15 @@ def verdict(exc: BaseException, url: str) -> Verdict:
         return Verdict("connection", transient, True)
     if isinstance(exc, botocore.exceptions.ReadTimeoutError | TimeoutError):
         return Verdict("stall", transient, True)
-    if isinstance(exc, OSError):
+    if isinstance(exc, FileNotFoundError | NotADirectoryError | IsADirectoryError):
+        # A local shard (or its folder) gone since it was listed, as S3's 404: a retry
+        # only delays the error by the whole retry budget.
+        message = f"{url}: not found: {exc.strerror or exc}"
+        return Verdict("not_found", NotFoundError(message, url=url), False)
+    if isinstance(exc, PermissionError):
+        message = f"{url}: access denied: {exc.strerror or exc}"
+        return Verdict("denied", AccessDeniedError(message, url=url), False)
+    if isinstance(exc, OSError):  # EIO, a stale NFS handle, a socket's error: may heal
         return Verdict("connection", transient, True)
     # Not an I/O failure we know: never retry it (it may be a bug), but keep its name.
     message = f"{url}: {type(exc).__name__}: {exc}"
