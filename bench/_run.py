@@ -93,3 +93,46 @@ def baseline_tree(rev: str, folder: Path) -> Path:
             capture_output=True,
         )
     return folder
+
+
+def rounds_arguments(
+    parser: argparse.ArgumentParser, child: Callable[[dict[str, Any]], dict[str, Any]]
+) -> argparse.Namespace:
+    """The command line of a benchmark that runs each side in a fresh child process,
+    round by round: ``--baseline REV``, ``--rounds``, ``--json`` and the child's own
+    ``--child CONFIG``, where ``child`` measures, its figures are printed as JSON and the
+    process exits."""
+    parser.add_argument("--baseline", help="a git revision to compare with, in the same rounds")
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--json", help="write the figures to this file")
+    parser.add_argument("--child", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.child:
+        print(json.dumps(child(json.loads(args.child))))
+        raise SystemExit(0)
+    return args
+
+
+def side_by_side(
+    script: Path, configs: dict[str, dict[str, Any]], baseline: str | None, rounds: int
+) -> tuple[list[str], dict[tuple[str, str], list[dict[str, Any]]]]:
+    """Run ``script --child CONFIG`` for each of ``configs`` on each side, ``rounds``
+    times: ``after`` (this tree) and, with ``baseline``, ``before`` (that revision's
+    tree), the sides' order turned every other round. Returns the sides and each
+    ``(side, config's name)``'s rows, one a round, each printed as it comes."""
+    import tempfile
+
+    from bench.samplecost import run_child
+
+    runs: dict[tuple[str, str], list[dict[str, Any]]] = {}
+    with tempfile.TemporaryDirectory() as tmp:
+        sides = {"after": ROOT}
+        if baseline:
+            sides = {"before": baseline_tree(baseline, Path(tmp)), **sides}
+        for round_ in range(rounds):
+            for side in list(sides) if round_ % 2 == 0 else list(reversed(sides)):
+                for name, config in configs.items():
+                    row = run_child(script, config, sides[side])
+                    runs.setdefault((side, name), []).append(row)
+                    print(f"round {round_}, {side}, {name}: {row}", flush=True)
+    return list(sides), runs

@@ -18,7 +18,6 @@ import json
 import os
 import statistics
 import sys
-import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -61,38 +60,23 @@ def measure(data: str, settings: dict[str, Any], epochs: int) -> dict[str, float
 
 
 def main() -> None:
+    sys.path.insert(0, str(ROOT))
+    from bench._run import rounds_arguments, side_by_side
+
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--data", default=str(DEFAULT / "real-4000"), help="a packed folder")
-    parser.add_argument("--baseline", help="a git revision to compare with, in the same rounds")
     parser.add_argument("--settings", default="default,small", help="of: default, small, 16mib")
-    parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--epochs", type=int, default=3, help="epochs a run (the first apart)")
-    parser.add_argument("--json", help="write the figures to this file")
-    parser.add_argument("--child", help=argparse.SUPPRESS)
-    args = parser.parse_args()
-    if args.child:
-        config = json.loads(args.child)
-        print(json.dumps(measure(config["data"], config["settings"], config["epochs"])))
-        return
+    args = rounds_arguments(parser, lambda c: measure(c["data"], c["settings"], c["epochs"]))
     if args.epochs < 2:
         raise SystemExit("--epochs: at least 2 (the first is left out)")
-    sys.path.insert(0, str(ROOT))
-    from bench._run import baseline_tree
-    from bench.samplecost import run_child
-
     out: dict[str, Any] = {"date": time.strftime("%Y-%m-%d"), "data": args.data, "runs": {}}
-    with tempfile.TemporaryDirectory() as tmp:
-        sides = {"after": ROOT}
-        if args.baseline:
-            sides = {"before": baseline_tree(args.baseline, Path(tmp)), **sides}
-        runs: dict[str, list[dict[str, float]]] = {}
-        for round_ in range(args.rounds):
-            for side in list(sides) if round_ % 2 == 0 else list(reversed(sides)):
-                for name in args.settings.split(","):
-                    config = {"data": args.data, "settings": SETTINGS[name], "epochs": args.epochs}
-                    row = run_child(HERE, config, sides[side])
-                    runs.setdefault(f"{side}, {name}", []).append(row)
-                    print(f"round {round_}, {side}, {name}: {row}", flush=True)
+    configs = {
+        name: {"data": args.data, "settings": SETTINGS[name], "epochs": args.epochs}
+        for name in args.settings.split(",")
+    }
+    _, named = side_by_side(HERE, configs, args.baseline, args.rounds)
+    runs = {f"{side}, {name}": rows for (side, name), rows in named.items()}
     print(
         "| side, settings | MB/s | rounds | reads an epoch | consumer / engine CPU-s per GB "
         "| ring MiB |\n|---|---:|---|---:|---:|---:|"

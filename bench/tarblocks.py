@@ -23,7 +23,6 @@ import json
 import os
 import statistics
 import sys
-import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -57,37 +56,21 @@ def measure(data: str, block: int, repeat: int) -> dict[str, float]:
 
 
 def main() -> None:
+    sys.path.insert(0, str(ROOT))
+    from bench._run import rounds_arguments, side_by_side
+
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--data", default=str(DEFAULT / "real-4000"), help="a packed folder")
     parser.add_argument("--blocks", default="1,16", help="block sizes in MiB, comma-separated")
-    parser.add_argument("--baseline", help="a git revision to compare with, in the same rounds")
-    parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--repeat", type=int, default=5, help="passes a run, the fastest kept")
-    parser.add_argument("--json", help="write the figures to this file")
-    parser.add_argument("--child", help=argparse.SUPPRESS)
-    args = parser.parse_args()
-    if args.child:
-        config = json.loads(args.child)
-        print(json.dumps(measure(config["data"], config["block"], config["repeat"])))
-        return
+    args = rounds_arguments(parser, lambda c: measure(c["data"], c["block"], c["repeat"]))
     sizes = sorted(int(b) for b in args.blocks.split(","))
-    sys.path.insert(0, str(ROOT))
-    from bench._run import baseline_tree
-    from bench.samplecost import run_child
-
     out: dict[str, Any] = {"date": time.strftime("%Y-%m-%d"), "data": args.data, "runs": {}}
-    runs: dict[tuple[str, int], list[dict[str, float]]] = {}
-    with tempfile.TemporaryDirectory() as tmp:
-        sides = {"after": ROOT}
-        if args.baseline:
-            sides = {"before": baseline_tree(args.baseline, Path(tmp)), **sides}
-        for round_ in range(args.rounds):
-            for side in list(sides) if round_ % 2 == 0 else list(reversed(sides)):
-                for mib in sizes:
-                    config = {"data": args.data, "block": mib << 20, "repeat": args.repeat}
-                    row = run_child(HERE, config, sides[side])
-                    runs.setdefault((side, mib), []).append(row)
-                    print(f"round {round_}, {side}, {mib} MiB: {row}", flush=True)
+    configs = {
+        str(mib): {"data": args.data, "block": mib << 20, "repeat": args.repeat} for mib in sizes
+    }
+    sides, named = side_by_side(HERE, configs, args.baseline, args.rounds)
+    runs = {(side, int(mib)): rows for (side, mib), rows in named.items()}
     print(
         "| side | block | CPU us a sample (rounds) | general members | CPU us a block's edge |"
         "\n|---|---:|---|---:|---:|"
