@@ -70,6 +70,26 @@ def report(out: dict[str, Any], text: str, json_path: str | None) -> None:
 ROOT = Path(__file__).resolve().parent.parent
 
 
+def run_child(
+    script: Path, config: dict[str, Any], source: Path, env: dict[str, str] | None = None
+) -> dict[str, Any]:
+    """Run ``script --child CONFIG`` in a fresh process with the ``asyncstream`` found in
+    ``source`` (a baseline's extracted tree, or this one), and return the JSON object it
+    prints last."""
+    env = {**(os.environ if env is None else env), "PYTHONPATH": str(source)}
+    done = subprocess.run(
+        [sys.executable, str(script), "--child", json.dumps(config)],
+        env=env,
+        cwd=source,
+        capture_output=True,
+        text=True,
+    )
+    if done.returncode != 0:
+        raise RuntimeError(f"{script.name} --child {config} failed:\n{done.stderr[-3000:]}")
+    result: dict[str, Any] = json.loads(done.stdout.strip().splitlines()[-1])
+    return result
+
+
 def baseline_tree(rev: str, folder: Path) -> Path:
     """Revision ``rev``'s ``asyncstream`` and ``dali_ops`` in ``folder``, its C extensions
     built in place where it has any."""
@@ -121,8 +141,6 @@ def side_by_side(
     tree), the sides' order turned every other round. Returns the sides and each
     ``(side, config's name)``'s rows, one a round, each printed as it comes."""
     import tempfile
-
-    from bench.samplecost import run_child
 
     runs: dict[tuple[str, str], list[dict[str, Any]]] = {}
     with tempfile.TemporaryDirectory() as tmp:

@@ -101,9 +101,8 @@ def main() -> None:
         print(json.dumps(measure(config["url"], config["ca"], config["epochs"])))
         return
     sys.path.insert(0, str(ROOT))
-    from bench._run import baseline_tree
+    from bench._run import baseline_tree, run_child
     from bench.feed import real_shards
-    from bench.samplecost import run_child
 
     shards = real_shards(Path(args.data), args.images)
     out: dict[str, Any] = {

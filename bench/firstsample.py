@@ -110,7 +110,7 @@ def measure(
             tree; ``asyncstream@REV`` for a baseline).
         env: the children's environment (credentials for the server).
     """
-    from .samplecost import run_child  # the parent's side only: the child runs as a script
+    from ._run import run_child  # the parent's side only: the child runs as a script
 
     places: list[tuple[str, list[str], str | None]] = [("local files", local, None)]
     if s3 is not None:

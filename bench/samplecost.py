@@ -25,8 +25,6 @@ import json
 import os
 import platform
 import statistics
-import subprocess
-import sys
 import tempfile
 import time
 from pathlib import Path
@@ -98,28 +96,10 @@ def measure(url: str, endpoint: str | None, epochs: int, path: str = "iter") -> 
     return {key: statistics.median(r[key] for r in steady) for key in steady[0]}
 
 
-def run_child(
-    script: Path, config: dict[str, Any], source: Path, env: dict[str, str] | None = None
-) -> dict[str, Any]:
-    """Run ``script --child CONFIG`` in a fresh process with the ``asyncstream`` found in
-    ``source`` (a baseline's extracted tree, or this one), and return the JSON object it
-    prints last."""
-    env = {**(os.environ if env is None else env), "PYTHONPATH": str(source)}
-    done = subprocess.run(
-        [sys.executable, str(script), "--child", json.dumps(config)],
-        env=env,
-        cwd=source,
-        capture_output=True,
-        text=True,
-    )
-    if done.returncode != 0:
-        raise RuntimeError(f"{script.name} --child {config} failed:\n{done.stderr[-3000:]}")
-    result: dict[str, Any] = json.loads(done.stdout.strip().splitlines()[-1])
-    return result
-
-
 def _side(source: Path, url: str, endpoint: str | None, epochs: int, path: str) -> dict[str, Any]:
     """One fresh process reading with the ``asyncstream`` found in ``source``."""
+    from bench._run import run_child
+
     config = {"url": url, "endpoint": endpoint, "epochs": epochs, "path": path}
     return run_child(HERE, config, source)
 
