@@ -310,10 +310,8 @@ class Engine:
                     arrived[rid] = ChunkReady(rid, slot, nbytes, limit)
                 if limit:
                     self.limit = limit
-            elif isinstance(message, ChunkReady | ChunkFailed):
+            elif isinstance(message, ChunkFailed):  # (ChunkReady comes in ChunksReady)
                 self._arrived[message.id] = message
-                if isinstance(message, ChunkReady) and message.limit:
-                    self.limit = message.limit
             elif isinstance(message, Stats):
                 self._stats = message.stats
             elif isinstance(message, Log):

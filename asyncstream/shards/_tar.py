@@ -268,7 +268,7 @@ class ShardReader(EntryParser):
         fast = self._fast_path
         if self._cut_member is not None:
             assert pending is not None  # the cut member's sample
-            pos = self._resume_cut(self._cut_member, pending, end)
+            pos = self._resume_cut(self._cut_member, pending)
         walker = RangeWalker(data, doff, end - doff, self.size - doff, self._names)
         while pos + BLOCK <= end:
             if fast and pos >= doff:
@@ -298,7 +298,7 @@ class ShardReader(EntryParser):
                     # Its bytes so far kept, its header not read again (see _Cut).
                     member = new_member(size)
                     member.add(self._get(start, end))
-                    self._cut_member = _Cut(ext, start + size, after, member)
+                    self._cut_member = _Cut(ext, after, member)
                     pos = after
                 break
             self.general_members += 1
@@ -347,10 +347,11 @@ class ShardReader(EntryParser):
                 carry += data
         self._pos, self._pending = pos, pending
 
-    def _resume_cut(self, cut: _Cut, pending: Pending, end: int) -> int:
+    def _resume_cut(self, cut: _Cut, pending: Pending) -> int:
         """Take the rest of the member cut by the last range's end out of this range: once
-        it is whole, a field of ``pending``. Returns where the walk goes on."""
-        if cut.member.add(self._data[: min(cut.stop, end) - self._doff]):
+        it is whole, a field of ``pending``. Returns where the walk goes on. (This range
+        starts where the last one ended: the member's next bytes are its first ones.)"""
+        if cut.member.add(self._data[: cut.member.missing]):
             self._cut_member = None
             self.general_members += 1
             pending[2].append((cut.ext, 0, 0, cut.member.take()))
@@ -396,7 +397,6 @@ class _Cut:
     """
 
     ext: str
-    stop: int  # the member's end in the shard
     after: int  # the next header
     member: Member | _tarwalk.Member
 
