@@ -29,8 +29,10 @@ memory (the *ceiling*: the same pipeline, its source a slice of a list), in one 
 
 ``--baseline REV`` runs the loader of git revision ``REV`` (its ``dali_ops``, imported
 as a package of its own from ``git show``) beside today's, in the same rounds: before
-and after in one run. Rounds are interleaved and repeated (``--repeat``); each figure is
-the median over rounds.
+and after in one run. Only ``dali_ops`` is that revision's: the stream, the tar reader and
+the engine are today's in both (``bench.endtoend`` runs a revision's whole tree). Rounds
+are interleaved and repeated (``--repeat``), the sides' order turned every other round;
+each figure is the median over rounds.
 """
 
 from __future__ import annotations
@@ -457,6 +459,17 @@ def _build_batchc(root: Path, rev: str, target: Path) -> None:
 # -- parts ------------------------------------------------------------------------------
 
 
+def _turns(packages: dict[str, ModuleType], round_: int) -> list[tuple[str, ModuleType]]:
+    """The packages in the order round ``round_`` runs them: reversed every other round.
+
+    In one process, whichever side ran first was seen to run faster: with ``--baseline``
+    naming a revision whose ``dali_ops`` was the same code as today's, the proxy at batch
+    64 gave the first side 0.93 to 1.14 of the ceiling and the second 0.75 to 0.87, in
+    each of 3 rounds (2026-11-28). So no part runs the sides in a fixed order."""
+    items = list(packages.items())
+    return items if round_ % 2 == 0 else items[::-1]
+
+
 def _steady(epochs: list[Any], key: Callable[[Any], float]) -> float:
     values = [key(e) for e in epochs[1:]] or [key(epochs[0])]
     return statistics.mean(values)
@@ -471,10 +484,11 @@ def proxy(args: argparse.Namespace, packages: dict[str, ModuleType]) -> dict[str
         for round_ in range(args.repeat):
             # With --metrics, each package also with its stream's metrics exported and
             # scraped, the two alternated (which goes first flips every round).
-            variants = [(n, p, None) for n, p in packages.items()]
+            variants = [(n, p, None) for n, p in _turns(packages, round_)]
             if args.metrics:
                 pairs = [
-                    ((n, p, None), (f"{n}+metrics", p, args.metrics)) for n, p in packages.items()
+                    ((n, p, None), (f"{n}+metrics", p, args.metrics))
+                    for n, p in _turns(packages, round_)
                 ]
                 variants = [v for a, b in pairs for v in ((b, a) if round_ % 2 else (a, b))]
             for name, pkg, scrape in variants:
@@ -527,8 +541,8 @@ def workers(args: argparse.Namespace, packages: dict[str, ModuleType]) -> dict[s
     shards = tiny_shards(args.data, args.tiny)
     blobs, labels = read_encoded(shards)
     rows: dict[str, dict[int, list[dict[str, Any]]]] = {}
-    for _ in range(args.repeat):
-        for name, pkg in packages.items():
+    for round_ in range(args.repeat):
+        for name, pkg in _turns(packages, round_):
             settings = pkg.PipelineSettings(image_size=32, num_threads=args.threads)
             ceil = _steady(ceiling(pkg, settings, blobs, labels, 256, args.device, 3), float)
             for n in args.workers:
@@ -575,10 +589,8 @@ def real(args: argparse.Namespace, packages: dict[str, ModuleType]) -> dict[str,
         "first": {},
         "flanked": bool(args.flank),
     }
-    names = list(packages)
     for round_ in range(args.repeat):
-        for name in names if round_ % 2 == 0 else names[::-1]:
-            pkg = packages[name]
+        for name, pkg in _turns(packages, round_):
             settings = pkg.PipelineSettings(image_size=224, num_threads=args.threads)
 
             def measure_ceiling(pkg: ModuleType = pkg, settings: Any = settings) -> list[float]:
@@ -626,9 +638,9 @@ def handover(args: argparse.Namespace, packages: dict[str, ModuleType]) -> dict[
     else:
         shards = tiny_shards(args.data, args.tiny)
     rows: dict[str, dict[int, list[dict[str, float]]]] = {}
-    for _ in range(args.repeat):
+    for round_ in range(args.repeat):
         for n in [w for w in args.workers if w > 0]:
-            for name, pkg in packages.items():
+            for name, pkg in _turns(packages, round_):
                 epochs = workers_alone(pkg, shards, 256, n)
                 row = {
                     "images_per_s": _steady(epochs, lambda e: e["images_per_s"]),
