@@ -128,7 +128,15 @@ def rounds_arguments(
     parser.add_argument("--child", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
-        print(json.dumps(child(json.loads(args.child))))
+        # The side's asyncstream is on PYTHONPATH (run_child): not the one of the tree this
+        # script is in, which its main() put first to import this module.
+        if sys.path[0] == str(ROOT):
+            del sys.path[0]
+        row = child(json.loads(args.child))
+        import asyncstream
+
+        row["source"] = str(Path(asyncstream.__file__).resolve().parent.parent)
+        print(json.dumps(row))
         raise SystemExit(0)
     return args
 
@@ -151,6 +159,9 @@ def side_by_side(
             for side in list(sides) if round_ % 2 == 0 else list(reversed(sides)):
                 for name, config in configs.items():
                     row = run_child(script, config, sides[side])
+                    source = row.pop("source")
+                    if Path(source) != sides[side].resolve():  # what the side is about
+                        raise RuntimeError(f"{side}: the child read {source}, not {sides[side]}")
                     runs.setdefault((side, name), []).append(row)
                     print(f"round {round_}, {side}, {name}: {row}", flush=True)
     return list(sides), runs
