@@ -33,7 +33,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from asyncstream.shards import _tarfast
+from asyncstream.shards import _tarbulk, _tarfast
 from tests._foreign import gnu_tar, tarfile_shard, webdataset_shard
 from tests._fuzz import FUZZ
 from tests.test_tarfast import MIXED, end, fix_checksum, member, mode, outcome, plain_run
@@ -121,14 +121,108 @@ def test_the_native_walk_takes_the_plain_runs() -> None:
     with tarfile.open(fileobj=io.BytesIO(shard)) as archive:
         last = archive.getmembers()[-1]
         after = last.offset_data + (last.size + 511) // 512 * 512
-    rel, pending, records, again = _tarfast._NATIVE_WALK(
+    rel, pending, records, again, cut = _tarfast._NATIVE_WALK(
         memoryview(shard), 0, len(shard), len(shard), 0, None
     )
-    assert (rel, again) == (after, True)
+    assert (rel, again, cut) == (after, True, None)
     assert len(records) == 39
     assert pending is not None
     assert pending[0] == "000010039"
     assert [f[0] for f in records[0][2:]] == ["jpg", "cls", "json"]
+
+
+def _walked(data: bytes, rel: int, limit: int, stop: int, doff: int, pending: Any) -> Any:
+    """The walk's answer, records as a list, native and Python alike (asserted; but for
+    whether to walk again after a header whose checksum is bad and whose data the range
+    cuts: the native walk checks the sum first, the Python one the size, and either way
+    the general parser reads that header next)."""
+    answers = []
+    for native in (True, False):
+        with pytest.MonkeyPatch.context() as patch:
+            patch.setattr(_tarfast, "NATIVE", native)
+            walker = _tarfast.RangeWalker(memoryview(data), doff, limit, stop, _tarfast.Names())
+            rel2, tail, records, again, cut = walker.walk(rel, pending)
+            answers.append((rel2, tail, list(records), again, cut))
+    assert answers[0][:3] + answers[0][4:] == answers[1][:3] + answers[1][4:]
+    if answers[0][3] != answers[1][3]:
+        assert (answers[0][3], answers[1][3]) == (False, True)
+        assert _tarbulk.first_bad(memoryview(data), [answers[0][0]]) == 0
+    return answers[1]
+
+
+def test_a_member_the_range_cuts_is_named_by_the_walk() -> None:
+    """The walk ends at a plain member whose data the range's end cuts and names it (its
+    field name and size: the reader gathers it), as the sample's next member: in the
+    sample in progress, or beginning the next, the one before then completed. Native and
+    Python alike; where the walk would not take the member whole, it does not name it."""
+    big = b"J" * 2000
+    cont = member("a.cls", b"1") + member("a.jpg", big) + end()
+    # a.cls whole (header and one block), a.jpg's header and 512 of its 2000 bytes
+    assert _walked(cont, 0, 2048, len(cont), 0, None) == (
+        1024,
+        ("a", 0, [("cls", 512, 513, None)]),
+        [],
+        True,
+        ("jpg", 2000),
+    )
+    begins = member("a.cls", b"1") + member("b.jpg", big) + end()
+    assert _walked(begins, 0, 2048, len(begins), 0, None) == (
+        1024,
+        ("b", 1024, []),
+        [("a", 0, ("cls", 512, 513, None))],
+        True,
+        ("jpg", 2000),
+    )
+    # a sample carried in from an earlier range owns its bytes: nothing of the cut is kept
+    carried = ("a", -1024, [("jpg", 0, 0, b"j")])
+    assert _walked(member("a.cls", big) + end(), 0, 1024, 3072, 0, carried) == (
+        0,
+        ("a", -1024, [("jpg", 0, 0, b"j")]),
+        [],
+        True,
+        ("cls", 2000),
+    )
+    # a prefix joined as tarfile joins it
+    prefixed = member("d" * 120 + "/k.jpg", big) + end()
+    assert _walked(prefixed, 0, 1024, len(prefixed), 0, None)[1:] == (
+        ("d" * 120 + "/k", 0, []),
+        [],
+        True,
+        ("jpg", 2000),
+    )
+    # not named: a duplicate field, a name the general parser reads, past the shard's end,
+    # a bad checksum, a cut header
+    dup = member("a.jpg", b"1") + member("a.jpg", big) + end()
+    odd = member("_a.jpg", big) + end()
+    past = member("a.jpg", big)
+    summed = bytearray(member("a.jpg", big) + end())
+    summed[150] ^= 1
+    for data, limit, stop, rel in (
+        (dup, 2048, len(dup), 1024),
+        (odd, 1024, len(odd), 0),
+        (past, 1024, 2048, 0),
+        (bytes(summed), 1024, len(summed), 0),
+        (cont, 1280, len(cont), 1024),
+    ):
+        assert _walked(data, 0, limit, stop, 0, None)[0] == rel
+        assert _walked(data, 0, limit, stop, 0, None)[4] is None
+
+
+@pytest.mark.parametrize("name", ["native", "scan", "general"])
+def test_a_cut_member_over_the_sample_limit_is_the_general_parsers_error(name: str) -> None:
+    """A member larger than ``max_sample_bytes``, its data cut by the range: the same
+    error, at its header, whichever read its header."""
+    from asyncstream import CorruptTarError
+    from asyncstream.shards._limits import ReadLimits
+    from asyncstream.shards._tar import ShardReader
+
+    shard = member("a.cls", b"1") + member("a.jpg", b"J" * 5000) + end()
+    with mode(name):
+        reader = ShardReader("s3://b/s.tar", len(shard), limits=ReadLimits(max_sample_bytes=4000))
+        with pytest.raises(CorruptTarError, match="at byte 1024") as caught:
+            reader.feed(memoryview(bytearray(shard[:2048])), 0)
+    assert "'a.jpg'" in str(caught.value)
+    assert "5000" in str(caught.value)
 
 
 # --------------------------------------------------------------------------- the suites

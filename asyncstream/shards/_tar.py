@@ -163,7 +163,8 @@ class ShardReader(EntryParser):
         self._error: tuple[str, int] | None = None  # (message, offset) once corrupt
         # Members the general parser (._tarentry) read rather than the walk (._tarfast,
         # native or not): what is rare by nature (pax and GNU headers, long names, sparse
-        # members, names the walk refuses) and each range's last member, cut by its end.
+        # members, names the walk refuses), and a range's last member, cut by its end, where
+        # the walk did not name it (a member after such a header).
         self.general_members = 0
         self._doff = start
         # The first samples of a shard read from its start, for MemberOrderWarning.
@@ -272,9 +273,13 @@ class ShardReader(EntryParser):
         walker = RangeWalker(data, doff, end - doff, self.size - doff, self._names)
         while pos + BLOCK <= end:
             if fast and pos >= doff:
-                rel, pending, records, fast = walker.walk(pos - doff, pending)
+                rel, pending, records, fast, cut = walker.walk(pos - doff, pending)
                 out.extend(records)
                 pos = rel + doff
+                if cut is not None and cut[1] <= self._max and not self._open_ended:
+                    # Named by the walk, its sample in progress: its bytes kept (see _Cut).
+                    pos = self._gather(cut[0], pos + BLOCK, cut[1], end)
+                    break
                 if pos + BLOCK > end:
                     break
             entry = self._entry(pos, end)
@@ -296,10 +301,8 @@ class ShardReader(EntryParser):
             if start + size > end:
                 if sparse is None and not self._open_ended:
                     # Its bytes so far kept, its header not read again (see _Cut).
-                    member = new_member(size)
-                    member.add(self._get(start, end))
-                    self._cut_member = _Cut(ext, after, member)
-                    pos = after
+                    self.general_members += 1
+                    pos = self._gather(ext, start, size, end)
                 break
             self.general_members += 1
             if sparse is not None:
@@ -347,13 +350,21 @@ class ShardReader(EntryParser):
                 carry += data
         self._pos, self._pending = pos, pending
 
+    def _gather(self, ext: str, start: int, size: int, end: int) -> int:
+        """Keep the bytes so far of the member whose data, at ``start``, this range's end
+        cuts (see :class:`_Cut`); returns the header after it."""
+        member = new_member(size)
+        member.add(self._get(start, end))
+        after = start + ((size + BLOCK - 1) & -BLOCK)
+        self._cut_member = _Cut(ext, after, member)
+        return after
+
     def _resume_cut(self, cut: _Cut, pending: Pending) -> int:
         """Take the rest of the member cut by the last range's end out of this range: once
         it is whole, a field of ``pending``. Returns where the walk goes on. (This range
         starts where the last one ended: the member's next bytes are its first ones.)"""
         if cut.member.add(self._data[: cut.member.missing]):
             self._cut_member = None
-            self.general_members += 1
             pending[2].append((cut.ext, 0, 0, cut.member.take()))
         return cut.after
 
@@ -384,16 +395,19 @@ class ShardReader(EntryParser):
 
 @dataclass(slots=True)
 class _Cut:
-    """A member whose header a range held and whose bytes it cut: the general parser read
-    the header once, and its bytes are copied into the member as they arrive
-    (:func:`~._tarfast.new_member`), the member's field of the sample in progress once
-    they are all in. Before, the range's tail from the header on was carried, the header
-    read again from the carry and the member's bytes joined out of carry and range: 29 us
-    of the reader's CPU a 1 MiB block's edge, against 20 now (``python -m bench.tarblocks``).
+    """A member whose header a range held and whose bytes it cut: the walk named it (or,
+    where the walk left it, the general parser read it) once, and its bytes are copied into
+    the member as they arrive (:func:`~._tarfast.new_member`), the member's field of the
+    sample in progress once they are all in. Before, the range's tail from the header on
+    was carried, the header read again from the carry and the member's bytes joined out of
+    carry and range: 29 us of the reader's CPU a 1 MiB block's edge, against 20 with the
+    general parser reading the header once (``python -m bench.tarblocks``), and less with
+    the walk naming it (bench/RESULTS.md).
 
     Only a shard of known size: there a header's member cannot run past the shard's end
-    (the parser refuses it), so the last range completes it. At most the member's size,
-    which the parser checked against ``max_sample_bytes``, as the carry held before.
+    (the parser and the walk refuse it), so the last range completes it. At most the
+    member's size, checked against ``max_sample_bytes`` (a larger one is left to the
+    general parser, which refuses it), as the carry held before.
     """
 
     ext: str

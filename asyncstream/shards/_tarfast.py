@@ -17,11 +17,14 @@ a fraction of that, in two steps:
 Exactness: a header is taken only when the general parser would read it the same way;
 the walk stops *before* the first one it cannot vouch for (another type, extended
 headers, a name prefix or an odd name, an unusual spelling of a number, a bad checksum, a
-member past the shard's end or whose data has not arrived, a duplicate field), and the
-general parser reads that header, with its own errors: the same
-:class:`~asyncstream.CorruptTarError` at the same offset as without the fast path. After a
-header the check refused, the rest of the range is left to the general parser, so a shard
-of unusual headers costs at most one wasted walk per range.
+member past the shard's end, a duplicate field), and the general parser reads that header,
+with its own errors: the same :class:`~asyncstream.CorruptTarError` at the same offset as
+without the fast path. After a header the check refused, the rest of the range is left to
+the general parser, so a shard of unusual headers costs at most one wasted walk per range.
+A plain member whose data the range's end cuts (inside the shard) ends the walk too, named
+as the sample's next member and returned as the *cut*: the reader gathers its bytes from
+the next ranges (``_tar._Cut``) without the general parser reading its header again, 6 µs
+of each block's edge.
 
 Names are split in bytes and decoded by parts; UTF-8 with surrogate escapes decodes a name
 split at an ASCII byte (``/`` or ``.``) into the decodings of its parts, so the key and the
@@ -92,7 +95,9 @@ _UNBOUNDED = 1 << 62
 # A chunk's records: the native walk's compact table (``_tarwalk.Records``, which reads as
 # the list of tuples it replaces), or that list where the walk is the Python one.
 Records: TypeAlias = "list[Record] | _tarwalk.Records"
-Walked = tuple[int, Pending | None, Records, bool]
+# The member a range's end cuts, named by the walk: its field name and its size.
+Cut = tuple[str, int]
+Walked = tuple[int, Pending | None, Records, bool, Cut | None]
 
 
 def _native() -> ModuleType | None:
@@ -244,12 +249,44 @@ class RangeWalker:
         """Read the run of plain members at ``rel`` (relative to the range).
 
         Returns:
-            ``(rel, pending, records, again)``: the header the walk stopped at, the sample
-            then in progress, the samples completed, and whether to walk again in this
-            range (not after a header the check refused).
+            ``(rel, pending, records, again, cut)``: the header the walk stopped at, the
+            sample then in progress, the samples completed, whether to walk again in this
+            range (not after a header the check refused), and ``(field name, size)`` where
+            the header at ``rel`` is a plain member whose data the range's end cuts inside
+            the shard: its sample is then the one in progress (without its field).
         """
         if NATIVE and _NATIVE_WALK is not None:
             return _NATIVE_WALK(self.data, rel, self.limit, self.stop, self.doff, pending)
+        rel, pending, records, again = self._walk(rel, pending)
+        found = self._cut_at(rel) if again else None
+        if found is not None:
+            start = rel + 512
+            after, named, more = self._group([(found[0], start, start)], start, pending)
+            if after == start and named is not None:  # named as an empty member: taken off
+                return rel, named, records + more, True, (named[2].pop()[0], found[1])
+        return rel, pending, records, again, None
+
+    def _cut_at(self, rel: int) -> tuple[bytes, int] | None:
+        """The name field and the size of the member at ``rel``, where its header is plain
+        and the range's end cuts its data inside the shard."""
+        data = self.data
+        if rel + 512 > self.limit:
+            return None
+        name, digits, flag, prefix = _HEAD.unpack_from(data, rel)
+        if flag not in _PLAIN or first_bad(data, [rel]) == 0:
+            return None
+        size = int(digits, 8)  # first_bad: 11 octal digits
+        start = rel + 512
+        if start + size <= self.limit or start + ((size + 511) & -512) > self.stop:
+            return None
+        if prefix:
+            name = _joined(data[rel + 345 : rel + 500].tobytes(), name)
+        return name, size
+
+    def _walk(
+        self, rel: int, pending: Pending | None
+    ) -> tuple[int, Pending | None, list[Record], bool]:
+        """:meth:`walk` but the cut."""
         table = self._table
         if table is None:
             if self._judged:
@@ -296,7 +333,7 @@ class RangeWalker:
                 if again and rel == after and rel + 512 <= self.limit:
                     self._table = HeaderTable.of(self.data, rel, self.limit, self.stop)
                     if self._table is not None:
-                        rel, pending, more_records, again = self.walk(rel, pending)
+                        rel, pending, more_records, again = self._walk(rel, pending)
                         records += more_records
                 return rel, pending, records, again
         return self._checked(names, starts, stops, heads, after, pending)

@@ -53,8 +53,9 @@ typedef struct {
 
 /* Why a scan ended: a header not plain by type or limits (the general parser reads it,
  * the walk may go on after it), a header the check refused (the rest of the range is left
- * to the general parser), or the batch is full. */
-enum { ENDED_PLAIN, ENDED_REFUSED, ENDED_BATCH };
+ * to the general parser), the batch is full, or a plain header whose data the range's end
+ * cuts (inside the shard: the walk names it, and the reader gathers its bytes). */
+enum { ENDED_PLAIN, ENDED_REFUSED, ENDED_BATCH, ENDED_CUT };
 
 static int
 octal_digit(unsigned char c)
@@ -169,10 +170,11 @@ prefetch_ahead(const unsigned char *data, Py_ssize_t at, Py_ssize_t asked, Py_ss
 }
 
 /* Up to `most` plain headers from *rel on, into out; *rel ends at the first header not
- * taken. Runs without the GIL. */
+ * taken. Ended by ENDED_CUT, *cut is the size of the member at *rel, whose header is
+ * plain and whose data runs past `limit` but not past `stop`. Runs without the GIL. */
 static int
 scan(const unsigned char *data, Py_ssize_t *rel, Py_ssize_t limit, Py_ssize_t stop,
-     Member *out, Py_ssize_t most, Py_ssize_t *count)
+     Member *out, Py_ssize_t most, Py_ssize_t *count, Py_ssize_t *cut)
 {
     Py_ssize_t at = *rel;
     Py_ssize_t n = 0;
@@ -206,7 +208,8 @@ scan(const unsigned char *data, Py_ssize_t *rel, Py_ssize_t limit, Py_ssize_t st
             break;
         }
         if (size > limit - start || after > stop) {
-            ended = ENDED_PLAIN;
+            ended = after > stop ? ENDED_PLAIN : ENDED_CUT;
+            *cut = size;
             break;
         }
         out[n].head = at;
@@ -592,6 +595,25 @@ PyDoc_STRVAR(walk_doc,
 "\n"
 "The run of plain members at ``rel``, as ``RangeWalker.walk`` reads it.\n");
 
+/* The member at `head`, whose data the range cuts, named as the next member of the
+ * sample in progress (the sample it begins is then in progress, the one before flushed):
+ * its field name (a new reference), or NULL with no error where the walk would stop
+ * before it, or NULL with an error set. It is grouped as an empty member, whose field is
+ * then taken off again: one naming, the walk's. */
+static PyObject *
+cut_member(Sample *s, Exts *exts, const unsigned char *data, Py_ssize_t head,
+           Py_ssize_t doff, PyObject *records)
+{
+    Member empty = {.head = head, .size = 0};
+    Py_ssize_t taken = group(s, exts, data, &empty, 1, doff, records);
+    if (taken != 1) {
+        return NULL;
+    }
+    TableField *f = &s->fields[--s->nfields];
+    Py_XDECREF(f->owned);
+    return f->ext; /* the field's reference, handed over */
+}
+
 static PyObject *
 walk(PyObject *module, PyObject *args)
 {
@@ -609,6 +631,7 @@ walk(PyObject *module, PyObject *args)
     }
     PyObject *result = NULL;
     PyObject *records = NULL;
+    PyObject *cut = NULL; /* (field name, size) of the member the range's end cuts */
     Member *members = NULL;
     Exts exts = {.used = 0};
     Sample s;
@@ -637,9 +660,10 @@ walk(PyObject *module, PyObject *args)
         members = more;
         Py_ssize_t count;
         Py_ssize_t next = rel;
+        Py_ssize_t cut_size = -1;
         int ended;
         Py_BEGIN_ALLOW_THREADS
-        ended = scan(data, &next, limit, stop, members, batch, &count);
+        ended = scan(data, &next, limit, stop, members, batch, &count, &cut_size);
         Py_END_ALLOW_THREADS
         Py_ssize_t taken = group(&s, &exts, data, members, count, doff, records);
         if (taken < 0) {
@@ -650,8 +674,20 @@ walk(PyObject *module, PyObject *args)
             break;
         }
         rel = next;
+        if (ended == ENDED_CUT) {
+            PyObject *ext = cut_member(&s, &exts, data, rel, doff, records);
+            if (ext == NULL && PyErr_Occurred()) {
+                goto done;
+            }
+            if (ext != NULL) {
+                cut = Py_BuildValue("(Nn)", ext, cut_size);
+                if (cut == NULL) {
+                    goto done;
+                }
+            }
+        }
         if (ended != ENDED_BATCH) {
-            again = ended == ENDED_PLAIN;
+            again = ended != ENDED_REFUSED;
             break;
         }
         if (batch < (1 << 16)) {
@@ -667,8 +703,10 @@ walk(PyObject *module, PyObject *args)
             goto done;
         }
     }
-    result = Py_BuildValue("(nNOO)", rel, tail, records, again ? Py_True : Py_False);
+    result = Py_BuildValue("(nNOOO)", rel, tail, records, again ? Py_True : Py_False,
+                           cut == NULL ? Py_None : cut);
 done:
+    Py_XDECREF(cut);
     PyMem_RawFree(members);
     exts_clear(&exts);
     sample_clear(&s);

@@ -513,8 +513,8 @@ class ShardStream(IterableDataset[dict[str, Any]]):
         (:class:`~._dataset.IndexInfo`). ``stall``: the loop's wait in ``next()`` against
         its time between calls (:class:`~asyncstream.StallMeter`).
         ``tar_general_members``: this epoch's tar members read by the general parser
-        rather than the (native) walk: pax and GNU headers, long names, sparse members,
-        names the walk refuses, and each chunk's last member, cut by its end. With sources:
+        rather than the (native) walk: pax and GNU headers, long names, sparse members and
+        names the walk refuses (a plain member a chunk's end cuts is the walk's). With sources:
         ``sources`` (each one's samples ``drawn``, ``planned``, ``epoch_quota`` and
         ``shards``), ``index`` by source name, and ``fetch["endpoints"]``. ``ring``: the
         reader's ring slots and those held (open shards' chunks and chunks asked for
