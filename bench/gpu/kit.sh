@@ -12,7 +12,9 @@
 # and the last call carries the last part and runs bench/gpu/run.sh, which unpacks
 # /tmp/p/part* and .gpu/part* into python3's site-packages. The machine stays warm 30 s
 # after a call: make the calls back to back. On 2026-11-28: 204 MB in 4 parts, the last
-# 15 MB, in 2 minutes on 2 cores.
+# 22 MB, in 2 minutes on 2 cores; checked there by unpacking the parts and running a DALI
+# CPU pipeline under Python 3.12 (pyenv's, with numpy, six, packaging and
+# typing_extensions, which the GPU image holds). nvImageCodec logs that nvTIFF is missing.
 #
 # The versions are those of the H200 run of 2026-11-27 (its image: Python 3.12, torch
 # 2.11.0+cu130, driver 580): DALI 2.4.0 for CUDA 13, nvImageCodec 0.9 with nvJPEG 13.0
