@@ -6,9 +6,10 @@ real`` makes it) read into memory, fed as the ring hands them in blocks of each 
 ``--blocks`` (MiB; by default 1, the default block, and 16), each size in a fresh process,
 ``--repeat`` passes over every shard, the fastest counted. Reported: the reader's CPU per
 sample, members read by the general parser, and the CPU a block's edge costs: the
-difference from the largest size, over the extra blocks. ``--baseline REV`` runs
-revision ``REV``'s reader beside this tree's, the sides' order turned every other round;
-medians over ``--rounds``.
+difference from the largest size, over the extra blocks. ``--writer webdataset`` reads the
+same samples as ``webdataset.TarWriter`` writes them (a PAX header before every member).
+``--baseline REV`` runs revision ``REV``'s reader beside this tree's, the sides' order
+turned every other round; medians over ``--rounds``.
 
 A block's edge cuts a member; the reader keeps that member's bytes until the next block
 completes it. With the walk native and no decode, that is what a small block costs the
@@ -55,6 +56,39 @@ def measure(data: str, block: int, repeat: int) -> dict[str, float]:
     return {"cpu_s": best, "samples": samples, "blocks": blocks, "general": general}
 
 
+def rewritten(data: Path) -> Path:
+    """The samples of ``data``'s shards written again by ``webdataset.TarWriter``, shard
+    for shard, into the folder beside it named with ``-wds`` (made once)."""
+    import tarfile
+
+    import webdataset
+
+    out = data.with_name(data.name + "-wds")
+    if out.is_dir():
+        return out
+    tmp = data.with_name(data.name + "-wds.tmp")
+    tmp.mkdir(exist_ok=True)
+    for shard in sorted(data.glob("*.tar")):
+        with (
+            tarfile.open(shard) as tar,
+            webdataset.TarWriter(str(tmp / shard.name)) as sink,
+        ):
+            sample: dict[str, object] = {}
+            for info in tar:
+                key, _, ext = info.name.partition(".")
+                if sample and sample["__key__"] != key:
+                    sink.write(sample)
+                    sample = {}
+                extracted = tar.extractfile(info)
+                if extracted is not None:
+                    sample["__key__"] = key
+                    sample[ext] = extracted.read()
+            if sample:
+                sink.write(sample)
+    tmp.rename(out)
+    return out
+
+
 def main() -> None:
     sys.path.insert(0, str(ROOT))
     from bench._run import rounds_arguments, side_by_side
@@ -63,7 +97,16 @@ def main() -> None:
     parser.add_argument("--data", default=str(DEFAULT / "real-4000"), help="a packed folder")
     parser.add_argument("--blocks", default="1,16", help="block sizes in MiB, comma-separated")
     parser.add_argument("--repeat", type=int, default=5, help="passes a run, the fastest kept")
+    parser.add_argument(
+        "--writer",
+        choices=["as-is", "webdataset"],
+        default="as-is",
+        help="the shards of --data as they are, or the same samples written by "
+        "webdataset.TarWriter (a PAX header before every member) into DATA-wds, once",
+    )
     args = rounds_arguments(parser, lambda c: measure(c["data"], c["block"], c["repeat"]))
+    if args.writer == "webdataset":
+        args.data = str(rewritten(Path(args.data)))
     sizes = sorted(int(b) for b in args.blocks.split(","))
     out: dict[str, Any] = {"date": time.strftime("%Y-%m-%d"), "data": args.data, "runs": {}}
     configs = {

@@ -152,9 +152,10 @@ def _walked(data: bytes, rel: int, limit: int, stop: int, doff: int, pending: An
 
 def test_a_member_the_range_cuts_is_named_by_the_walk() -> None:
     """The walk ends at a plain member whose data the range's end cuts and names it (its
-    field name and size: the reader gathers it), as the sample's next member: in the
-    sample in progress, or beginning the next, the one before then completed. Native and
-    Python alike; where the walk would not take the member whole, it does not name it."""
+    field name, size and data's start: the reader gathers it), as the sample's next
+    member: in the sample in progress, or beginning the next, the one before then
+    completed. Native and Python alike; where the walk would not take the member whole, it
+    does not name it."""
     big = b"J" * 2000
     cont = member("a.cls", b"1") + member("a.jpg", big) + end()
     # a.cls whole (header and one block), a.jpg's header and 512 of its 2000 bytes
@@ -163,7 +164,7 @@ def test_a_member_the_range_cuts_is_named_by_the_walk() -> None:
         ("a", 0, [("cls", 512, 513, None)]),
         [],
         True,
-        ("jpg", 2000),
+        ("jpg", 2000, 1536),
     )
     begins = member("a.cls", b"1") + member("b.jpg", big) + end()
     assert _walked(begins, 0, 2048, len(begins), 0, None) == (
@@ -171,7 +172,7 @@ def test_a_member_the_range_cuts_is_named_by_the_walk() -> None:
         ("b", 1024, []),
         [("a", 0, ("cls", 512, 513, None))],
         True,
-        ("jpg", 2000),
+        ("jpg", 2000, 1536),
     )
     # a sample carried in from an earlier range owns its bytes: nothing of the cut is kept
     carried = ("a", -1024, [("jpg", 0, 0, b"j")])
@@ -180,7 +181,7 @@ def test_a_member_the_range_cuts_is_named_by_the_walk() -> None:
         ("a", -1024, [("jpg", 0, 0, b"j")]),
         [],
         True,
-        ("cls", 2000),
+        ("cls", 2000, 512),
     )
     # a prefix joined as tarfile joins it
     prefixed = member("d" * 120 + "/k.jpg", big) + end()
@@ -188,7 +189,17 @@ def test_a_member_the_range_cuts_is_named_by_the_walk() -> None:
         ("d" * 120 + "/k", 0, []),
         [],
         True,
-        ("jpg", 2000),
+        ("jpg", 2000, 512),
+    )
+    # after a PAX header of an mtime alone (webdataset's TarWriter): the entry, and so the
+    # sample, begins at the PAX header; the data after the member's own header
+    stamped = member("a.cls", b"1") + member("a.jpg", big, mtime=1.5) + end()
+    assert _walked(stamped, 0, 3072, len(stamped), 0, None) == (
+        1024,
+        ("a", 0, [("cls", 512, 513, None)]),
+        [],
+        True,
+        ("jpg", 2000, 2560),
     )
     # not named: a duplicate field, a name the general parser reads, past the shard's end,
     # a bad checksum, a cut header
@@ -206,6 +217,87 @@ def test_a_member_the_range_cuts_is_named_by_the_walk() -> None:
     ):
         assert _walked(data, 0, limit, stop, 0, None)[0] == rel
         assert _walked(data, 0, limit, stop, 0, None)[4] is None
+
+
+def test_webdataset_tar_writer_shards_are_walked() -> None:
+    """``webdataset.TarWriter`` writes a PAX header of a fractional mtime before every
+    member: the walk reads those members (the general parser read all of them before, 9
+    us a member), with the general parser's samples and offsets (``read_alike``)."""
+    from asyncstream.shards._tar import ShardReader
+
+    shard = webdataset_shard("b.tar", 2, 300).data
+    assert shard[156] == ord("x")  # the PAX header, first
+    for cuts in ([], list(range(4096, len(shard), 4096))):
+        read_alike(shard, cuts)
+    with mode("native"):
+        reader = ShardReader("s3://b/b.tar", len(shard))
+        assert len(reader.records(memoryview(shard), 0, final=True)) == 300
+    assert reader.general_members == 0
+
+
+# PAX headers in front of a member: the no-op ones the walk reads, and the others, whose
+# entries the general parser reads (a name, a size, a sparse map, a malformed record).
+PAX_RECORDS: list[dict[str, str] | bytes] = [
+    {"mtime": "1795862519.1172686"},
+    {"mtime": "1.5", "atime": "2.5", "ctime": "3.5"},
+    {"uname": "bigdata", "gname": "bigdata", "uid": "9999999999", "gid": "1"},
+    {"path": "k.png"},
+    {"size": "3"},
+    {"comment": "hello"},
+    {"mtime": "1", "path": "z/k.jpg"},
+    {"GNU.sparse.name": "k.jpg"},
+    b"9 mtime=1\n",  # a length one short
+    b"10 mtime=1\n\0\0garbage",  # records end at a NUL
+    b"10 mtime 1\n",  # no '='
+    b"10 =mtime1\n",  # an empty keyword
+    b"11 mtime=1\n",  # a length past the payload
+    b"xx mtime=1\n",
+    b"",
+    b"10 mtime=1\n" * 52,  # over one block
+]
+
+
+def _pax(records: dict[str, str] | bytes, name: str, data: bytes) -> bytes:
+    """A PAX header of ``records`` (raw bytes: the payload as given), then the member."""
+    if isinstance(records, dict):
+        info = tarfile.TarInfo(name)
+        info.size, info.mtime = len(data), 0
+        info.pax_headers = records
+        return info.tobuf(tarfile.PAX_FORMAT, "utf-8", "surrogateescape") + _padded(data)
+    head = tarfile.TarInfo("././@PaxHeader")
+    head.size, head.type, head.mtime = len(records), tarfile.XHDTYPE, 0
+    block = bytearray(head.tobuf(tarfile.USTAR_FORMAT))
+    return bytes(block) + _padded(records) + member(name, data)
+
+
+def _padded(data: bytes) -> bytes:
+    return data + b"\0" * (-len(data) % 512)
+
+
+@pytest.mark.parametrize("records", PAX_RECORDS, ids=lambda r: repr(r)[:40])
+def test_pax_headers_read_alike(records: dict[str, str] | bytes) -> None:
+    shard = (
+        member("k.cls", b"1")
+        + _pax(records, "k.jpg", b"J" * 700)
+        + _pax(records, "m.jpg", b"M" * 30)
+        + member("m.cls", b"2")
+        + end()
+    )
+    for cuts in ([], [1024], [1536], list(range(512, len(shard), 512))):
+        read_alike(shard, cuts)
+
+
+def test_a_pax_header_of_mtime_alone_is_the_walks() -> None:
+    """Where the walk reads it, the general parser reads none of the shard."""
+    from asyncstream.shards._tar import ShardReader
+
+    shard = b"".join(_pax({"mtime": f"{i}.5"}, f"k{i}.jpg", b"j" * i) for i in range(50))
+    shard += end()
+    for name, general in (("native", 0), ("scan", 0), ("general", 50)):
+        with mode(name):
+            reader = ShardReader("s3://b/p.tar", len(shard))
+            assert len(reader.records(memoryview(shard), 0, final=True)) == 50
+        assert reader.general_members == general, name
 
 
 @pytest.mark.parametrize("name", ["native", "scan", "general"])
@@ -370,11 +462,33 @@ def headers_spelled(draw: st.DrawFn) -> bytes:
     return bytes(block) + bytes([size % 251]) * size + b"\0" * (-size % 512)
 
 
+_PAX_KEYWORDS = st.sampled_from(["mtime", "atime", "uname", "path", "size", "comment", "x"])
+
+
+@st.composite
+def pax_entries(draw: st.DrawFn) -> bytes:
+    """A PAX header of records drawn from keywords the walk reads and others, at times
+    spelled wrong, then a member (or, at times, another PAX header's member or nothing)."""
+    records = b""
+    for _ in range(draw(st.integers(0, 3))):
+        keyword = draw(_PAX_KEYWORDS).encode()
+        value = draw(st.sampled_from([b"1", b"1.5", b"k.jpg", b"3", b"", b"\xff"]))
+        body = b" " + keyword + b"=" + value + b"\n"
+        length = len(body) + len(str(len(body) + 2)) if len(body) > 7 else len(body) + 1
+        length += draw(st.sampled_from([0] * 6 + [-1, 1]))
+        records += str(length).encode() + body
+    if draw(st.integers(0, 5)) == 0:
+        records += b"\0junk"
+    name = draw(st.sampled_from(["k.jpg", "k.cls", "d/k.png", "_k.jpg"]))
+    return _pax(records, name, bytes(draw(st.integers(0, 600))))
+
+
 @FUZZ
 @given(
     parts=st.lists(
         st.one_of(
             headers_spelled(),
+            pax_entries(),
             st.builds(lambda i: member(f"p/{i:03d}.jpg", bytes(i)), st.integers(0, 600)),
             st.builds(lambda i: member(f"p/{i:03d}.cls", b"%d" % i), st.integers(0, 20)),
         ),

@@ -70,3 +70,23 @@ def test_long_names_cut_by_chunks_are_counted_once(tmp_path: Path) -> None:
     n, stats = _read(tmp_path, chunk_bytes=4096)
     assert n == SAMPLES
     assert stats["tar_general_members"] == 2 * SAMPLES  # cut or whole, each read once
+
+
+@pytest.mark.parametrize("native", ["1", "0"])
+def test_webdataset_tar_writer_shards_are_walked(
+    tmp_path: Path, native: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``webdataset.TarWriter`` puts a PAX header of a fractional mtime before each member:
+    the walk reads such members, whole or with their data cut by a chunk's end; the
+    general parser only an entry whose headers a chunk's end cuts."""
+    from tests._foreign import webdataset_shard, write
+
+    monkeypatch.setenv("ASYNCSTREAM_NATIVE", native)
+    write(tmp_path, [webdataset_shard("a.tar", 0, SAMPLES)])
+    n, stats = _read(tmp_path, chunk_bytes=1 << 20)  # one chunk
+    assert n == SAMPLES
+    assert stats["tar_general_members"] == 0
+    size = (tmp_path / "a.tar").stat().st_size
+    n, stats = _read(tmp_path, chunk_bytes=4096)
+    assert n == SAMPLES
+    assert stats["tar_general_members"] <= -(-size // 4096) - 1  # one a chunk's edge

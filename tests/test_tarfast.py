@@ -146,10 +146,14 @@ def member(
     fmt: Literal[0, 1, 2] = tarfile.USTAR_FORMAT,
     kind: bytes = tarfile.REGTYPE,
     size: int | None = None,
+    mtime: float = 0,
 ) -> bytes:
-    """One entry (its extended headers included) as tarfile writes it in ``fmt``."""
+    """One entry (its extended headers included) as tarfile writes it in ``fmt`` (a
+    fractional ``mtime`` is a PAX header of it, as webdataset's TarWriter writes one)."""
     info = tarfile.TarInfo(name)
-    info.size, info.type, info.mtime = len(data) if size is None else size, kind, 0
+    info.size, info.type, info.mtime = len(data) if size is None else size, kind, mtime
+    if mtime % 1:
+        fmt = tarfile.PAX_FORMAT
     if kind in (tarfile.SYMTYPE, tarfile.LNKTYPE):
         info.linkname = "elsewhere"
     return info.tobuf(fmt, "utf-8", "surrogateescape") + _pad(data)

@@ -278,7 +278,7 @@ class ShardReader(EntryParser):
                 pos = rel + doff
                 if cut is not None and cut[1] <= self._max and not self._open_ended:
                     # Named by the walk, its sample in progress: its bytes kept (see _Cut).
-                    pos = self._gather(cut[0], pos + BLOCK, cut[1], end)
+                    pos = self._gather(cut[0], doff + cut[2], cut[1], end)
                     break
                 if pos + BLOCK > end:
                     break

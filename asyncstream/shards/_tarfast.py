@@ -50,6 +50,7 @@ from typing import TYPE_CHECKING, Any, TypeAlias
 
 from . import _targroup
 from ._tarbulk import HeaderTable, first_bad
+from ._tarheaders import pax_records
 
 if TYPE_CHECKING:
     from . import _tarwalk
@@ -88,6 +89,11 @@ _NAME = re.compile(rb"(?!_)((?:[^\0\n]*/)?[^\0\n/.]+)\.([^\0\n/]*)(?:\0|\Z)")
 _NEVER = b"/" * 101  # a prefix no 100-byte name field starts with
 _SLASH, _NEWLINE = 0x2F, 0x0A
 _REMEMBERED = 64  # names remembered per reader and kind: a hostile shard cannot grow them
+_PAX = 0x78  # 'x'
+# PAX keywords that name nothing a sample holds: a header of only these changes nothing
+# (._tarheaders.chain_effects), as tarfile (and so webdataset's TarWriter) writes one for
+# a fractional mtime, and GNU tar's posix format for its times.
+_NOOP_KEYWORDS = frozenset((b"mtime", b"atime", b"ctime", b"uid", b"gid", b"uname", b"gname"))
 _PROBE = 32  # members read header by header before a range is judged
 _DENSE = 4096  # bytes per member, on average, under which a range gets a table
 _UNBOUNDED = 1 << 62
@@ -95,8 +101,9 @@ _UNBOUNDED = 1 << 62
 # A chunk's records: the native walk's compact table (``_tarwalk.Records``, which reads as
 # the list of tuples it replaces), or that list where the walk is the Python one.
 Records: TypeAlias = "list[Record] | _tarwalk.Records"
-# The member a range's end cuts, named by the walk: its field name and its size.
-Cut = tuple[str, int]
+# The member a range's end cuts, named by the walk: its field name, its size and where its
+# data begins (relative to the range).
+Cut = tuple[str, int, int]
 Walked = tuple[int, Pending | None, Records, bool, Cut | None]
 
 
@@ -251,37 +258,45 @@ class RangeWalker:
         Returns:
             ``(rel, pending, records, again, cut)``: the header the walk stopped at, the
             sample then in progress, the samples completed, whether to walk again in this
-            range (not after a header the check refused), and ``(field name, size)`` where
-            the header at ``rel`` is a plain member whose data the range's end cuts inside
-            the shard: its sample is then the one in progress (without its field).
+            range (not after a header the check refused), and ``(field name, size, data
+            start)`` where the entry at ``rel`` is a plain member whose data the range's end
+            cuts inside the shard: its sample is then the one in progress (without its
+            field).
         """
         if NATIVE and _NATIVE_WALK is not None:
             return _NATIVE_WALK(self.data, rel, self.limit, self.stop, self.doff, pending)
         rel, pending, records, again = self._walk(rel, pending)
         found = self._cut_at(rel) if again else None
         if found is not None:
-            start = rel + 512
-            after, named, more = self._group([(found[0], start, start)], start, pending)
+            name, size, start = found
+            after, named, more = self._group([(name, start, start, rel)], start, pending)
             if after == start and named is not None:  # named as an empty member: taken off
-                return rel, named, records + more, True, (named[2].pop()[0], found[1])
+                return rel, named, records + more, True, (named[2].pop()[0], size, start)
         return rel, pending, records, again, None
 
-    def _cut_at(self, rel: int) -> tuple[bytes, int] | None:
-        """The name field and the size of the member at ``rel``, where its header is plain
-        and the range's end cuts its data inside the shard."""
+    def _cut_at(self, rel: int) -> tuple[bytes, int, int] | None:
+        """The name field, the size and the data's start of the member whose entry begins
+        at ``rel``, where its header is plain (after a no-op PAX header or none) and the
+        range's end cuts its data inside the shard."""
         data = self.data
         if rel + 512 > self.limit:
             return None
-        name, digits, flag, prefix = _HEAD.unpack_from(data, rel)
-        if flag not in _PLAIN or first_bad(data, [rel]) == 0:
+        head = rel
+        if data[rel + 156] == _PAX:
+            found = self._pax_member(rel)
+            if found is None:
+                return None
+            head = found
+        name, digits, flag, prefix = _HEAD.unpack_from(data, head)
+        if flag not in _PLAIN or first_bad(data, [head]) == 0:
             return None
         size = int(digits, 8)  # first_bad: 11 octal digits
-        start = rel + 512
+        start = head + 512
         if start + size <= self.limit or start + ((size + 511) & -512) > self.stop:
             return None
         if prefix:
-            name = _joined(data[rel + 345 : rel + 500].tobytes(), name)
-        return name, size
+            name = _joined(data[head + 345 : head + 500].tobytes(), name)
+        return name, size, start
 
     def _walk(
         self, rel: int, pending: Pending | None
@@ -308,7 +323,10 @@ class RangeWalker:
             )
             if grouped is not None:
                 return (*grouped, True)
-        members = zip(table.names(i, j), table.starts[i:j], table.stops[i:j], strict=True)
+        starts = table.starts[i:j]
+        members = zip(
+            table.names(i, j), starts, table.stops[i:j], [s - 512 for s in starts], strict=True
+        )
         return (*self._group(members, after, pending), True)
 
     def _probe(
@@ -318,17 +336,17 @@ class RangeWalker:
         small members, the rest by the range's table (:mod:`._tarbulk`), whose cost goes
         with the range's size: it pays where members average under 8 blocks. Otherwise
         the scan goes on, and the whole run is checked at once."""
-        names, starts, stops, heads, after = self._scan(rel, _PROBE)
+        names, starts, stops, heads, entries, after = self._scan(rel, _PROBE)
         if len(heads) == _PROBE:  # else the scan stopped early: a later walk judges
             self._judged = True
             if after - rel > _PROBE * _DENSE:
                 more = self._scan(after, _UNBOUNDED)
                 names, starts, stops = names + more[0], starts + more[1], stops + more[2]
-                heads = heads + more[3]
-                after = more[4]
+                heads, entries = heads + more[3], entries + more[4]
+                after = more[5]
             else:
                 rel, pending, records, again = self._checked(
-                    names, starts, stops, heads, after, pending
+                    names, starts, stops, heads, entries, after, pending
                 )
                 if again and rel == after and rel + 512 <= self.limit:
                     self._table = HeaderTable.of(self.data, rel, self.limit, self.stop)
@@ -336,7 +354,7 @@ class RangeWalker:
                         rel, pending, more_records, again = self._walk(rel, pending)
                         records += more_records
                 return rel, pending, records, again
-        return self._checked(names, starts, stops, heads, after, pending)
+        return self._checked(names, starts, stops, heads, entries, after, pending)
 
     def _scanned(
         self, rel: int, pending: Pending | None, most: int
@@ -350,6 +368,7 @@ class RangeWalker:
         starts: list[int],
         stops: list[int],
         heads: list[int],
+        entries: list[int],
         after: int,
         pending: Pending | None,
     ) -> tuple[int, Pending | None, list[Record], bool]:
@@ -357,53 +376,85 @@ class RangeWalker:
         grouped; returns as :meth:`walk` does."""
         bad = first_bad(self.data, heads)
         if bad < len(heads):
-            after = heads[bad]
-        members = zip(names[:bad], starts[:bad], stops[:bad], strict=True)
+            after = entries[bad]
+        members = zip(names[:bad], starts[:bad], stops[:bad], entries[:bad], strict=True)
         return (*self._group(members, after, pending), bad == len(heads))
 
     def _scan(
         self, rel: int, most: int
-    ) -> tuple[list[bytes], list[int], list[int], list[int], int]:
+    ) -> tuple[list[bytes], list[int], list[int], list[int], list[int], int]:
         """The run of plain-looking headers from ``rel``, one by one and ``most`` at most:
         name fields (with their prefix), data starts and stops, the headers (which
-        :func:`~._tarbulk.first_bad` must accept) and the header after the run."""
+        :func:`~._tarbulk.first_bad` must accept), where each entry begins (its header,
+        or a no-op PAX header before it: :meth:`_pax_member`) and the entry after the run."""
         data, limit, stop = self.data, self.limit, self.stop
         names: list[bytes] = []
         starts: list[int] = []
         stops: list[int] = []
         heads: list[int] = []
+        entries: list[int] = []
         unpack = _HEAD.unpack_from
         try:
             for _ in range(most):
                 if rel + 512 > limit:
                     break
-                name, digits, flag, prefix = unpack(data, rel)
+                head = rel
+                name, digits, flag, prefix = unpack(data, head)
+                if flag == _PAX:
+                    found = self._pax_member(rel)
+                    if found is None:
+                        break
+                    head = found
+                    name, digits, flag, prefix = unpack(data, head)
                 if flag not in _PLAIN:
                     break
                 size = int(digits, 8)  # anything but digits: ValueError, the scan ends
-                start = rel + 512
+                start = head + 512
                 after = start + ((size + 511) & -512)
                 if start + size > limit or after > stop:
                     break
                 if prefix:  # ustar's name prefix, joined as tarfile joins it
-                    name = _joined(data[rel + 345 : rel + 500].tobytes(), name)
+                    name = _joined(data[head + 345 : head + 500].tobytes(), name)
                 names.append(name)
                 starts.append(start)
                 stops.append(start + size)
-                heads.append(rel)
+                heads.append(head)
+                entries.append(rel)
                 rel = after
         except ValueError:
             pass
-        return names, starts, stops, heads, rel
+        return names, starts, stops, heads, entries, rel
+
+    def _pax_member(self, rel: int) -> int | None:
+        """The header of the member after the PAX header at ``rel``, where that header is
+        plain (:func:`~._tarbulk.first_bad`), holds one block of records at most, all of
+        keywords that change nothing a sample holds (:data:`_NOOP_KEYWORDS`, as
+        :func:`~._tarheaders.pax_records` reads them), and the member's header is in the
+        range: the member is then read as if the PAX header were not there, its entry
+        (and so its sample) beginning at ``rel``. ``None``: the general parser reads it."""
+        data = self.data
+        if first_bad(data, [rel]) == 0:
+            return None
+        size = int(bytes(data[rel + 124 : rel + 135]), 8)
+        head = rel + 512 + ((size + 511) & -512)
+        if size > 512 or head + 512 > self.limit:
+            return None
+        try:
+            records = pax_records(data[rel + 512 : rel + 512 + size].tobytes())
+        except ValueError:
+            return None
+        keywords = {k.encode("utf-8", "surrogateescape") for k, _ in records}
+        return head if keywords <= _NOOP_KEYWORDS else None
 
     def _group(
         self,
-        members: Iterable[tuple[bytes, int, int]],
+        members: Iterable[tuple[bytes, int, int, int]],
         after: int,
         pending: Pending | None,
     ) -> tuple[int, Pending | None, list[Record]]:
-        """Name and group ``members`` (name field, data start and stop; ``after``: the
-        header after the last) as far as they are plain; returns as :meth:`walk` does."""
+        """Name and group ``members`` (name field, data start and stop, where its entry
+        begins; ``after``: the entry after the last) as far as they are plain; returns as
+        :meth:`walk` does."""
         data, doff = self.data, self.doff
         records: list[Record] = []
         if pending is None:
@@ -416,7 +467,7 @@ class RangeWalker:
         seen = [f[0] for f in fields]
         extensions, siblings = self.names.extensions, self.names.siblings
         match, cut = _NAME.match, len(dotted)
-        for name, start, end in members:
+        for name, start, end, entry in members:
             ext = None
             if name.startswith(dotted):  # the next member of the current sample, likely
                 tail = name[cut:]
@@ -425,11 +476,11 @@ class RangeWalker:
                     ext = siblings[tail] = _sibling(tail)
             if ext is not None:
                 if ext in seen:
-                    return start - 512, _pending(current, key, offset, fields), records
+                    return entry, _pending(current, key, offset, fields), records
             else:
                 parts = match(name)
                 if parts is None:
-                    return start - 512, _pending(current, key, offset, fields), records
+                    return entry, _pending(current, key, offset, fields), records
                 head, tail = parts.groups()
                 ext = extensions.get(tail)
                 if ext is None:
@@ -438,7 +489,7 @@ class RangeWalker:
                         if len(extensions) < _REMEMBERED:
                             extensions[tail] = ext
                     if ext is None:
-                        return start - 512, _pending(current, key, offset, fields), records
+                        return entry, _pending(current, key, offset, fields), records
                 if head != current:
                     if current is not None:
                         records.append((key, offset, *fields))
@@ -446,13 +497,13 @@ class RangeWalker:
                     current, dotted, offset, fields, seen = (
                         head,
                         head + b".",
-                        doff + start - 512,
+                        doff + entry,
                         [],
                         [],
                     )
                     cut, owned = len(dotted), False
                 elif ext in seen:  # a duplicate: the general parser names it
-                    return start - 512, _pending(current, key, offset, fields), records
+                    return entry, _pending(current, key, offset, fields), records
             seen.append(ext)
             if owned:
                 fields.append((ext, 0, 0, data[start:end].tobytes()))

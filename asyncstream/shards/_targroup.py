@@ -130,6 +130,7 @@ def group_run(
                 (names[100 * i : 100 * i + 100].tobytes() for i in range(head)),
                 starts[:head],
                 stops[:head],
+                (start - 512 for start in starts[:head]),
                 strict=True,
             ),
             to,

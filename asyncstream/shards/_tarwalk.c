@@ -47,8 +47,9 @@
 #define EXT_CACHED_MAX 24
 
 typedef struct {
-    Py_ssize_t head; /* the header, relative to the range */
-    Py_ssize_t size; /* its data's size */
+    Py_ssize_t entry; /* where its entry begins: its header, or a PAX header before it */
+    Py_ssize_t head;  /* its own header, relative to the range */
+    Py_ssize_t size;  /* its data's size */
 } Member;
 
 /* Why a scan ended: a header not plain by type or limits (the general parser reads it,
@@ -121,6 +122,91 @@ summed(const unsigned char *h)
     return value == 0;
 }
 
+/* PAX records whose keywords name nothing a sample holds (the general parser reads them and
+ * changes nothing: _tarheaders.chain_effects): what tarfile, and so webdataset's
+ * TarWriter, writes for a fractional mtime, and GNU tar's posix format for its times. */
+static const char *const NOOP_KEYWORDS[] = {"mtime", "atime", "ctime", "uid",
+                                            "gid",   "uname", "gname"};
+
+static int
+noop_keyword(const unsigned char *k, Py_ssize_t len)
+{
+    for (size_t i = 0; i < sizeof(NOOP_KEYWORDS) / sizeof(NOOP_KEYWORDS[0]); i++) {
+        const char *name = NOOP_KEYWORDS[i];
+        if ((Py_ssize_t)strlen(name) == len && memcmp(k, name, (size_t)len) == 0) {
+            return 1;
+        }
+    }
+    return 0;
+}
+
+/* Whether the PAX payload p[0:n] is records as _tarheaders.pax_records reads them
+ * ("%d %s=%s\n", up to a NUL where a record would begin), each of a no-op keyword. */
+static int
+pax_noop(const unsigned char *p, Py_ssize_t n)
+{
+    Py_ssize_t i = 0;
+    while (i < n && p[i] != 0) {
+        Py_ssize_t end = n - i > 21 ? i + 21 : n; /* the space within 21 bytes */
+        Py_ssize_t space = i;
+        while (space < end && p[space] != ' ') {
+            space++;
+        }
+        if (space == end || space == i) {
+            return 0;
+        }
+        Py_ssize_t length = 0;
+        for (Py_ssize_t j = i; j < space; j++) {
+            if (p[j] < '0' || p[j] > '9' || length > n) {
+                return 0;
+            }
+            length = length * 10 + (p[j] - '0');
+        }
+        if (length > n - i) {
+            return 0;
+        }
+        Py_ssize_t stop = i + length;
+        Py_ssize_t equal = space + 1;
+        while (equal < stop && p[equal] != '=') {
+            equal++;
+        }
+        if (equal >= stop || equal == space + 1 || p[stop - 1] != '\n') {
+            return 0;
+        }
+        if (!noop_keyword(p + space + 1, equal - space - 1)) {
+            return 0;
+        }
+        i = stop;
+    }
+    return 1;
+}
+
+/* The header of the member after the PAX header at `at` (inside the range), where that
+ * PAX header is plain (size and checksum spelled as a plain header's), holds one block
+ * of records at most, all of no-op keywords, and the member's header is in the range:
+ * the member is then read as if the PAX header were not there, but that its entry, and
+ * so its sample, begins at `at`. Else -1: the general parser reads the entry. */
+static Py_ssize_t
+pax_member(const unsigned char *data, Py_ssize_t at, Py_ssize_t limit)
+{
+    const unsigned char *h = data + at;
+    if (!size_spelled(h) || !summed(h)) {
+        return -1;
+    }
+    Py_ssize_t size = 0;
+    for (int i = 124; i < 135; i++) {
+        size = (size << 3) | (h[i] - '0');
+    }
+    if (size > BLOCK) {
+        return -1;
+    }
+    Py_ssize_t head = at + BLOCK + ((size + BLOCK - 1) & ~(Py_ssize_t)(BLOCK - 1));
+    if (head > limit - BLOCK || !pax_noop(h + BLOCK, size)) {
+        return -1;
+    }
+    return head;
+}
+
 /* Ask for the header at `at` (when inside the range) to be brought into the cache: the
  * walk is bound by memory, a header per member read from DRAM. No read happens here. */
 static void
@@ -169,12 +255,12 @@ prefetch_ahead(const unsigned char *data, Py_ssize_t at, Py_ssize_t asked, Py_ss
 #endif
 }
 
-/* Up to `most` plain headers from *rel on, into out; *rel ends at the first header not
- * taken. Ended by ENDED_CUT, *cut is the size of the member at *rel, whose header is
- * plain and whose data runs past `limit` but not past `stop`. Runs without the GIL. */
+/* Up to `most` plain headers from *rel on, into out; *rel ends at the first entry not
+ * taken. Ended by ENDED_CUT, `cut` is the member whose entry begins at *rel, whose header
+ * is plain and whose data runs past `limit` but not past `stop`. Runs without the GIL. */
 static int
 scan(const unsigned char *data, Py_ssize_t *rel, Py_ssize_t limit, Py_ssize_t stop,
-     Member *out, Py_ssize_t most, Py_ssize_t *count, Py_ssize_t *cut)
+     Member *out, Py_ssize_t most, Py_ssize_t *count, Member *cut)
 {
     Py_ssize_t at = *rel;
     Py_ssize_t n = 0;
@@ -187,6 +273,16 @@ scan(const unsigned char *data, Py_ssize_t *rel, Py_ssize_t limit, Py_ssize_t st
         }
         const unsigned char *h = data + at;
         unsigned char flag = h[156];
+        Py_ssize_t head = at; /* the member's own header */
+        if (flag == 'x') {
+            head = pax_member(data, at, limit);
+            if (head < 0) {
+                ended = ENDED_PLAIN;
+                break;
+            }
+            h = data + head;
+            flag = h[156];
+        }
         if (flag != '0' && flag != 0 && flag != '7') {
             ended = ENDED_PLAIN;
             break;
@@ -199,7 +295,7 @@ scan(const unsigned char *data, Py_ssize_t *rel, Py_ssize_t limit, Py_ssize_t st
         for (int i = 124; i < 135; i++) {
             size = (size << 3) | (h[i] - '0');
         }
-        Py_ssize_t start = at + BLOCK;
+        Py_ssize_t start = head + BLOCK;
         Py_ssize_t after = start + ((size + BLOCK - 1) & ~(Py_ssize_t)(BLOCK - 1));
         prefetch_header(data, after, limit); /* read while this one's sum is taken */
         asked = prefetch_ahead(data, after, asked, limit);
@@ -209,10 +305,13 @@ scan(const unsigned char *data, Py_ssize_t *rel, Py_ssize_t limit, Py_ssize_t st
         }
         if (size > limit - start || after > stop) {
             ended = after > stop ? ENDED_PLAIN : ENDED_CUT;
-            *cut = size;
+            cut->entry = at;
+            cut->head = head;
+            cut->size = size;
             break;
         }
-        out[n].head = at;
+        out[n].entry = at;
+        out[n].head = head;
         out[n].size = size;
         n++;
         at = after;
@@ -500,7 +599,7 @@ group(Sample *s, Exts *exts, const unsigned char *data, const Member *members,
                 memcpy(s->buf, name, (size_t)dot);
                 s->current = s->buf;
                 s->current_len = dot;
-                s->offset = doff + head;
+                s->offset = doff + members[i].entry;
                 s->owned = 0;
             } else {
                 int seen = has_field(s, ext);
@@ -595,16 +694,16 @@ PyDoc_STRVAR(walk_doc,
 "\n"
 "The run of plain members at ``rel``, as ``RangeWalker.walk`` reads it.\n");
 
-/* The member at `head`, whose data the range cuts, named as the next member of the
- * sample in progress (the sample it begins is then in progress, the one before flushed):
- * its field name (a new reference), or NULL with no error where the walk would stop
- * before it, or NULL with an error set. It is grouped as an empty member, whose field is
- * then taken off again: one naming, the walk's. */
+/* The member `cut`, whose data the range cuts, named as the next member of the sample in
+ * progress (the sample it begins is then in progress, the one before flushed): its field
+ * name (a new reference), or NULL with no error where the walk would stop before it, or
+ * NULL with an error set. It is grouped as an empty member, whose field is then taken
+ * off again: one naming, the walk's. */
 static PyObject *
-cut_member(Sample *s, Exts *exts, const unsigned char *data, Py_ssize_t head,
+cut_member(Sample *s, Exts *exts, const unsigned char *data, const Member *cut,
            Py_ssize_t doff, PyObject *records)
 {
-    Member empty = {.head = head, .size = 0};
+    Member empty = {.entry = cut->entry, .head = cut->head, .size = 0};
     Py_ssize_t taken = group(s, exts, data, &empty, 1, doff, records);
     if (taken != 1) {
         return NULL;
@@ -631,7 +730,7 @@ walk(PyObject *module, PyObject *args)
     }
     PyObject *result = NULL;
     PyObject *records = NULL;
-    PyObject *cut = NULL; /* (field name, size) of the member the range's end cuts */
+    PyObject *cut = NULL; /* (field name, size, data) of the member the range's end cuts */
     Member *members = NULL;
     Exts exts = {.used = 0};
     Sample s;
@@ -660,27 +759,27 @@ walk(PyObject *module, PyObject *args)
         members = more;
         Py_ssize_t count;
         Py_ssize_t next = rel;
-        Py_ssize_t cut_size = -1;
+        Member cut_at = {.entry = -1, .head = -1, .size = -1};
         int ended;
         Py_BEGIN_ALLOW_THREADS
-        ended = scan(data, &next, limit, stop, members, batch, &count, &cut_size);
+        ended = scan(data, &next, limit, stop, members, batch, &count, &cut_at);
         Py_END_ALLOW_THREADS
         Py_ssize_t taken = group(&s, &exts, data, members, count, doff, records);
         if (taken < 0) {
             goto done;
         }
         if (taken < count) {
-            rel = members[taken].head;
+            rel = members[taken].entry;
             break;
         }
         rel = next;
         if (ended == ENDED_CUT) {
-            PyObject *ext = cut_member(&s, &exts, data, rel, doff, records);
+            PyObject *ext = cut_member(&s, &exts, data, &cut_at, doff, records);
             if (ext == NULL && PyErr_Occurred()) {
                 goto done;
             }
             if (ext != NULL) {
-                cut = Py_BuildValue("(Nn)", ext, cut_size);
+                cut = Py_BuildValue("(Nnn)", ext, cut_at.size, cut_at.head + BLOCK);
                 if (cut == NULL) {
                     goto done;
                 }

@@ -50,7 +50,7 @@ def walk(
     doff: int,
     pending: Pending | None,
     /,
-) -> tuple[int, Pending | None, Records, bool, tuple[str, int] | None]:
+) -> tuple[int, Pending | None, Records, bool, tuple[str, int, int] | None]:
     """The run of plain members at ``rel`` of ``data[:limit]`` (``stop``: the shard's end,
     ``doff``: the range's offset in the shard, ``pending``: the sample in progress), as
     :meth:`~._tarfast.RangeWalker.walk` returns it."""
