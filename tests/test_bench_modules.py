@@ -1,7 +1,7 @@
 """The focused benchmark modules (``python -m bench.scale``, ``bench.index``,
 ``bench.tarread``, ``bench.samplecost``, ``bench.bombs``, ``bench.endtoend``,
 ``bench.blenddraw``, ``bench.autotune``, ``bench.localring``, ``bench.localread``,
-``bench.tarblocks``,
+``bench.tarblocks`` (and ``--writer webdataset``),
 ``bench.tls --server nginx``, ``bench.shuffle --window``, ``bench.feed --parts real``),
 each at its smallest: it runs and its figures are complete and finite.
 (Figures are not judged here: that is what the benchmark is for.)"""
@@ -160,6 +160,27 @@ def test_tarblocks_benchmark_reads_every_sample_at_each_block_size(tmp_path: Pat
         assert run["us_per_sample"] > 0
         assert (run["us_per_edge"] is None) == label.endswith("2 MiB")
     assert "| after | 1 MiB |" in stdout
+
+
+def test_tarblocks_benchmark_reads_the_shards_as_webdataset_writes_them(tmp_path: Path) -> None:
+    """``bench.tarblocks --writer webdataset`` writes the samples of ``--data`` again with
+    ``webdataset.TarWriter`` beside it, once, and reads those: the same samples, every
+    member behind a PAX header of its mtime, which the walk reads (the general parser
+    only an entry whose headers a block's end cuts, where it read all 900 before)."""
+    from tests._foreign import tarfile_shard, write
+
+    write(tmp_path / "shards", [tarfile_shard("a.tar", 0, 300)])
+    data, _ = run_bench(
+        "bench.tarblocks",
+        *("--data", str(tmp_path / "shards"), "--blocks", "1", "--rounds", "1"),
+        *("--repeat", "1", "--writer", "webdataset"),
+        out=tmp_path / "tarblocks.json",
+    )
+    (row,) = data["runs"]["after, 1 MiB"]["rounds"]
+    assert row["samples"] == 300
+    assert row["general"] <= row["blocks"] - 1
+    (shard,) = (tmp_path / "shards-wds").glob("*.tar")
+    assert shard.read_bytes()[156] == ord("x")  # TarWriter's PAX header first
 
 
 def test_localread_benchmark_reads_on_the_loop_and_in_threads(tmp_path: Path) -> None:
