@@ -287,6 +287,26 @@ def test_pax_headers_read_alike(records: dict[str, str] | bytes) -> None:
         read_alike(shard, cuts)
 
 
+def test_what_follows_a_no_op_pax_header_reads_alike() -> None:
+    """A no-op PAX header before another PAX header (a name), a folder, a link, a sparse
+    member or the end marker: the general parser's entries, read alike."""
+    stamp = b"10 mtime=1\n"
+    shard = (
+        _pax(stamp, "k.cls", b"1")
+        + _pax(stamp, "x", b"")[:1024]  # the PAX header alone, then another's entry:
+        + member("k/é.jpg", b"j" * 600, fmt=tarfile.PAX_FORMAT)  # a PAX path
+        + _pax(stamp, "x", b"")[:1024]
+        + member("d/", kind=tarfile.DIRTYPE)
+        + _pax(stamp, "x", b"")[:1024]
+        + member("k.lnk", kind=tarfile.SYMTYPE)
+        + _pax(stamp, "m.jpg", b"m" * 100)
+        + _pax(stamp, "x", b"")[:1024]
+        + end()
+    )
+    for cuts in ([], list(range(512, len(shard), 512))):
+        read_alike(shard, cuts)
+
+
 def test_a_pax_header_of_mtime_alone_is_the_walks() -> None:
     """Where the walk reads it, the general parser reads none of the shard."""
     from asyncstream.shards._tar import ShardReader
