@@ -1,10 +1,11 @@
 """``python -m bench.samplecost``: a ShardStream's CPU per sample in the consumer, before and after.
 
 Reads one dataset with ``ShardStream(url, window=16, inflight=8, chunk_bytes=8 MiB,
-seed=0)``, without decode, for ``--epochs`` epochs of one stream (the engine kept), and
-reports the epochs after the first: the consumer process's CPU per sample
-(``time.process_time``; the fetch engine runs in a process of its own and is reported
-apart), samples/s, and the time the garbage collector took. The default dataset is the feed
+seed=0)`` (``--defaults``: the library's, ``ShardStream(url, seed=0)``), without decode,
+for ``--epochs`` epochs of one stream (the engine kept), and reports the epochs after the
+first: the consumer process's CPU per sample (``time.process_time``; the fetch engine
+runs in a process of its own and is reported apart), samples/s, the time the garbage
+collector took and the consumer's minor page faults per sample. The default dataset is the feed
 proxy's (``python -m bench.feed --parts proxy`` makes it: 20,000 samples of a 32 x 32 JPEG,
 a class and a JSON line, in 8 MiB shards), where what the stream adds per sample shows.
 
@@ -50,13 +51,16 @@ def _drain(stream: Any, path: str) -> int:
     return samples
 
 
-def measure(url: str, endpoint: str | None, epochs: int, path: str = "iter") -> dict[str, Any]:
+def measure(
+    url: str, endpoint: str | None, epochs: int, path: str = "iter", defaults: bool = False
+) -> dict[str, Any]:
     """Run in the child: the stream's figures over ``epochs`` epochs, first one apart."""
     import gc
+    import resource
 
     from asyncstream import S3Options, ShardStream
 
-    kwargs: dict[str, Any] = dict(SETTINGS)
+    kwargs: dict[str, Any] = {"seed": 0} if defaults else dict(SETTINGS)
     if endpoint is not None:
         from asyncstream.testing._local import LOCAL_CREDENTIALS
 
@@ -77,8 +81,10 @@ def measure(url: str, endpoint: str | None, epochs: int, path: str = "iter") -> 
             stream.set_epoch(epoch)
             collecting[1] = 0.0
             cpu0, wall0 = time.process_time(), time.perf_counter()
+            faults0 = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
             samples = _drain(stream, path)
             cpu, wall = time.process_time() - cpu0, time.perf_counter() - wall0
+            faults = resource.getrusage(resource.RUSAGE_SELF).ru_minflt - faults0
             # The engine's CPU is cumulative, and a new epoch's statistics have none
             # until it runs: this epoch's is the difference from the last epoch's end.
             total = float(stream.stats()["fetch"]["cpu_s"])
@@ -89,6 +95,7 @@ def measure(url: str, endpoint: str | None, epochs: int, path: str = "iter") -> 
                     "consumer_us_per_sample": cpu / samples * 1e6,
                     "gc_us_per_sample": collecting[1] / samples * 1e6,
                     "engine_us_per_sample": engine / samples * 1e6,
+                    "minor_faults_per_sample": faults / samples,
                     "samples/s": samples / wall,
                 }
             )
@@ -96,11 +103,15 @@ def measure(url: str, endpoint: str | None, epochs: int, path: str = "iter") -> 
     return {key: statistics.median(r[key] for r in steady) for key in steady[0]}
 
 
-def _side(source: Path, url: str, endpoint: str | None, epochs: int, path: str) -> dict[str, Any]:
+def _side(
+    source: Path, url: str, endpoint: str | None, epochs: int, path: str, defaults: bool
+) -> dict[str, Any]:
     """One fresh process reading with the ``asyncstream`` found in ``source``."""
     from bench._run import run_child
 
     config = {"url": url, "endpoint": endpoint, "epochs": epochs, "path": path}
+    if defaults:
+        config["defaults"] = True
     return run_child(HERE, config, source)
 
 
@@ -112,19 +123,30 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--epochs", type=int, default=3)
     parser.add_argument("--paths", default="iter,take", help="iter, take or both")
+    parser.add_argument(
+        "--defaults",
+        action="store_true",
+        help="the library's defaults (ShardStream(url, seed=0)) instead of the settings above",
+    )
     parser.add_argument("--json", help="write the figures to this file")
     parser.add_argument("--child", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
         config = json.loads(args.child)
-        figures = measure(config["url"], config["endpoint"], config["epochs"], config["path"])
+        figures = measure(
+            config["url"],
+            config["endpoint"],
+            config["epochs"],
+            config["path"],
+            config.get("defaults", False),
+        )
         print(json.dumps(figures))
         return
     out: dict[str, Any] = {
         "date": time.strftime("%Y-%m-%d"),
         "machine": f"{platform.machine()}, {os.cpu_count()} cores, "
         f"Python {platform.python_version()}",
-        "settings": SETTINGS,
+        "settings": "defaults" if args.defaults else SETTINGS,
         "url": args.url,
     }
     with tempfile.TemporaryDirectory() as tmp, _server(args.s3) as server:
@@ -143,7 +165,9 @@ def main() -> None:
                 for round_ in range(args.rounds):
                     order = list(sides) if round_ % 2 == 0 else list(reversed(sides))
                     for side in order:
-                        runs[side].append(_side(sides[side], url, endpoint, args.epochs, path))
+                        runs[side].append(
+                            _side(sides[side], url, endpoint, args.epochs, path, args.defaults)
+                        )
                         print(f"{name}, {path}, round {round_}, {side}: {runs[side][-1]}")
                 out[name][path] = {
                     side: {key: statistics.median(r[key] for r in rows) for key in rows[0]}
@@ -186,15 +210,17 @@ def render(out: dict[str, Any]) -> str:
     lines = [
         f"{out['machine']}; {out['url']}; {out['date']}.",
         "",
-        "| from | path | side | consumer µs/sample | of it, GC | engine µs/sample | samples/s |",
-        "|---|---|---|---:|---:|---:|---:|",
+        "| from | path | side | consumer µs/sample | of it, GC | minor faults/sample "
+        "| engine µs/sample | samples/s |",
+        "|---|---|---|---:|---:|---:|---:|---:|",
     ]
     for name in ("local files", "S3, loopback"):
         for path, sides in out.get(name, {}).items():
             for side, r in sides.items():
                 lines.append(
                     f"| {name} | {path} | {side} | {r['consumer_us_per_sample']:.1f} | "
-                    f"{r['gc_us_per_sample']:.1f} | {r['engine_us_per_sample']:.1f} | "
+                    f"{r['gc_us_per_sample']:.1f} | {r.get('minor_faults_per_sample', 0):.2f} | "
+                    f"{r['engine_us_per_sample']:.1f} | "
                     f"{r['samples/s']:,.0f} |"
                 )
     return "\n".join(lines)

@@ -24,6 +24,7 @@ from ..engine._ring import check_node_room, local_ranks
 from ..metrics._hook import StreamMetrics
 from ..order._plan import Topology, reader_samples
 from ..stores._s3 import S3Options
+from . import _malloc
 from ._checkpoint import Checkpoint, StateSnapshot
 from ._epochs import Pending
 from ._iteration import Iteration, SampleViews
@@ -366,6 +367,7 @@ class ShardStream(IterableDataset[dict[str, Any]]):
             return Refused(exc)
         if not self._shared.owned:
             self._shared.worker_started()
+        _malloc.tune()  # freed memory kept in the process (see there)
         # Before the run is made: an exporter reading meanwhile sees no run, never the new
         # run under the old number or the old epoch's stall figures under the new.
         self._meter.new_epoch()
@@ -518,9 +520,10 @@ class ShardStream(IterableDataset[dict[str, Any]]):
         ``sources`` (each one's samples ``drawn``, ``planned``, ``epoch_quota`` and
         ``shards``), ``index`` by source name, and ``fetch["endpoints"]``. ``ring``: the
         reader's ring slots and those held (open shards' chunks and chunks asked for
-        ahead). From another thread, the reader asks the engine again at its next chunk,
-        so that a thread that polls (a metrics exporter) sees figures at most one interval
-        old."""
+        ahead). ``malloc``: whether this process keeps freed memory rather than faulting
+        it in again (``"tuned"``, see :mod:`._malloc`, or why not). From another thread,
+        the reader asks the engine again at its next chunk, so that a thread that polls (a
+        metrics exporter) sees figures at most one interval old."""
         self._check_open()
         if self._run is None:
             stats = {
@@ -536,7 +539,12 @@ class ShardStream(IterableDataset[dict[str, Any]]):
             stats = self._run.stats(fetch=mine)
             if not mine:
                 self._run.stats_wanted = True  # asked of the engine at the reader's next chunk
-        return {**stats, "index": self._index, "stall": self._meter.report()}
+        return {
+            **stats,
+            "index": self._index,
+            "stall": self._meter.report(),
+            "malloc": _malloc.state(),
+        }
 
     def _export_stats(self) -> dict[str, Any]:
         """:meth:`stats` for a metrics exporter, from any thread: only the thread that made
