@@ -9,6 +9,10 @@ collector took and the consumer's minor page faults per sample. The default data
 proxy's (``python -m bench.feed --parts proxy`` makes it: 20,000 samples of a 32 x 32 JPEG,
 a class and a JSON line, in 8 MiB shards), where what the stream adds per sample shows.
 
+``--webdataset`` adds webdataset's own plain iteration of the same local shards (the
+``iter`` path; it reads the files in its process, so its CPU is compared with the
+consumer's and the engine's together).
+
 Two paths (``--paths``): ``iter``, plain iteration (a dict of ``bytes`` per sample), and
 ``take``, ``iter_views().take(256, sink)`` with a sink that keeps nothing (the records
 handed out of the ring in bulk, as the DALI loader's producer takes them).
@@ -103,15 +107,56 @@ def measure(
     return {key: statistics.median(r[key] for r in steady) for key in steady[0]}
 
 
+def measure_webdataset(url: str, epochs: int) -> dict[str, Any]:
+    """Run in the child: webdataset's own plain iteration over the same local shards
+    (``WebDataset(urls, shardshuffle=False)``, a dict of ``bytes`` per sample, in order),
+    its figures as :func:`measure`'s; it reads the files in this process, so its CPU
+    holds what the fetch engine's does for asyncstream."""
+    import glob
+    import resource
+
+    import webdataset
+
+    urls = sorted(glob.glob(os.path.join(url, "*.tar")))
+    rows = []
+    for _ in range(epochs):
+        cpu0, wall0 = time.process_time(), time.perf_counter()
+        faults0 = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+        samples = sum(1 for _ in webdataset.WebDataset(urls, shardshuffle=False, empty_check=False))
+        cpu, wall = time.process_time() - cpu0, time.perf_counter() - wall0
+        faults = resource.getrusage(resource.RUSAGE_SELF).ru_minflt - faults0
+        rows.append(
+            {
+                "samples": samples,
+                "consumer_us_per_sample": cpu / samples * 1e6,
+                "gc_us_per_sample": 0.0,
+                "engine_us_per_sample": 0.0,
+                "minor_faults_per_sample": faults / samples,
+                "samples/s": samples / wall,
+            }
+        )
+    steady = rows[1:] or rows
+    return {key: statistics.median(r[key] for r in steady) for key in steady[0]}
+
+
 def _side(
-    source: Path, url: str, endpoint: str | None, epochs: int, path: str, defaults: bool
+    source: Path,
+    url: str,
+    endpoint: str | None,
+    epochs: int,
+    path: str,
+    defaults: bool,
+    peer: str | None = None,
 ) -> dict[str, Any]:
-    """One fresh process reading with the ``asyncstream`` found in ``source``."""
+    """One fresh process reading with the ``asyncstream`` found in ``source`` (or, with
+    ``peer``, with that library)."""
     from bench._run import run_child
 
-    config = {"url": url, "endpoint": endpoint, "epochs": epochs, "path": path}
+    config: dict[str, Any] = {"url": url, "endpoint": endpoint, "epochs": epochs, "path": path}
     if defaults:
         config["defaults"] = True
+    if peer:
+        config["peer"] = peer
     return run_child(HERE, config, source)
 
 
@@ -124,6 +169,11 @@ def main() -> None:
     parser.add_argument("--epochs", type=int, default=3)
     parser.add_argument("--paths", default="iter,take", help="iter, take or both")
     parser.add_argument(
+        "--webdataset",
+        action="store_true",
+        help="also webdataset's own plain iteration over the same local shards (iter only)",
+    )
+    parser.add_argument(
         "--defaults",
         action="store_true",
         help="the library's defaults (ShardStream(url, seed=0)) instead of the settings above",
@@ -133,6 +183,9 @@ def main() -> None:
     args = parser.parse_args()
     if args.child:
         config = json.loads(args.child)
+        if config.get("peer") == "webdataset":
+            print(json.dumps(measure_webdataset(config["url"], config["epochs"])))
+            return
         figures = measure(
             config["url"],
             config["endpoint"],
@@ -161,12 +214,16 @@ def main() -> None:
         for name, url, endpoint in sources:
             out[name] = {}
             for path in args.paths.split(","):
-                runs: dict[str, list[dict[str, Any]]] = {side: [] for side in sides}
+                here = dict(sides)
+                if args.webdataset and path == "iter" and endpoint is None:
+                    here["webdataset"] = ROOT
+                runs: dict[str, list[dict[str, Any]]] = {side: [] for side in here}
                 for round_ in range(args.rounds):
-                    order = list(sides) if round_ % 2 == 0 else list(reversed(sides))
+                    order = list(here) if round_ % 2 == 0 else list(reversed(here))
                     for side in order:
+                        peer = "webdataset" if side == "webdataset" else None
                         runs[side].append(
-                            _side(sides[side], url, endpoint, args.epochs, path, args.defaults)
+                            _side(here[side], url, endpoint, args.epochs, path, args.defaults, peer)
                         )
                         print(f"{name}, {path}, round {round_}, {side}: {runs[side][-1]}")
                 out[name][path] = {

@@ -1,5 +1,6 @@
 """The focused benchmark modules (``python -m bench.scale``, ``bench.index``,
-``bench.tarread``, ``bench.samplecost``, ``bench.bombs``, ``bench.endtoend``,
+``bench.tarread``, ``bench.samplecost`` (and ``--defaults --webdataset``), ``bench.bombs``,
+``bench.endtoend``,
 ``bench.blenddraw``, ``bench.autotune``, ``bench.localring``, ``bench.localread``,
 ``bench.tarblocks`` (and ``--writer webdataset``),
 ``bench.tls --server nginx``, ``bench.shuffle --window``, ``bench.feed --parts real``),
@@ -98,6 +99,29 @@ def test_samplecost_benchmark_measures_both_revisions(tmp_path: Path) -> None:
                 assert side["samples"] == 40
                 assert all(math.isfinite(n) and n >= 0 for n in numbers(side))
     assert "| S3, loopback | take | after |" in stdout
+
+
+def test_samplecost_benchmark_with_the_defaults_and_webdataset(tmp_path: Path) -> None:
+    """``--defaults`` reads with the library's defaults; ``--webdataset`` adds webdataset's
+    own plain iteration of the same shards, on the ``iter`` path only."""
+    from tests._foreign import webdataset_shard, write
+
+    write(tmp_path / "shards", [webdataset_shard("a.tar", 0, 30)])
+    data, stdout = run_bench(
+        "bench.samplecost",
+        *("--url", str(tmp_path / "shards"), "--defaults", "--webdataset"),
+        *("--rounds", "1", "--epochs", "2"),
+        out=tmp_path / "samplecost.json",
+        timeout=600,
+    )
+    assert data["settings"] == "defaults"
+    assert list(data["local files"]["iter"]) == ["after", "webdataset"]
+    assert list(data["local files"]["take"]) == ["after"]
+    for path in data["local files"].values():
+        for side in path.values():
+            assert side["samples"] == 30
+            assert all(math.isfinite(n) and n >= 0 for n in numbers(side))
+    assert "| local files | iter | webdataset |" in stdout
 
 
 def test_localring_benchmark_reads_both_settings_from_local_files(tmp_path: Path) -> None:
