@@ -279,14 +279,9 @@ class RangeWalker:
         at ``rel``, where its header is plain (after a no-op PAX header or none) and the
         range's end cuts its data inside the shard."""
         data = self.data
-        if rel + 512 > self.limit:
+        head = self._own_header(rel) if rel + 512 <= self.limit else None
+        if head is None:
             return None
-        head = rel
-        if data[rel + 156] == _PAX:
-            found = self._pax_member(rel)
-            if found is None:
-                return None
-            head = found
         name, digits, flag, prefix = _HEAD.unpack_from(data, head)
         if flag not in _PLAIN or first_bad(data, [head]) == 0:
             return None
@@ -398,14 +393,10 @@ class RangeWalker:
             for _ in range(most):
                 if rel + 512 > limit:
                     break
-                head = rel
+                head = self._own_header(rel)
+                if head is None:
+                    break
                 name, digits, flag, prefix = unpack(data, head)
-                if flag == _PAX:
-                    found = self._pax_member(rel)
-                    if found is None:
-                        break
-                    head = found
-                    name, digits, flag, prefix = unpack(data, head)
                 if flag not in _PLAIN:
                     break
                 size = int(digits, 8)  # anything but digits: ValueError, the scan ends
@@ -424,6 +415,12 @@ class RangeWalker:
         except ValueError:
             pass
         return names, starts, stops, heads, entries, rel
+
+    def _own_header(self, rel: int) -> int | None:
+        """The header of the member whose entry begins at ``rel`` (inside the range): the
+        header there, or the one after a no-op PAX header (:meth:`_pax_member`); ``None``
+        where the general parser reads the entry."""
+        return self._pax_member(rel) if self.data[rel + 156] == _PAX else rel
 
     def _pax_member(self, rel: int) -> int | None:
         """The header of the member after the PAX header at ``rel``, where that header is

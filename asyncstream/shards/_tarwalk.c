@@ -76,6 +76,17 @@ size_spelled(const unsigned char *h)
     return h[135] == 0 || h[135] == ' ';
 }
 
+/* The size field of the header at h, where size_spelled(h). */
+static Py_ssize_t
+size_of(const unsigned char *h)
+{
+    Py_ssize_t size = 0;
+    for (int i = 124; i < 135; i++) {
+        size = (size << 3) | (h[i] - '0');
+    }
+    return size;
+}
+
 /* Whether the checksum of the header at h is "%06o\0 " of its unsigned byte sum, the
  * field counted as 8 spaces (at most 512 * 255: six octal digits always hold it). */
 /* The unsigned sum of a block's bytes (at most 512 * 255). With SSE2 (every x86-64), 16
@@ -193,10 +204,7 @@ pax_member(const unsigned char *data, Py_ssize_t at, Py_ssize_t limit)
     if (!size_spelled(h) || !summed(h)) {
         return -1;
     }
-    Py_ssize_t size = 0;
-    for (int i = 124; i < 135; i++) {
-        size = (size << 3) | (h[i] - '0');
-    }
+    Py_ssize_t size = size_of(h);
     if (size > BLOCK) {
         return -1;
     }
@@ -291,10 +299,7 @@ scan(const unsigned char *data, Py_ssize_t *rel, Py_ssize_t limit, Py_ssize_t st
             ended = ENDED_PLAIN;
             break;
         }
-        Py_ssize_t size = 0;
-        for (int i = 124; i < 135; i++) {
-            size = (size << 3) | (h[i] - '0');
-        }
+        Py_ssize_t size = size_of(h);
         Py_ssize_t start = head + BLOCK;
         Py_ssize_t after = start + ((size + BLOCK - 1) & ~(Py_ssize_t)(BLOCK - 1));
         prefetch_header(data, after, limit); /* read while this one's sum is taken */

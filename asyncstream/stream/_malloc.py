@@ -5,9 +5,10 @@ its trim threshold (128 KiB at start; twice the mmap threshold once freeing larg
 has moved that, a few hundred KiB for ImageNet-sized images). A reader that hands out a
 sample's members as ``bytes`` allocates about 100 kB a sample and frees it a few samples
 later: the heap's top shrinks and grows again, and every page of it is faulted in,
-zeroed, when it grows. Measured (``python -m bench.samplecost --defaults --paths iter``,
-ImageNet-sized samples, bench/RESULTS.md): plain iteration cost 25 µs of the consumer's
-CPU a sample, 6 minor page faults among it; with the threshold raised, 12 µs and none.
+zeroed, when it grows. Measured (``python -m bench.samplecost --url real-4000 --defaults
+--baseline c158cce``, ImageNet-sized samples, bench/RESULTS.md): plain iteration cost 26.0
+µs of the consumer's CPU a sample and 3.7 minor page faults; with the thresholds raised,
+16.0 µs and 0.03.
 The loaders that hand out ``bytes`` in Python pay the same, and the usual advice for them
 is an allocator preloaded or ``MALLOC_TRIM_THRESHOLD_`` set by hand; a data loader should
 not need either.
