@@ -104,16 +104,27 @@ def tiny_shards(folder: Path, n: int) -> Path:
     return shards
 
 
-def real_shards(folder: Path, n: int) -> Path:
-    """``n`` generated photographs (about 470 x 350 px, 107 kB), 64 MiB shards (made once)."""
-    shards = folder / f"real-{n}"
+def real_shards(folder: Path, n: int, shard_mib: int = 64) -> Path:
+    """``n`` generated photographs (about 470 x 350 px, 107 kB), in shards of
+    ``shard_mib`` MiB (made once; ``real-N``, or ``real-N-Mmib`` for other sizes)."""
+    shards = folder / (f"real-{n}" if shard_mib == 64 else f"real-{n}-{shard_mib}mib")
     if (shards / "asyncstream.json").exists():
         return shards
     from asyncstream.testing import generate_imagefolder
 
     images = folder / f"real-{n}-images"
-    generate_imagefolder(images, n, 100, seed=0)
-    pack(images, str(shards), shard_bytes=64 << 20, shuffle_seed=0, workers=os.cpu_count() or 2)
+    made = folder / f"real-{n}-images.done"  # the folder of a generation cut short is redone
+    if not made.exists():
+        generate_imagefolder(images, n, 100, seed=0)
+        made.touch()
+    pack(
+        images,
+        str(shards),
+        shard_bytes=shard_mib << 20,
+        shuffle_seed=0,
+        workers=os.cpu_count() or 2,
+        overwrite=True,
+    )
     return shards
 
 

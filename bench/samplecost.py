@@ -9,6 +9,12 @@ collector took and the consumer's minor page faults per sample. The default data
 proxy's (``python -m bench.feed --parts proxy`` makes it: 20,000 samples of a 32 x 32 JPEG,
 a class and a JSON line, in 8 MiB shards), where what the stream adds per sample shows.
 
+``--many`` reads instead 16,000 generated photographs (about 107 kB each) in 16 MiB
+shards, 105 of them, made once (:func:`bench.feed.real_shards`): over 64 shards, so that
+the default window's 64 lanes are open, as in a real dataset's epoch (``real-4000``'s 7
+shards open 7), and with the library's 1 MiB blocks a lane empties every 9 samples or so:
+what the stream pays per block and per lane shows.
+
 ``--webdataset`` adds webdataset's own plain iteration of the same local shards (the
 ``iter`` path; it reads the files in its process, so its CPU is compared with the
 consumer's and the engine's together).
@@ -178,9 +184,19 @@ def main() -> None:
         action="store_true",
         help="the library's defaults (ShardStream(url, seed=0)) instead of the settings above",
     )
+    parser.add_argument(
+        "--many",
+        action="store_true",
+        help="16,000 generated photographs in 16 MiB shards (64 lanes open), made once, "
+        "instead of --url",
+    )
     parser.add_argument("--json", help="write the figures to this file")
     parser.add_argument("--child", help=argparse.SUPPRESS)
     args = parser.parse_args()
+    if args.many and not args.child:
+        from bench.feed import real_shards
+
+        args.url = str(real_shards(DEFAULT, 16000, 16))
     if args.child:
         config = json.loads(args.child)
         if config.get("peer") == "webdataset":

@@ -123,9 +123,10 @@ _NATIVE_DRAW, _NATIVE_BLEND = _native_draw()
 NATIVE = _NATIVE_DRAW is not None and os.environ.get("ASYNCSTREAM_NATIVE", "1") != "0"
 
 
-@dataclass
+@dataclass(eq=False)
 class Lane(Generic[T]):
-    """One open shard in the window."""
+    """One open shard in the window (compared by identity: the window's lanes are found
+    by ``list.index``)."""
 
     piece: int
     items: list[T]
@@ -200,6 +201,9 @@ class WindowShuffle(Generic[T]):
         self.mode = mode
         self.shuffle = shuffle
         self.lanes: list[Lane[T]] = []
+        # Each lane's items, as self.lanes (the native draw's input, kept as the lanes
+        # change rather than gathered at every run: a run is a few draws with 64 lanes).
+        self._lists: list[list[T]] = []
         self._empty: list[Lane[T]] = []  # lanes that may need a refill, checked by need()
         self.next_piece = 0
         self.draws = 0
@@ -213,6 +217,9 @@ class WindowShuffle(Generic[T]):
         self._random: list[int] = []  # _splitmix(key + n) for n from _random_from on
         self._random_from = 0
         self._journal: Journal | None = None  # since the last snapshot's base (snapshot())
+        # Bumped by every open, refill, close and reset: a reader of the lanes that keeps
+        # something per lane (the stream's places of their samples) knows it is current.
+        self.changes = 0
 
     def _group(self, piece: int) -> int:
         return 0 if self.groups is None else self.groups[piece]
@@ -221,9 +228,11 @@ class WindowShuffle(Generic[T]):
         """What to do next: refill a lane, open a piece, draw, or stop."""
         while self._empty:  # lanes that a draw (or an empty chunk) left with nothing
             lane = self._empty[-1]
-            index = next((i for i, open_ in enumerate(self.lanes) if open_ is lane), None)
-            if index is not None and lane.remaining == 0:
-                return Need("refill", lane=index)
+            if lane.remaining == 0:
+                try:
+                    return Need("refill", lane=self.lanes.index(lane))
+                except ValueError:
+                    pass  # closed since
             self._empty.pop()  # refilled or closed since
         # One more lane per draw until the window is full: the first sample needs one chunk.
         open_ = len(self.lanes)
@@ -235,10 +244,12 @@ class WindowShuffle(Generic[T]):
         """Open the next piece with its first chunk's samples."""
         lane = Lane(self.next_piece, items, meta=meta or {}, group=self._group(self.next_piece))
         self.lanes.append(lane)
+        self._lists.append(items)
         self._lane_groups.append(lane.group)
         self._open[lane.group] += 1
         self._items += len(items)
         self.next_piece += 1
+        self.changes += 1
         if not items:
             self._empty.append(lane)
         if self._journal is not None:
@@ -249,8 +260,9 @@ class WindowShuffle(Generic[T]):
     def refill(self, lane: int, items: list[T]) -> None:
         """Give an empty lane the samples of its shard's next chunk."""
         self._items += len(items) - len(self.lanes[lane].items)
-        self.lanes[lane].items = items
+        self.lanes[lane].items = self._lists[lane] = items
         self.lanes[lane].cursor = 0
+        self.changes += 1
         if self._journal is not None:
             self._journal.refill(lane, items)
             self._noted(self._journal)
@@ -259,7 +271,9 @@ class WindowShuffle(Generic[T]):
         """Remove an empty lane whose shard is done."""
         self._open[self._lane_groups.pop(lane)] -= 1
         closed = self.lanes.pop(lane)
+        del self._lists[lane]
         self._items -= len(closed.items)
+        self.changes += 1
         if self._journal is not None:
             self._journal.close(lane)
             self._noted(self._journal)
@@ -342,7 +356,7 @@ class WindowShuffle(Generic[T]):
                 self._journal.draws(firsts)
                 self._noted(self._journal)
             return firsts, samples
-        lists = [lane.items for lane in lanes]
+        lists = self._lists
         if blend is None:
             indices, samples = _NATIVE_DRAW(lists, self.key, self.draws, n, self.mode == "shards")
         else:
@@ -493,12 +507,14 @@ class WindowShuffle(Generic[T]):
             )
             for i, lane in enumerate(lanes)
         ]
+        self._lists = [lane.items for lane in self.lanes]
         self._lane_groups = [lane.group for lane in self.lanes]
         self._items = sum(len(lane.items) for lane in self.lanes)
         self._open = [0] * len(self._open)
         for group in self._lane_groups:
             self._open[group] += 1
         self._empty = [lane for lane in self.lanes if not lane.items]
+        self.changes += 1
 
     def outlook(self, budget: int) -> Outlook:
         """What the window holds and opens next, for a prefetch stage to rank chunks by:

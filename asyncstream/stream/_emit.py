@@ -17,7 +17,7 @@ from typing import Any
 from ..order._shuffle import Lane
 from ..shards._tar import Records
 from ..shards._tarfast import native_dicts
-from ._lanes import Item, LaneReader, lane_places
+from ._lanes import Item, LaneReader, Place
 
 __all__ = ["Emit", "sample_dict"]
 
@@ -76,15 +76,19 @@ class Emit:
         return out
 
     def run(
-        self, lanes: Sequence[Lane[Item]], indices: Sequence[int], samples: Sequence[int]
+        self,
+        lanes: Sequence[Lane[Item]],
+        places: list[Place],
+        indices: Sequence[int],
+        samples: Sequence[int],
     ) -> list[dict[str, Any]]:
         """The dicts of a run of draws (each draw's lane of the window shuffle by
         ``indices``, and its sample), counted as emitted, **last first**: the order in
-        which ``pop()`` hands them out."""
+        which ``pop()`` hands them out. ``places``: the lanes' (:class:`._lanes.Places`)."""
         views = self.views
         dicts = native_dicts()
         if dicts is not None:  # the loop in C (asyncstream/shards/_records.c)
-            out = dicts(lane_places(lanes), indices, samples, views, sample_dict)
+            out = dicts(places, indices, samples, views, sample_dict)
         else:
             out = self._run(lanes, indices, samples)
         if self.sources:

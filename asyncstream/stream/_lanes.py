@@ -22,7 +22,7 @@ import functools
 import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 from .._exceptions import DataError, StateError
 from ..engine._engine import Engine, Ready
@@ -35,7 +35,18 @@ from ..stores._store import ChunkRequest
 if TYPE_CHECKING:
     from ._settings import StreamSettings
 
-__all__ = ["ChunkReader", "Item", "LaneReader", "chunk_count", "fetch_offset", "lane_places"]
+__all__ = [
+    "Ahead",
+    "ChunkReader",
+    "Item",
+    "LaneReader",
+    "Places",
+    "chunk_count",
+    "fetch_offset",
+    "lane_ahead",
+    "lane_places",
+    "piece_ahead",
+]
 
 Item = int  # a sample by its index in the shard: its record is records[index - first]
 _EMPTY = memoryview(b"")
@@ -50,6 +61,47 @@ def fetch_offset(piece: Piece, shard: Shard) -> int:
 def chunk_count(piece: Piece, shard: Shard, chunk_bytes: int) -> int:
     """Chunks a piece reads when it runs to its shard's end."""
     return max(1, math.ceil(shard.size / chunk_bytes) - fetch_offset(piece, shard) // chunk_bytes)
+
+
+class Ahead(NamedTuple):
+    """What the ranking needs of an open lane or a piece still to open, fixed from one of
+    its chunks to the next: worked out once a chunk, where ranking 64 lanes worked it out
+    for each lane at each ranking (a ranking cost 84 µs, 1.7 µs a sample, with 1 MiB
+    blocks over 64 lanes; 45 µs and 0.9 µs now: ``python -m bench.samplecost --many
+    --defaults --paths take --steps``). See :mod:`._prefetch`.
+
+    Attributes:
+        position: the piece's position.
+        first: its next chunk to ask for (0 for a piece still to open).
+        per: samples per chunk from there on.
+        stop: the chunk after the last one to ask for.
+        tail: the samples its piece has still to give after its resident ones (an open
+            lane), or all of them (a piece still to open): when it frees its lane.
+    """
+
+    position: int
+    first: int
+    per: float
+    stop: int
+    tail: int
+
+
+def lane_ahead(lane: LaneReader) -> Ahead | None:
+    """An open lane's :class:`Ahead`, or ``None`` where it wants no more chunks."""
+    if not lane.wants_more:
+        return None
+    n_chunks = lane.n_chunks
+    first = lane.chunk + 1
+    per = (lane.count - lane.returned) / (n_chunks - first)
+    stop = n_chunks if lane.to_end else first + 1
+    return Ahead(lane.position, first, per, stop, max(0, lane.piece.stop - lane.returned))
+
+
+def piece_ahead(position: int, piece: Piece, shard: Shard, count: int, chunk_bytes: int) -> Ahead:
+    """A piece's :class:`Ahead` before it opens (``count``: samples in its shard)."""
+    n_chunks = chunk_count(piece, shard, chunk_bytes)
+    stop = n_chunks if piece.stop == count else 1
+    return Ahead(position, 0, (count - piece.index0) / n_chunks, stop, piece.count)
 
 
 @dataclass
@@ -70,6 +122,7 @@ class LaneReader:
     view: memoryview = _EMPTY  # the resident chunk, which the records' fields lie in
     records: Records = field(default_factory=list)  # what the resident chunk completed
     first: int = 0  # in-shard index of records[0]
+    ahead: Ahead | None = None  # lane_ahead(self) as of the resident chunk
 
     @functools.cached_property
     def n_chunks(self) -> int:
@@ -125,6 +178,7 @@ class ChunkReader:
         self.requested: dict[tuple[int, int], int] = {}  # (piece position, chunk) -> id
         self.open: dict[int, LaneReader] = {}  # the open lanes by piece position, as opened
         self.general_members = 0  # tar members the general parser read (stats())
+        self._ahead: dict[int, Ahead] = {}  # piece_ahead by position, for the prefetch
 
     def lane(self, position: int) -> LaneReader:
         """A new lane for the piece at ``position``, before its first chunk."""
@@ -142,6 +196,18 @@ class ChunkReader:
             reader_start=piece.offset,
         )
         return lane
+
+    def piece_ahead(self, position: int) -> Ahead:
+        """The :class:`Ahead` of the piece at ``position`` before it opens (worked out
+        once: the prefetch ranks the next pieces every few chunks)."""
+        ahead = self._ahead.get(position)
+        if ahead is None:
+            piece = self.pieces[position]
+            s = self.settings
+            ahead = self._ahead[position] = piece_ahead(
+                position, piece, s.shards[piece.shard], s.counts[piece.shard], s.chunk_bytes
+            )
+        return ahead
 
     def chunk_request(self, position: int, chunk: int) -> ChunkRequest:
         """The ranged GET of chunk ``chunk`` of the piece at ``position``."""
@@ -196,6 +262,7 @@ class ChunkReader:
                 f"{lane.shard.url}: holds {lane.returned} samples, but {lane.count} were "
                 "expected (samples_per_shard or the index is out of date)"
             )
+        lane.ahead = lane_ahead(lane)
         piece = lane.piece
         if not piece.take:
             lo, hi = max(piece.first, first), min(piece.stop, first + len(samples))
@@ -289,12 +356,63 @@ class ChunkReader:
         self.engine().flush()
 
 
-def lane_places(lanes: Sequence[Any]) -> list[tuple[Records, memoryview, str, int]]:
+Place = tuple[Records, memoryview, str, int]
+
+
+def place(reader: LaneReader) -> Place:
+    """Where a lane's resident samples are: ``(records, view, url, first)``."""
+    return reader.records, reader.view, reader.shard.url, reader.first
+
+
+def lane_places(lanes: Sequence[Any]) -> list[Place]:
     """Each window lane's ``(records, view, url, first)``: where a run of draws finds its
     samples, as ``_tarwalk.deliver`` and ``_tarwalk.dicts`` (and ``take``'s Python loop)
-    read them, looked up once a run. ``lanes`` are the shuffle's, each holding its
-    :class:`LaneReader` as ``meta["reader"]``."""
-    return [
-        (reader.records, reader.view, reader.shard.url, reader.first)
-        for reader in (lane.meta["reader"] for lane in lanes)
-    ]
+    read them. ``lanes`` are the shuffle's, each holding its :class:`LaneReader` as
+    ``meta["reader"]``."""
+    return [place(lane.meta["reader"]) for lane in lanes]
+
+
+class Places:
+    """:func:`lane_places` of a window shuffle's lanes, kept as the epoch opens, refills
+    and closes them, one lane at a time: a run of draws looks it up, and with 1 MiB
+    blocks over 64 lanes a run is a few samples long (a lane empties every block's
+    worth of samples), where building it anew cost 13.6 µs a run, 1.5 µs a sample
+    (``python -m bench.samplecost --many --defaults --paths take --steps``).
+
+    Each change is told after the shuffle made it; a change not told (a reset) makes
+    the shuffle's :attr:`~asyncstream.order._shuffle.WindowShuffle.changes` run ahead,
+    and the list is built anew at the next look.
+    """
+
+    def __init__(self) -> None:
+        self._places: list[Place] = []
+        self._at = -1  # the shuffle's changes the list is current with
+
+    def of(self, shuffle: Any) -> list[Place]:
+        """The places of ``shuffle``'s lanes, in lane order."""
+        if self._at != shuffle.changes:
+            self._places = lane_places(shuffle.lanes)
+            self._at = shuffle.changes
+        return self._places
+
+    def _told(self, shuffle: Any) -> bool:
+        """Whether the list was current before the change the shuffle just made."""
+        if self._at == shuffle.changes - 1:
+            self._at += 1
+            return True
+        return False
+
+    def opened(self, shuffle: Any, reader: LaneReader) -> None:
+        """The shuffle opened a lane, last, for ``reader``."""
+        if self._told(shuffle):
+            self._places.append(place(reader))
+
+    def refilled(self, shuffle: Any, index: int, reader: LaneReader) -> None:
+        """The shuffle's lane ``index`` took ``reader``'s next chunk."""
+        if self._told(shuffle):
+            self._places[index] = place(reader)
+
+    def closed(self, shuffle: Any, index: int) -> None:
+        """The shuffle closed its lane ``index``."""
+        if self._told(shuffle):
+            del self._places[index]

@@ -15,19 +15,16 @@ from __future__ import annotations
 import heapq
 from collections.abc import Sequence
 
-from ..order._plan import Piece
-from ..shards._urls import Shard
-from ._lanes import LaneReader, chunk_count
+from ._lanes import Ahead
 
 __all__ = ["soonest"]
 
 
 def soonest(
-    lanes: Sequence[tuple[int, LaneReader]],
-    upcoming: Sequence[tuple[int, Piece, Shard, int]],
+    lanes: Sequence[tuple[int, Ahead | None]],
+    upcoming: Sequence[Ahead],
     *,
     window: int,
-    chunk_bytes: int,
     budget: int,
 ) -> list[tuple[int, int]]:
     """The ``budget`` chunks needed soonest, as ``(piece position, chunk)``, soonest first.
@@ -38,35 +35,29 @@ def soonest(
     a chunk: half the consumer's CPU per GET with 1 MiB chunks.)
 
     Args:
-        lanes: the open lanes, each with its count of undrawn resident samples.
-        upcoming: the pieces still to open, in plan order: ``(position, piece, shard,
-            samples in the whole shard)``; only the first ``budget`` matter.
+        lanes: the open lanes, each with its count of undrawn resident samples and its
+            :attr:`~._lanes.LaneReader.ahead`.
+        upcoming: the pieces still to open, in plan order (:func:`~._lanes.piece_ahead`); only the
+            first ``budget`` matter.
         window: the most lanes open at once.
-        chunk_bytes: bytes per chunk.
         budget: how many chunks to name.
     """
     # (need time, position, chunk, run's start time, run's first chunk, step, run's stop)
     runs: list[tuple[float, int, int, float, int, float, int]] = []
     finish: list[float] = []
-    for resident, lane in lanes:
+    for resident, ahead in lanes:
         t = float(resident)
-        if lane.wants_more:
-            n_chunks = lane.n_chunks
-            first = lane.chunk + 1
-            per = (lane.count - lane.returned) / (n_chunks - first)
-            last = n_chunks if lane.to_end else first + 1
-            runs.append((t, lane.position, first, t, first, per, last))
-            t += max(0, lane.piece.stop - lane.returned)
+        if ahead is not None:
+            position, first, per, stop, tail = ahead
+            runs.append((t, position, first, t, first, per, stop))
+            t += tail
         finish.append(t)
     finish += [0.0] * max(0, window - len(lanes))
     heapq.heapify(finish)
-    for position, piece, shard, count in upcoming[:budget]:
+    for position, _, per, stop, count in upcoming[:budget]:
         t = heapq.heappop(finish)
-        n_chunks = chunk_count(piece, shard, chunk_bytes)
-        last = n_chunks if piece.stop == count else 1
-        per = (count - piece.index0) / n_chunks
-        runs.append((t, position, 0, t, 0, per, last))
-        heapq.heappush(finish, t + piece.count)
+        runs.append((t, position, 0, t, 0, per, stop))
+        heapq.heappush(finish, t + count)
     heapq.heapify(runs)
     wanted: list[tuple[int, int]] = []
     while runs and len(wanted) < budget:

@@ -49,7 +49,7 @@ from ..order._shuffle import Lane, Need, WindowShuffle, mix_key
 from ..shards._tarfast import native_deliver
 from ._checkpoint import Checkpoint, StageStates, StateSnapshot
 from ._emit import Emit
-from ._lanes import ChunkReader, Item, LaneReader, lane_places
+from ._lanes import ChunkReader, Item, LaneReader, Places
 from ._plansource import PlanSource
 from ._prefetch import soonest
 from ._settings import StreamSettings
@@ -158,6 +158,7 @@ class EpochRun(Iterator[dict[str, Any]]):
         self.engine = engine  # an idle engine of the previous epoch, reused
         self.reader = ChunkReader(settings, self.pieces, self._engine)
         self.emit = Emit([source.name for source in settings.sources])
+        self.places = Places()  # where each lane's resident samples are, for the draws
         self.checkpoint = Checkpoint(settings, topology)
         self.last_fetch: dict[str, Any] | None = None  # the engine's counters, last asked
         # Set by stats() from another thread: the reader asks the engine at its next chunk.
@@ -219,17 +220,11 @@ class EpochRun(Iterator[dict[str, Any]]):
             # every chunk asked ahead and every lane, never waits for one of them: it sees
             # a released slot in the ring whenever it looks for one.
             return
-        s = self.settings
         outlook = self.shuffle.outlook(budget)
-        upcoming = [
-            (p, self.pieces[p], s.shards[self.pieces[p].shard], s.counts[self.pieces[p].shard])
-            for p in outlook.upcoming
-        ]
         wanted = soonest(
-            [(remaining, meta["reader"]) for remaining, meta in outlook.lanes],
-            upcoming,
+            [(remaining, meta["reader"].ahead) for remaining, meta in outlook.lanes],
+            [self.reader.piece_ahead(p) for p in outlook.upcoming],
             window=outlook.window,
-            chunk_bytes=s.chunk_bytes,
             budget=budget,
         )
         fresh = [key for key in wanted if key not in self.reader.requested][:room]
@@ -285,7 +280,7 @@ class EpochRun(Iterator[dict[str, Any]]):
                 self._save_gap = None  # saved no longer that often
         indices, samples = shuffle.draw_many(size)
         try:
-            built = self.emit.run(shuffle.lanes, indices, samples)
+            built = self.emit.run(shuffle.lanes, self.places.of(shuffle), indices, samples)
         except BaseException:
             shuffle.undraw(indices, samples)  # drawn, not emitted
             raise
@@ -346,7 +341,7 @@ class EpochRun(Iterator[dict[str, Any]]):
                     continue
                 indices, samples = shuffle.draw_many(n - taken)
                 # Each lane's records, ring view, url and first sample, looked up once a run.
-                lanes = lane_places(shuffle.lanes)
+                lanes = self.places.of(shuffle)
                 if deliver is not None:  # the loop in C (asyncstream/shards/_records.c)
                     done, going, error = deliver(lanes, indices, samples, sink)
                     emit.emitted += done
@@ -430,12 +425,15 @@ class EpochRun(Iterator[dict[str, Any]]):
                 raise StateError(f"the plan source is at piece {position}, not {need.piece}")
             lane = self.reader.lane(position)
             shuffle.open(self.reader.load(lane), {"reader": lane})
+            self.places.opened(shuffle, lane)
         else:
             lane = self._lane(shuffle.lanes[need.lane])
             if lane.wants_more:
                 shuffle.refill(need.lane, self.reader.load(lane))
+                self.places.refilled(shuffle, need.lane, lane)
             else:
                 self._release(shuffle.close(need.lane))
+                self.places.closed(shuffle, need.lane)
         self._prefetch()
 
     # -- state --------------------------------------------------------------------------
