@@ -10,10 +10,16 @@ proxy's (``python -m bench.feed --parts proxy`` makes it: 20,000 samples of a 32
 a class and a JSON line, in 8 MiB shards), where what the stream adds per sample shows.
 
 ``--many`` reads instead 16,000 generated photographs (about 107 kB each) in 16 MiB
-shards, 105 of them, made once (:func:`bench.feed.real_shards`): over 64 shards, so that
+shards, 106 of them, made once (:func:`bench.feed.real_shards`): over 64 shards, so that
 the default window's 64 lanes are open, as in a real dataset's epoch (``real-4000``'s 7
 shards open 7), and with the library's 1 MiB blocks a lane empties every 9 samples or so:
 what the stream pays per block and per lane shows.
+
+``--steps`` also times the consumer's steps in process (``time.thread_time`` around
+each of :data:`STEPS`, those the revision has; nested steps count in their callers too,
+and each timing adds about 1 µs to its call): µs a sample, calls an epoch and µs a call,
+medians over the rounds. The rest of the figures of a run with ``--steps`` carry that
+overhead: compare them with another ``--steps`` run only.
 
 ``--webdataset`` adds webdataset's own plain iteration of the same local shards (the
 ``iter`` path; it reads the files in its process, so its CPU is compared with the
@@ -45,6 +51,52 @@ HERE = Path(__file__).resolve()
 ROOT = HERE.parent.parent
 DEFAULT = Path(os.environ.get("ASYNCSTREAM_BENCH_DATA", Path.home() / ".cache/asyncstream-bench"))
 SETTINGS = {"window": 16, "inflight": 8, "chunk_bytes": 8 << 20, "seed": 0}
+STEPS = {
+    # what an epoch does per block of a lane, per run of draws, per ranking
+    "serve a need (open, refill, close; prefetch)": "asyncstream.stream._run:EpochRun._serve",
+    "load a chunk": "asyncstream.stream._lanes:ChunkReader.load",
+    "index a chunk (the tar reader)": "asyncstream.shards._tar:ShardReader.records",
+    "wait for a chunk": "asyncstream.engine._engine:Engine.wait",
+    "ask for chunks": "asyncstream.engine._engine:Engine.submit",
+    "prefetch": "asyncstream.stream._run:EpochRun._prefetch",
+    "rank the chunks to prefetch": "asyncstream.stream._run:soonest",
+    "the lanes' places (per run of draws)": "asyncstream.stream._run:lane_places",
+    "the shuffle's need": "asyncstream.order._shuffle:WindowShuffle.need",
+    "a run of draws": "asyncstream.order._shuffle:WindowShuffle.draw_many",
+}
+
+
+def _time_steps() -> dict[str, list[float]]:
+    """Wrap each of :data:`STEPS` this revision has with a timer: ``{step: [seconds,
+    calls]}``, cumulative."""
+    import importlib
+
+    spent: dict[str, list[float]] = {}
+    for step, where in STEPS.items():
+        module_name, _, path = where.partition(":")
+        owner: Any = importlib.import_module(module_name)
+        *parents, name = path.split(".")
+        for parent in parents:
+            owner = getattr(owner, parent, None)
+        if owner is None or not hasattr(owner, name):
+            continue
+        spent[step] = cell = [0.0, 0.0]
+        setattr(owner, name, _timed(getattr(owner, name), cell))
+    return spent
+
+
+def _timed(function: Any, cell: list[float]) -> Any:
+    clock = time.thread_time
+
+    def timed(*args: Any, **kwargs: Any) -> Any:
+        began = clock()
+        try:
+            return function(*args, **kwargs)
+        finally:
+            cell[0] += clock() - began
+            cell[1] += 1
+
+    return timed
 
 
 def _drain(stream: Any, path: str) -> int:
@@ -62,11 +114,18 @@ def _drain(stream: Any, path: str) -> int:
 
 
 def measure(
-    url: str, endpoint: str | None, epochs: int, path: str = "iter", defaults: bool = False
+    url: str,
+    endpoint: str | None,
+    epochs: int,
+    path: str = "iter",
+    defaults: bool = False,
+    steps: bool = False,
 ) -> dict[str, Any]:
     """Run in the child: the stream's figures over ``epochs`` epochs, first one apart."""
     import gc
     import resource
+
+    spent = _time_steps() if steps else {}
 
     from asyncstream import S3Options, ShardStream
 
@@ -89,6 +148,8 @@ def measure(
         seen = 0.0
         for epoch in range(epochs):
             stream.set_epoch(epoch)
+            for cell in spent.values():
+                cell[:] = [0.0, 0.0]
             collecting[1] = 0.0
             cpu0, wall0 = time.process_time(), time.perf_counter()
             faults0 = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
@@ -107,10 +168,31 @@ def measure(
                     "engine_us_per_sample": engine / samples * 1e6,
                     "minor_faults_per_sample": faults / samples,
                     "samples/s": samples / wall,
+                    **{
+                        f"step: {step}": [
+                            seconds / samples * 1e6,
+                            calls,
+                            seconds / calls * 1e6 if calls else 0.0,
+                        ]
+                        for step, (seconds, calls) in spent.items()
+                    },
                 }
             )
-    steady = rows[1:] or rows
-    return {key: statistics.median(r[key] for r in steady) for key in steady[0]}
+    return _medians(rows[1:] or rows)
+
+
+def _medians(rows: list[dict[str, Any]]) -> dict[str, Any]:
+    """Each figure's median over ``rows`` (a step's three figures each apart; a step
+    only some rows have, over those)."""
+    keys = dict.fromkeys(key for row in rows for key in row)
+    out: dict[str, Any] = {}
+    for key in keys:
+        values = [row[key] for row in rows if key in row]
+        if isinstance(values[0], list):
+            out[key] = [statistics.median(v[i] for v in values) for i in range(len(values[0]))]
+        else:
+            out[key] = statistics.median(values)
+    return out
 
 
 def measure_webdataset(url: str, epochs: int) -> dict[str, Any]:
@@ -153,6 +235,7 @@ def _side(
     path: str,
     defaults: bool,
     peer: str | None = None,
+    steps: bool = False,
 ) -> dict[str, Any]:
     """One fresh process reading with the ``asyncstream`` found in ``source`` (or, with
     ``peer``, with that library)."""
@@ -163,6 +246,8 @@ def _side(
         config["defaults"] = True
     if peer:
         config["peer"] = peer
+    if steps:
+        config["steps"] = True
     return run_child(HERE, config, source)
 
 
@@ -190,6 +275,9 @@ def main() -> None:
         help="16,000 generated photographs in 16 MiB shards (64 lanes open), made once, "
         "instead of --url",
     )
+    parser.add_argument(
+        "--steps", action="store_true", help="also time the consumer's steps in process"
+    )
     parser.add_argument("--json", help="write the figures to this file")
     parser.add_argument("--child", help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -208,6 +296,7 @@ def main() -> None:
             config["epochs"],
             config["path"],
             config.get("defaults", False),
+            config.get("steps", False),
         )
         print(json.dumps(figures))
         return
@@ -239,13 +328,19 @@ def main() -> None:
                     for side in order:
                         peer = "webdataset" if side == "webdataset" else None
                         runs[side].append(
-                            _side(here[side], url, endpoint, args.epochs, path, args.defaults, peer)
+                            _side(
+                                here[side],
+                                url,
+                                endpoint,
+                                args.epochs,
+                                path,
+                                args.defaults,
+                                peer,
+                                args.steps and peer is None,
+                            )
                         )
                         print(f"{name}, {path}, round {round_}, {side}: {runs[side][-1]}")
-                out[name][path] = {
-                    side: {key: statistics.median(r[key] for r in rows) for key in rows[0]}
-                    for side, rows in runs.items()
-                }
+                out[name][path] = {side: _medians(rows) for side, rows in runs.items()}
     print(render(out))
     if args.json:
         Path(args.json).write_text(json.dumps(out, indent=1))
@@ -296,6 +391,24 @@ def render(out: dict[str, Any]) -> str:
                     f"{r['engine_us_per_sample']:.1f} | "
                     f"{r['samples/s']:,.0f} |"
                 )
+    steps = [
+        (name, path, side, key.removeprefix("step: "), figures)
+        for name in ("local files", "S3, loopback")
+        for path, sides in out.get(name, {}).items()
+        for side, r in sides.items()
+        for key, figures in r.items()
+        if key.startswith("step: ")
+    ]
+    if steps:
+        lines += [
+            "",
+            "| from | path | side | step | µs/sample | calls/epoch | µs/call |",
+            "|---|---|---|---|---:|---:|---:|",
+        ]
+        lines += [
+            f"| {name} | {path} | {side} | {step} | {us:.2f} | {calls:,.0f} | {per:.1f} |"
+            for name, path, side, step, (us, calls, per) in steps
+        ]
     return "\n".join(lines)
 
 

@@ -124,6 +124,33 @@ def test_samplecost_benchmark_with_the_defaults_and_webdataset(tmp_path: Path) -
     assert "| local files | iter | webdataset |" in stdout
 
 
+def test_samplecost_benchmark_times_the_consumer_steps(tmp_path: Path) -> None:
+    """``--steps`` times each step of the consumer in process: every step the revision
+    has, with its µs a sample, calls an epoch and µs a call, in the JSON and a table."""
+    from tests._foreign import webdataset_shard, write
+
+    write(tmp_path / "shards", [webdataset_shard("a.tar", 0, 30)])
+    data, stdout = run_bench(
+        "bench.samplecost",
+        *("--url", str(tmp_path / "shards"), "--defaults", "--steps", "--paths", "take"),
+        *("--rounds", "1", "--epochs", "2"),
+        out=tmp_path / "samplecost.json",
+        timeout=600,
+    )
+    side = data["local files"]["take"]["after"]
+    assert side["samples"] == 30
+    steps = {k.removeprefix("step: "): v for k, v in side.items() if k.startswith("step: ")}
+    for step in ("load a chunk", "index a chunk (the tar reader)", "a run of draws"):
+        us, calls, per_call = steps[step]
+        assert calls >= 1
+        assert us > 0
+        assert per_call > 0
+    for figures in steps.values():
+        assert len(figures) == 3
+        assert all(math.isfinite(n) and n >= 0 for n in figures)
+    assert "| local files | take | after | load a chunk |" in stdout
+
+
 def test_localring_benchmark_reads_both_settings_from_local_files(tmp_path: Path) -> None:
     from asyncstream import pack
     from asyncstream.testing import generate_imagefolder
