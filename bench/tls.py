@@ -22,6 +22,11 @@ this process and the engines it starts run on the others (as ``python -m bench
 first-byte delay and per-connection rate, no proxy), so both rows cost the reader's cores
 only the reader's work. The engine's CPU seconds per GB are the client's alone; the server's
 (read from ``/proc``, over both passes) show what the server spends on the same bytes.
+
+``--rcvlowat`` measures each row twice, interleaved: with the engine's receive mark (the
+default: the kernel wakes the reader for 1 MiB of a body at a time, ``SO_RCVLOWAT``; see
+``asyncstream.stores._httpconn.receive_from``) and without (``ASYNCSTREAM_RCVLOWAT=0``
+in the engines' environment), a ``mark`` column telling them apart.
 """
 
 from __future__ import annotations
@@ -155,10 +160,12 @@ def measure(
     repeat: int,
     server: Server = "moto",
     network: Network = "loopback",
+    marks: tuple[str, ...] = ("on",),
 ) -> dict[str, Any]:
-    """Every row (HTTP and HTTPS, both transports, 1 and 16 MiB chunks), best of ``repeat``,
-    interleaved: ``{"rows": [...]}``, one dict a row."""
-    best: dict[tuple[str, str, int], dict[str, Any]] = {}
+    """Every row (HTTP and HTTPS, both transports, 1 and 16 MiB chunks; with the receive
+    mark ``"on"`` and ``"off"``, as ``marks`` asks), best of ``repeat``, interleaved:
+    ``{"rows": [...]}``, one dict a row."""
+    best: dict[tuple[str, str, int, str], dict[str, Any]] = {}
     with (
         tempfile.TemporaryDirectory() as tmp,
         _endpoints(server, network, Path(tmp), objects, size) as endpoints,
@@ -167,32 +174,32 @@ def measure(
             for chunk in CHUNKS:
                 for transport in ("auto", "aiohttp"):
                     for scheme, end in endpoints.items():
-                        before = None if end.pid is None else _cpu_seconds(end.pid)
-                        got = raw_fetch(end.url, end.options, chunk, 8, 8, transport=transport)
-                        got["server_cpu_s_per_gb"] = None  # unknown: the proxies run here
-                        if end.pid is not None and before is not None:
-                            # Both passes of raw_fetch move the same bytes.
-                            spent = _cpu_seconds(end.pid) - before
-                            got["server_cpu_s_per_gb"] = spent / (2 * objects * size / 1e9)
-                        key = (scheme, got["transport"], chunk)
-                        if key not in best or got["MB/s"] > best[key]["MB/s"]:
-                            best[key] = got
+                        for mark in marks:
+                            got = _fetch(end, chunk, transport, mark, objects * size)
+                            key = (scheme, got["transport"], chunk, mark)
+                            if key not in best or got["MB/s"] > best[key]["MB/s"]:
+                                best[key] = got
     rows = []
     for chunk in CHUNKS:
         for transport in ("direct", "aiohttp"):
-            h, s = best[("http", transport, chunk)], best[("https", transport, chunk)]
-            rows.append(
-                {
-                    "chunk_mib": chunk // MiB,
-                    "transport": transport,
-                    "http_mb_per_s": h["MB/s"],
-                    "https_mb_per_s": s["MB/s"],
-                    "http_cpu_s_per_gb": h["engine_cpu_s_per_gb"],
-                    "https_cpu_s_per_gb": s["engine_cpu_s_per_gb"],
-                    "http_server_cpu_s_per_gb": h["server_cpu_s_per_gb"],
-                    "https_server_cpu_s_per_gb": s["server_cpu_s_per_gb"],
-                }
-            )
+            for mark in marks:
+                h, s = (
+                    best[("http", transport, chunk, mark)],
+                    best[("https", transport, chunk, mark)],
+                )
+                rows.append(
+                    {
+                        "chunk_mib": chunk // MiB,
+                        "transport": transport,
+                        "mark": mark,
+                        "http_mb_per_s": h["MB/s"],
+                        "https_mb_per_s": s["MB/s"],
+                        "http_cpu_s_per_gb": h["engine_cpu_s_per_gb"],
+                        "https_cpu_s_per_gb": s["engine_cpu_s_per_gb"],
+                        "http_server_cpu_s_per_gb": h["server_cpu_s_per_gb"],
+                        "https_server_cpu_s_per_gb": s["server_cpu_s_per_gb"],
+                    }
+                )
     return {
         "server": server,
         "network": network,
@@ -203,16 +210,42 @@ def measure(
     }
 
 
+def _fetch(
+    end: _Endpoint, chunk: int, transport: Literal["auto", "aiohttp"], mark: str, nbytes: int
+) -> dict[str, Any]:
+    """One raw fetch of ``end``'s objects, its engine with the receive mark ``mark``."""
+    saved = os.environ.get("ASYNCSTREAM_RCVLOWAT")
+    if mark == "off":
+        os.environ["ASYNCSTREAM_RCVLOWAT"] = "0"  # read by the engine process at its start
+    else:
+        os.environ.pop("ASYNCSTREAM_RCVLOWAT", None)
+    try:
+        before = None if end.pid is None else _cpu_seconds(end.pid)
+        got = raw_fetch(end.url, end.options, chunk, 8, 8, transport=transport)
+        got["server_cpu_s_per_gb"] = None  # unknown: the proxies run here
+        if end.pid is not None and before is not None:
+            # Both passes of raw_fetch move the same bytes.
+            spent = _cpu_seconds(end.pid) - before
+            got["server_cpu_s_per_gb"] = spent / (2 * nbytes / 1e9)
+        return got
+    finally:
+        if saved is None:
+            os.environ.pop("ASYNCSTREAM_RCVLOWAT", None)
+        else:
+            os.environ["ASYNCSTREAM_RCVLOWAT"] = saved
+
+
 def table(result: dict[str, Any]) -> list[str]:
     """The Markdown table of :func:`measure`'s rows."""
     lines = [
-        "| chunk | transport | HTTP MB/s | HTTPS MB/s | HTTPS / HTTP "
+        "| chunk | transport | mark | HTTP MB/s | HTTPS MB/s | HTTPS / HTTP "
         "| engine CPU-s per GB, HTTP | HTTPS | server CPU-s per GB, HTTP | HTTPS |",
-        "|---|---|---:|---:|---:|---:|---:|---:|---:|",
+        "|---|---|---|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for r in result["rows"]:
         lines.append(
-            f"| {r['chunk_mib']} MiB | {r['transport']} | {r['http_mb_per_s']:.0f} "
+            f"| {r['chunk_mib']} MiB | {r['transport']} | {r.get('mark', 'on')} "
+            f"| {r['http_mb_per_s']:.0f} "
             f"| {r['https_mb_per_s']:.0f} | {r['https_mb_per_s'] / r['http_mb_per_s']:.2f} "
             f"| {r['http_cpu_s_per_gb']:.2f} | {r['https_cpu_s_per_gb']:.2f} "
             f"| {_cpu(r['http_server_cpu_s_per_gb'])} | {_cpu(r['https_server_cpu_s_per_gb'])} |"
@@ -240,10 +273,16 @@ def main() -> None:
             "behind a plain and a TLS proxy with the S3-like profile (nginx: its own "
             "first-byte delay and rate on both ports, no proxy)",
         )
+        parser.add_argument(
+            "--rcvlowat",
+            action="store_true",
+            help="each row with the engine's receive mark and without (ASYNCSTREAM_RCVLOWAT=0)",
+        )
 
     args = arguments(__doc__ or "", more)
     objects, size = (4, 8 * MiB) if args.quick else (24, 16 * MiB)
-    result = measure(objects, size, args.repeat, args.server, args.network)
+    marks = ("on", "off") if args.rcvlowat else ("on",)
+    result = measure(objects, size, args.repeat, args.server, args.network, marks)
     out = {**header(), **result}
     lines = [
         f"{out['machine']}; {args.server}, {args.network}; {objects} objects of "

@@ -402,8 +402,9 @@ def test_autotune_benchmark_sweeps_fixed_k_and_auto_on_both_links(tmp_path: Path
 
 @pytest.mark.timeout(400)
 def test_tls_benchmark_reads_both_ports_of_one_pinned_nginx(tmp_path: Path) -> None:
-    """``bench.tls --server nginx``: HTTP and HTTPS rows from one nginx, pinned, its CPU
-    read for both schemes, every figure finite."""
+    """``bench.tls --server nginx --rcvlowat``: HTTP and HTTPS rows from one nginx, pinned,
+    its CPU read for both schemes, each row with the engine's receive mark and without,
+    every figure finite."""
     from asyncstream.testing import NginxUnavailable, _nginxinstall
 
     try:
@@ -411,14 +412,15 @@ def test_tls_benchmark_reads_both_ports_of_one_pinned_nginx(tmp_path: Path) -> N
     except NginxUnavailable as exc:
         pytest.skip(f"nginx with its Lua module cannot be installed here: {exc}")
     data, stdout = run_bench(
-        "bench.tls", "--server", "nginx", "--quick", "--repeat", "1", out=tmp_path / "tls.json"
+        *("bench.tls", "--server", "nginx", "--quick", "--repeat", "1", "--rcvlowat"),
+        out=tmp_path / "tls.json",
     )
     assert data["server"] == "nginx"
-    assert [(r["chunk_mib"], r["transport"]) for r in data["rows"]] == [
-        (1, "direct"),
-        (1, "aiohttp"),
-        (16, "direct"),
-        (16, "aiohttp"),
+    assert [(r["chunk_mib"], r["transport"], r["mark"]) for r in data["rows"]] == [
+        (chunk, transport, mark)
+        for chunk in (1, 16)
+        for transport in ("direct", "aiohttp")
+        for mark in ("on", "off")
     ]
     for row in data["rows"]:
         assert all(math.isfinite(n) and n >= 0 for n in numbers(row))
@@ -426,6 +428,7 @@ def test_tls_benchmark_reads_both_ports_of_one_pinned_nginx(tmp_path: Path) -> N
         assert row["https_mb_per_s"] > 0
         assert row["https_server_cpu_s_per_gb"] is not None  # nginx's /proc, read
     assert "nginx, loopback" in stdout
+    assert "| 16 MiB | direct | off |" in stdout
 
 
 def test_shuffle_benchmark_at_one_window_compares_block_sizes(tmp_path: Path) -> None:
