@@ -21,7 +21,8 @@ $(BIN)/asyncstream: pyproject.toml
 # changes after the install.
 NATIVE := asyncstream/shards/_tarwalk.c asyncstream/shards/_records.c asyncstream/shards/_records.h
 NATIVE += asyncstream/shards/_table.h asyncstream/shards/_member.c asyncstream/shards/_member.h
-NATIVE += asyncstream/order/_drawc.c asyncstream/stream/_nextc.c dali_ops/_batchc.c
+NATIVE += asyncstream/order/_drawc.c asyncstream/stream/_nextc.c asyncstream/stream/_soonest.c
+NATIVE += asyncstream/stream/_soonest.h dali_ops/_batchc.c
 NATIVE_SO := asyncstream/shards/.native-built
 $(NATIVE_SO): $(BIN)/asyncstream $(NATIVE) setup.py
 	$(BIN)/python setup.py --quiet build_ext --inplace
@@ -64,7 +65,7 @@ check: lint test
 # exit by design). Any report ends the run with an error. CI runs it after `make check`.
 SANITIZE_DIR := build/sanitize
 SANITIZE_TESTS ?= tests/test_native_tar.py tests/test_tarfast.py tests/test_tar.py tests/test_native_draw.py \
-	tests/test_native_batch.py tests/test_native_next.py
+	tests/test_native_batch.py tests/test_native_next.py tests/test_prefetch.py
 SANITIZE_EXAMPLES ?= 100
 SANITIZE_FLAGS := -fsanitize=address,undefined -fno-sanitize-recover=all -fno-omit-frame-pointer -g -O1
 sanitize: install

@@ -47,7 +47,11 @@ class _StrictBuild(build_ext):
 setup(
     ext_modules=[
         Extension("asyncstream.order._drawc", sources=["asyncstream/order/_drawc.c"]),
-        Extension("asyncstream.stream._nextc", sources=["asyncstream/stream/_nextc.c"]),
+        Extension(
+            "asyncstream.stream._nextc",
+            sources=["asyncstream/stream/_nextc.c", "asyncstream/stream/_soonest.c"],
+            depends=["asyncstream/stream/_soonest.h"],
+        ),
         Extension(
             "asyncstream.shards._tarwalk",
             sources=[

@@ -10,13 +10,15 @@ import itertools
 from collections.abc import Iterator, Sequence
 from typing import Any, cast
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from asyncstream.order._plan import Piece
 from asyncstream.shards._urls import Shard
-from asyncstream.stream._lanes import LaneReader, chunk_count, lane_ahead, piece_ahead
-from asyncstream.stream._prefetch import soonest
+from asyncstream.stream._lanes import Ahead, LaneReader, chunk_count, lane_ahead, piece_ahead
+from asyncstream.stream._native import NEXTC
+from asyncstream.stream._prefetch import _soonest, soonest
 
 
 def _chunk_needs(
@@ -120,3 +122,62 @@ def test_soonest_ranks_by_need_time_then_position() -> None:
     )
     # chunks 1, 2, 3 of each lane at 10, 10 + 100/3, ...: lane 0 first at equal times.
     assert wanted == [(0, 1), (1, 1), (0, 2), (1, 2), (0, 3)]
+
+
+aheads = st.builds(
+    Ahead,
+    position=st.integers(0, 200),
+    first=st.integers(0, 20),
+    per=st.one_of(st.floats(0, 500, allow_nan=False), st.integers(0, 500).map(float)),
+    stop=st.integers(0, 30),
+    tail=st.integers(0, 1000),
+)
+
+
+@st.composite
+def rankings(draw: st.DrawFn) -> dict[str, Any]:
+    """The native ranking's inputs as the stream makes them, and beyond: runs that name
+    their first chunk past their stop, equal times, empty lanes and pieces, budget 0."""
+    positions = draw(st.lists(st.integers(0, 10**6), unique=True, max_size=80))
+    ahead = [draw(aheads)._replace(position=p) for p in positions]
+    split = draw(st.integers(0, len(ahead)))
+    lanes = [(draw(st.integers(0, 600)), a if draw(st.booleans()) else None) for a in ahead[:split]]
+    return {
+        "lanes": lanes,
+        "upcoming": ahead[split:],
+        "window": draw(st.integers(max(1, len(lanes)), 80)),
+        "budget": draw(st.integers(0, 70)),
+    }
+
+
+@pytest.mark.skipif(NEXTC is None, reason="the native extension is not built")
+@settings(max_examples=500, deadline=None)
+@given(rankings())
+def test_the_native_ranking_names_the_chunks_the_python_one_does(case: dict[str, Any]) -> None:
+    assert NEXTC is not None
+    native = NEXTC.soonest(case["lanes"], case["upcoming"], case["window"], case["budget"])
+    assert native == _soonest(**case)
+
+
+@pytest.mark.skipif(NEXTC is None, reason="the native extension is not built")
+def test_the_native_ranking_refuses_what_is_no_window() -> None:
+    assert NEXTC is not None
+    with pytest.raises(TypeError, match="a lane is"):
+        NEXTC.soonest([(1, 2, 3)], [], 4, 4)
+    with pytest.raises(TypeError, match="an Ahead is a tuple of 5"):
+        NEXTC.soonest([(1, (0, 1, 2.0))], [], 4, 4)
+    with pytest.raises(TypeError):
+        NEXTC.soonest([(1, ("a", 0, 1.0, 2, 3))], [], 4, 4)
+    with pytest.raises(TypeError, match="sequence"):
+        NEXTC.soonest(5, [], 4, 4)
+    with pytest.raises(IndexError):  # no lane at all: the reference's heap is empty too
+        NEXTC.soonest([], [Ahead(0, 0, 1.0, 2, 3)], 0, 4)
+    with pytest.raises(IndexError):
+        _soonest([], [Ahead(0, 0, 1.0, 2, 3)], window=0, budget=4)
+
+
+def test_numbers_beyond_64_bits_are_ranked_by_the_python_ranking() -> None:
+    big = Ahead(2**70, 0, 1.0, 3, 5)
+    lanes = [(10, Ahead(1, 0, 2.0, 2, 4)), (3, None)]
+    assert soonest(lanes, [big], window=4, budget=5) == _soonest(lanes, [big], window=4, budget=5)
+    assert (2**70, 0) in soonest(lanes, [big], window=4, budget=5)

@@ -14,10 +14,14 @@
  * method, which does the same checks and raises what they raise. The fast path runs no
  * Python code and keeps the GIL throughout, so no other thread can come between its
  * check of the token and the pop.
+ *
+ * soonest() (in _soonest.c, the same extension) is the prefetch stage's ranking.
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
 #include <structmember.h>
+
+#include "_soonest.h"
 
 /* ------------------------------------------------------------------ the clock */
 
@@ -489,6 +493,9 @@ clock_now(PyObject *module, PyObject *unused)
 
 static PyMethodDef nextc_functions[] = {
     {"clock", clock_now, METH_NOARGS, "clock()\n--\n\nThe meter's clock: time.perf_counter()."},
+    {"soonest", (PyCFunction)(void (*)(void))soonest_rank, METH_FASTCALL,
+     "soonest(lanes, upcoming, window, budget, /)\n--\n\nThe prefetch ranking "
+     "(asyncstream.stream._prefetch): the budget chunks needed soonest, (position, chunk)."},
     {NULL, NULL, 0, NULL},
 };
 
@@ -519,7 +526,8 @@ static PyModuleDef_Slot nextc_slots[] = {
 static struct PyModuleDef nextc_module = {
     PyModuleDef_HEAD_INIT,
     .m_name = "asyncstream.stream._nextc",
-    .m_doc = "The stream's per-sample hand-out: the stall meter's core and next()'s fast path.",
+    .m_doc = "The stream's per-sample hand-out (the stall meter's core, next()'s fast path) "
+             "and the prefetch ranking.",
     .m_size = 0,
     .m_methods = nextc_functions,
     .m_slots = nextc_slots,

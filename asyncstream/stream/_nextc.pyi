@@ -1,6 +1,6 @@
 """Types of the stream's native piece (``_nextc.c``), for mypy: see :mod:`._native`."""
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any, TypeVar
 
 T = TypeVar("T")
@@ -38,3 +38,12 @@ class Handout:
 
 def clock() -> float:
     """The meter's clock: ``time.perf_counter()``."""
+
+def soonest(
+    lanes: Sequence[tuple[int, tuple[int, int, float, int, int] | None]],
+    upcoming: Sequence[tuple[int, int, float, int, int]],
+    window: int,
+    budget: int,
+    /,
+) -> list[tuple[int, int]]:
+    """The prefetch ranking (the reference: ``_prefetch._soonest``)."""
