@@ -56,20 +56,13 @@ def _soonest(
     window: int,
     budget: int,
 ) -> list[tuple[int, int]]:
-    """:func:`soonest` in Python: the reference the native ranking is tested against.
+    """:func:`soonest` in Python, with its arguments: the reference the native ranking is
+    tested against.
 
     Each lane or upcoming piece is a run of chunks whose need times grow by a fixed step;
     the runs are merged on one heap of their next chunks, ties broken by position and
     chunk. (A merge of one generator per run cost about 0.5 ms a call over 64 lanes, once
     a chunk: half the consumer's CPU per GET with 1 MiB chunks.)
-
-    Args:
-        lanes: the open lanes, each with its count of undrawn resident samples and its
-            :attr:`~._lanes.LaneReader.ahead`.
-        upcoming: the pieces still to open, in plan order (:func:`~._lanes.piece_ahead`); only the
-            first ``budget`` matter.
-        window: the most lanes open at once.
-        budget: how many chunks to name.
     """
     # (need time, position, chunk, run's start time, run's first chunk, step, run's stop)
     runs: list[tuple[float, int, int, float, int, float, int]] = []
