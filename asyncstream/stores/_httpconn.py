@@ -255,9 +255,12 @@ async def receive_from(conn: Conn, out: Scatter, timeouts: Timeouts) -> None:
 
     def watch() -> None:
         nonlocal enabled, seen, watchdog
-        if out.pos == seen and lowat > 1 and _queued(sock) > 0:
-            enabled = False  # slower than the mark: woken for every byte from now on
-            mark(1)
+        try:
+            if out.pos == seen and lowat > 1 and _queued(sock) > 0:
+                enabled = False  # slower than the mark: woken for every byte from now on
+                mark(1)
+                return
+        except OSError:  # the socket closed under it: the stall timer or the error decides
             return
         seen = out.pos
         watchdog = loop.call_later(timeouts.stall / 4, watch)
