@@ -162,7 +162,7 @@ def test_the_mark_is_what_the_body_still_lacks_up_to_lowat(pool: ConnectionPool)
         stack.callback(setattr, _httpconn, "_step", step)
         _httpconn._step = spy
         assert _get(pool, "/big", BIG, timeouts) == BODY
-    record = _httpconn._TLS_RECORD if pool.origin.tls else 0
+    record = _httpconn._TLS_RECORD_BYTES if pool.origin.tls else 0
     assert seen
     assert seen[0][1] == _httpconn.LOWAT
     for left, mark in seen:

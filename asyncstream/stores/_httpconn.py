@@ -208,7 +208,7 @@ LOWAT = _lowat(os.environ)
 """The most body bytes the kernel gathers before it wakes the reader (``SO_RCVLOWAT``);
 0 or 1: off. See :func:`receive_from`."""
 
-_TLS_RECORD = 16384 + 256  # a TLS record's bytes at most (part of one may sit in OpenSSL)
+_TLS_RECORD_BYTES = 16384 + 256  # a TLS record's bytes at most (part of one may sit in OpenSSL)
 _TAIL = 64 << 10  # the last bytes of a body, received in one wake-up (see _mark)
 
 
@@ -219,7 +219,7 @@ async def receive_from(conn: Conn, out: Scatter, timeouts: Timeouts) -> None:
     queued, then less as the body's end nears (:func:`_mark`), the mark put back to 1 for
     the connection's next response (``SO_RCVLOWAT``). Each wake-up costs the engine's
     loop a turn, a receive and a reschedule, and a connection paced by its link brought
-    a few tens of KiB a wake-up. Over the S3-like link (nginx, 90 MB/s a connection) the
+    small pieces a wake-up. Over the S3-like link (nginx, 90 MB/s a connection) the
     engine's CPU per GB at the same MB/s: plain HTTP 0.98 s without the mark and 0.49
     with it (1 MiB GETs), 0.69 and 0.23 (16 MiB); HTTPS 1.29 and 1.13, 0.92 and 0.84,
     where decrypting 16 KiB records one at a time is most of the rest (``python -m
@@ -238,7 +238,7 @@ async def receive_from(conn: Conn, out: Scatter, timeouts: Timeouts) -> None:
         return
     loop = asyncio.get_running_loop()
     sock = conn.sock
-    record = _TLS_RECORD if conn.tls is not None else 0
+    record = _TLS_RECORD_BYTES if conn.tls is not None else 0
     lowat, enabled, seen = 1, True, -1
     watchdog: asyncio.TimerHandle | None = None
 
@@ -280,9 +280,8 @@ def _mark(left: int) -> int:
     :data:`LOWAT` while more than twice that is to come, then half of what is left, and
     the last :data:`_TAIL` bytes at once. Halving the tail keeps the reader receiving
     while the body's last bytes arrive: a mark of all that is left made the reader wait
-    for a 1 MiB block's last byte before copying any of it, and over loopback (where a
-    block takes half a millisecond) the engine read 1,000 to 1,500 MB/s where it read
-    1,800 to 2,600 without a mark (K = 8)."""
+    for a 1 MiB block's last byte before copying any of it, which over loopback (where a
+    block takes half a millisecond) read fewer MB/s than no mark at all."""
     if left <= 2 * _TAIL:
         return max(1, left)
     return min(LOWAT, left // 2)
